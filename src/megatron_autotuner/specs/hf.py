@@ -1,0 +1,246 @@
+"""Turn a Hugging Face `config.json` into a `ModelSpec`.
+
+Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3
+(and deepseek_v2), gpt2, nemotron. The mapping follows Megatron-Bridge's HF->Megatron converters
+(field meanings from each model's `configuration_*.py` in transformers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .model import ModelSpec
+
+_ACTIVATION_BY_HF_NAME = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_fast": "gelu",
+    "relu": "relu",
+    "relu2": "squared_relu",
+}
+
+
+def _require(cfg: dict[str, Any], key: str, model_type: str) -> Any:
+    if key not in cfg:
+        raise ConfigError(key, f"missing from the {model_type} config.json")
+    return cfg[key]
+
+
+def _activation(cfg: dict[str, Any], key: str = "hidden_act") -> str:
+    name = cfg.get(key, "silu")
+    if name not in _ACTIVATION_BY_HF_NAME:
+        raise ConfigError(key, f"unsupported activation {name!r} (known: {', '.join(_ACTIVATION_BY_HF_NAME)})")
+    return _ACTIVATION_BY_HF_NAME[name]
+
+
+def _llama_like(cfg: dict[str, Any], name: str, model_type: str, **extra: Any) -> ModelSpec:
+    heads = _require(cfg, "num_attention_heads", model_type)
+    hidden = _require(cfg, "hidden_size", model_type)
+    fields: dict[str, Any] = dict(
+        name=name,
+        hidden_size=hidden,
+        num_layers=_require(cfg, "num_hidden_layers", model_type),
+        num_attention_heads=heads,
+        num_query_groups=cfg.get("num_key_value_heads") or heads,
+        kv_channels=cfg.get("head_dim") or hidden // heads,
+        ffn_hidden_size=_require(cfg, "intermediate_size", model_type),
+        vocab_size=_require(cfg, "vocab_size", model_type),
+        gated_linear_unit=True,
+        activation=_activation(cfg),
+        normalization="RMSNorm",
+        add_bias_linear=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
+        add_qkv_bias=bool(cfg.get("attention_bias", False)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        attention_dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
+    )
+    fields.update(extra)
+    return ModelSpec(**fields)
+
+
+def _llama(cfg: dict[str, Any], name: str) -> ModelSpec:
+    return _llama_like(cfg, name, cfg["model_type"])
+
+
+def _qwen2(cfg: dict[str, Any], name: str) -> ModelSpec:
+    # Qwen2 / Qwen2.5 always carry q/k/v biases (no config flag for it).
+    return _llama_like(cfg, name, "qwen2", add_qkv_bias=True)
+
+
+def _qwen3(cfg: dict[str, Any], name: str) -> ModelSpec:
+    return _llama_like(cfg, name, "qwen3", qk_layernorm=True)
+
+
+def _moe_pattern(num_layers: int, is_moe: Callable[[int], bool]) -> tuple[int, ...]:
+    return tuple(int(is_moe(i)) for i in range(num_layers))
+
+
+def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
+    model_type = cfg["model_type"]
+    num_layers = _require(cfg, "num_hidden_layers", model_type)
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    mlp_only = set(cfg.get("mlp_only_layers", []) or [])
+    pattern = _moe_pattern(num_layers, lambda i: i not in mlp_only and (i + 1) % step == 0)
+    shared = int(cfg.get("shared_expert_intermediate_size", 0) or 0)
+    return _llama_like(
+        cfg,
+        name,
+        model_type,
+        qk_layernorm=model_type == "qwen3_moe",
+        add_qkv_bias=model_type == "qwen2_moe" or bool(cfg.get("attention_bias", False)),
+        num_moe_experts=_require(cfg, "num_experts", model_type),
+        moe_router_topk=_require(cfg, "num_experts_per_tok", model_type),
+        moe_ffn_hidden_size=_require(cfg, "moe_intermediate_size", model_type),
+        moe_shared_expert_intermediate_size=shared,
+        moe_shared_expert_gate=shared > 0,
+        moe_layer_pattern=pattern if not all(pattern) else (),
+    )
+
+
+def _mixtral(cfg: dict[str, Any], name: str) -> ModelSpec:
+    return _llama_like(
+        cfg,
+        name,
+        "mixtral",
+        num_moe_experts=_require(cfg, "num_local_experts", "mixtral"),
+        moe_router_topk=_require(cfg, "num_experts_per_tok", "mixtral"),
+        moe_ffn_hidden_size=_require(cfg, "intermediate_size", "mixtral"),
+    )
+
+
+def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
+    model_type = cfg["model_type"]
+    num_layers = _require(cfg, "num_hidden_layers", model_type)
+    first_dense = cfg.get("first_k_dense_replace", 0) or 0
+    freq = cfg.get("moe_layer_freq", 1) or 1
+    pattern = _moe_pattern(num_layers, lambda i: i >= first_dense and i % freq == 0)
+    n_shared = cfg.get("n_shared_experts", 0) or 0
+    moe_ffn = _require(cfg, "moe_intermediate_size", model_type)
+    heads = _require(cfg, "num_attention_heads", model_type)
+    return ModelSpec(
+        name=name,
+        hidden_size=_require(cfg, "hidden_size", model_type),
+        num_layers=num_layers,
+        num_attention_heads=heads,
+        num_query_groups=heads,
+        kv_channels=cfg.get("qk_nope_head_dim", 128) + cfg.get("qk_rope_head_dim", 64),
+        ffn_hidden_size=_require(cfg, "intermediate_size", model_type),
+        vocab_size=_require(cfg, "vocab_size", model_type),
+        gated_linear_unit=True,
+        activation=_activation(cfg),
+        normalization="RMSNorm",
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        num_moe_experts=_require(cfg, "n_routed_experts", model_type),
+        moe_router_topk=_require(cfg, "num_experts_per_tok", model_type),
+        moe_ffn_hidden_size=moe_ffn,
+        moe_shared_expert_intermediate_size=n_shared * moe_ffn,
+        moe_layer_pattern=pattern,
+        multi_latent_attention=True,
+        q_lora_rank=cfg.get("q_lora_rank"),
+        kv_lora_rank=_require(cfg, "kv_lora_rank", model_type),
+        qk_head_dim=_require(cfg, "qk_nope_head_dim", model_type),
+        qk_pos_emb_head_dim=_require(cfg, "qk_rope_head_dim", model_type),
+        v_head_dim=_require(cfg, "v_head_dim", model_type),
+        mtp_num_layers=int(cfg.get("num_nextn_predict_layers", 0) or 0),
+    )
+
+
+def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
+    hidden = _require(cfg, "n_embd", "gpt2")
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        num_layers=_require(cfg, "n_layer", "gpt2"),
+        num_attention_heads=_require(cfg, "n_head", "gpt2"),
+        ffn_hidden_size=cfg.get("n_inner") or 4 * hidden,
+        vocab_size=_require(cfg, "vocab_size", "gpt2"),
+        gated_linear_unit=False,
+        activation=_activation(cfg, "activation_function"),
+        normalization="LayerNorm",
+        add_bias_linear=True,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        position_embedding_type="learned_absolute",
+        max_position_embeddings=cfg.get("n_positions", 1024),
+        hidden_dropout=float(cfg.get("resid_pdrop", 0.1)),
+        attention_dropout=float(cfg.get("attn_pdrop", 0.1)),
+    )
+
+
+def _nemotron(cfg: dict[str, Any], name: str) -> ModelSpec:
+    # Nemotron-4 / Minitron: squared-ReLU, non-gated MLP, LayerNorm (1p), no biases, partial RoPE.
+    heads = _require(cfg, "num_attention_heads", "nemotron")
+    hidden = _require(cfg, "hidden_size", "nemotron")
+    return ModelSpec(
+        name=name,
+        hidden_size=hidden,
+        num_layers=_require(cfg, "num_hidden_layers", "nemotron"),
+        num_attention_heads=heads,
+        num_query_groups=cfg.get("num_key_value_heads") or heads,
+        kv_channels=cfg.get("head_dim") or hidden // heads,
+        ffn_hidden_size=_require(cfg, "intermediate_size", "nemotron"),
+        vocab_size=_require(cfg, "vocab_size", "nemotron"),
+        gated_linear_unit=False,
+        activation=_activation(cfg),
+        normalization="LayerNorm",
+        add_bias_linear=bool(cfg.get("attention_bias", False)) and bool(cfg.get("mlp_bias", False)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        position_embedding_type="rope",
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+    )
+
+
+HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "qwen2_moe": _qwen_moe,
+    "qwen3_moe": _qwen_moe,
+    "mixtral": _mixtral,
+    "deepseek_v2": _deepseek,
+    "deepseek_v3": _deepseek,
+    "gpt2": _gpt2,
+    "nemotron": _nemotron,
+}
+
+
+def model_spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
+    """Build a `ModelSpec` from the dict of a Hugging Face `config.json`."""
+    if not isinstance(cfg, dict):
+        raise ConfigError("config.json", "must hold a JSON object")
+    model_type = cfg.get("model_type")
+    if model_type not in HF_CONVERTERS:
+        raise ConfigError(
+            "model_type", f"{model_type!r} is not supported (supported: {', '.join(sorted(HF_CONVERTERS))})"
+        )
+    if name is None:
+        name = cfg.get("_name_or_path") or model_type
+    try:
+        return HF_CONVERTERS[model_type](cfg, name)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError("config.json", f"malformed {model_type} config: {exc}") from exc
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """Read a JSON object from `path`, turning any failure into a one-line `ConfigError`."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot be read: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "must hold a JSON object")
+    return data

@@ -1,0 +1,208 @@
+"""`ModelSpec`: the shape of a decoder-only transformer, as megatron-core's `TransformerConfig` sees it.
+
+Field names follow megatron-core (`num_query_groups`, `kv_channels`, `ffn_hidden_size`,
+`num_moe_experts`, ...) so a reader can map them one to one onto a `TransformerConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu")
+NORMALIZATIONS = ("RMSNorm", "LayerNorm")
+POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything the analytical model needs to know about a GPT-style model.
+
+    Dense models leave the MoE fields at 0; models without MLA leave `multi_latent_attention`
+    False. `moe_layer_pattern` holds one entry per decoder layer: 1 for an MoE layer, 0 for a
+    dense one (megatron-core's list form of `moe_layer_freq`); empty means "every layer" when
+    `num_moe_experts > 0`.
+    """
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    num_query_groups: int | None = None  # None -> = num_attention_heads (plain MHA)
+    kv_channels: int | None = None  # head dim; None -> hidden_size // num_attention_heads
+    gated_linear_unit: bool = True  # SwiGLU-style fc1 (two halves)
+    activation: str = "silu"
+    normalization: str = "RMSNorm"
+    add_bias_linear: bool = False  # bias on every linear layer (GPT-2 style)
+    add_qkv_bias: bool = False  # bias on QKV only (Qwen2)
+    qk_layernorm: bool = False  # per-head RMSNorm of Q and K (Qwen3)
+    tie_embeddings: bool = False
+    position_embedding_type: str = "rope"
+    max_position_embeddings: int = 4096
+    # Dropout probabilities matter for activation memory (dropout masks are stored).
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    # Mixture of experts.
+    num_moe_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    moe_shared_expert_gate: bool = False
+    moe_layer_pattern: tuple[int, ...] = field(default_factory=tuple)
+    # Multi-latent attention (DeepSeek-V2/V3).
+    multi_latent_attention: bool = False
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_head_dim: int = 0  # "nope" part of the query/key head
+    qk_pos_emb_head_dim: int = 0  # rope part of the query/key head
+    v_head_dim: int = 0
+    # Multi-token prediction layers (DeepSeek-V3: 1).
+    mtp_num_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_query_groups is None:
+            object.__setattr__(self, "num_query_groups", self.num_attention_heads)
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ConfigError(
+                    "kv_channels", "must be given when hidden_size is not divisible by num_attention_heads"
+                )
+            object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
+        object.__setattr__(self, "moe_layer_pattern", tuple(int(x) for x in self.moe_layer_pattern))
+        self.validate()
+
+    # ---- validation -------------------------------------------------------------------------
+    def validate(self) -> None:
+        for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        if self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups:
+            raise ConfigError(
+                "num_query_groups",
+                f"must divide num_attention_heads={self.num_attention_heads}, got {self.num_query_groups}",
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError("activation", f"must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ConfigError(
+                "normalization", f"must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}"
+            )
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
+            raise ConfigError(
+                "position_embedding_type",
+                f"must be one of {', '.join(POSITION_EMBEDDINGS)}, got {self.position_embedding_type!r}",
+            )
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, "must be in [0, 1)")
+        if self.num_moe_experts < 0:
+            raise ConfigError("num_moe_experts", "must be >= 0")
+        if self.num_moe_experts:
+            if not 0 < self.moe_router_topk <= self.num_moe_experts:
+                raise ConfigError(
+                    "moe_router_topk", f"must be in 1..num_moe_experts={self.num_moe_experts}"
+                )
+            if self.moe_ffn_hidden_size <= 0:
+                raise ConfigError("moe_ffn_hidden_size", "must be > 0 for an MoE model")
+            if self.moe_layer_pattern and len(self.moe_layer_pattern) != self.num_layers:
+                raise ConfigError(
+                    "moe_layer_pattern",
+                    f"needs one entry per layer ({self.num_layers}), got {len(self.moe_layer_pattern)}",
+                )
+            if self.moe_layer_pattern and set(self.moe_layer_pattern) - {0, 1}:
+                raise ConfigError("moe_layer_pattern", "entries must be 0 (dense) or 1 (MoE)")
+        elif self.moe_layer_pattern and any(self.moe_layer_pattern):
+            raise ConfigError("moe_layer_pattern", "marks MoE layers but num_moe_experts is 0")
+        if self.multi_latent_attention:
+            for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
+                if getattr(self, name) <= 0:
+                    raise ConfigError(name, "must be > 0 with multi_latent_attention")
+        if self.mtp_num_layers < 0:
+            raise ConfigError("mtp_num_layers", "must be >= 0")
+
+    # ---- derived shapes ---------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.num_moe_experts > 0
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """True if decoder layer `layer_index` (0-based) has an MoE MLP."""
+        if not self.is_moe:
+            return False
+        if not self.moe_layer_pattern:
+            return True
+        return bool(self.moe_layer_pattern[layer_index])
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+    @property
+    def num_dense_layers(self) -> int:
+        return self.num_layers - self.num_moe_layers
+
+    @property
+    def query_projection_size(self) -> int:
+        """Width of Q (= heads x head dim); for MLA, heads x (nope + rope) dims."""
+        if self.multi_latent_attention:
+            return self.num_attention_heads * (self.qk_head_dim + self.qk_pos_emb_head_dim)
+        return self.num_attention_heads * self.kv_channels
+
+    @property
+    def kv_projection_size(self) -> int:
+        """Width of K plus V for GQA (= 2 x groups x head dim)."""
+        return 2 * self.num_query_groups * self.kv_channels
+
+    @property
+    def attention_output_size(self) -> int:
+        """Width of the core-attention output that feeds the output projection."""
+        if self.multi_latent_attention:
+            return self.num_attention_heads * self.v_head_dim
+        return self.num_attention_heads * self.kv_channels
+
+    def padded_vocab_size(self, tp: int = 1, divisible_by: int = 128) -> int:
+        """Vocabulary padded as Megatron-LM does (`--make-vocab-size-divisible-by` x TP)."""
+        multiple = divisible_by * tp
+        return -(-self.vocab_size // multiple) * multiple
+
+    # ---- (de)serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["moe_layer_pattern"] = list(self.moe_layer_pattern)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"is not a ModelSpec field (allowed: {', '.join(sorted(known))})")
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data
+        ]
+        if missing:
+            raise ConfigError(missing[0], "is required in a ModelSpec")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> ModelSpec:
+        return dataclasses.replace(self, **changes)
+
+    def with_num_layers(self, num_layers: int) -> ModelSpec:
+        """The same model with fewer (or more) layers: keeps the MoE pattern's prefix."""
+        pattern = self.moe_layer_pattern
+        if pattern:
+            pattern = tuple(pattern[i % len(pattern)] for i in range(num_layers))
+        return dataclasses.replace(self, num_layers=num_layers, moe_layer_pattern=pattern)
+
+    def save_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

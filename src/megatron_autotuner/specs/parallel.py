@@ -1,0 +1,271 @@
+"""`ParallelConfig`, `RecomputeConfig` and `Workload`, and Megatron-Core's rules for combining them.
+
+Names follow megatron-core's `ModelParallelConfig` / `TransformerConfig` and Megatron-LM's arguments.
+The rules in `validate_layout` are the ones `megatron.core.parallel_state.initialize_model_parallel`
+and Megatron-LM's `arguments.py` enforce; each `ConfigError` names the field and the rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+from .model import ModelSpec
+
+RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
+RECOMPUTE_METHODS = ("uniform", "block")
+# megatron-core TransformerConfig.recompute_modules (0.14+).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+PRECISIONS = ("bf16", "fp8")
+MODES = ("train", "forward")
+
+
+def _positive(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(name, f"must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How a model is split over `num_gpus` GPUs. dp is derived: num_gpus / (tp * pp * cp).
+
+    `etp` (expert tensor parallel) defaults to tp, as in megatron-core. `vpp` is the number of
+    virtual pipeline chunks per rank (interleaved 1F1B); None means plain 1F1B.
+    """
+
+    num_gpus: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    vpp: int | None = None
+    sequence_parallel: bool = False
+    use_distributed_optimizer: bool = True
+    tp_comm_overlap: bool = False
+    cp_comm_type: str = "p2p"  # p2p (ring) | a2a (Ulysses) | allgather
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpus", "tp", "pp", "cp", "ep"):
+            _positive(name, getattr(self, name))
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
+        _positive("etp", self.etp)
+        if self.vpp is not None:
+            _positive("vpp", self.vpp)
+            if self.vpp == 1:
+                object.__setattr__(self, "vpp", None)
+        if self.tp == 1 and self.sequence_parallel:
+            # Megatron-LM turns sequence parallelism off when tp == 1 (nothing to split).
+            object.__setattr__(self, "sequence_parallel", False)
+        if self.cp_comm_type not in ("p2p", "a2a", "allgather"):
+            raise ConfigError("cp_comm_type", f"must be p2p, a2a or allgather, got {self.cp_comm_type!r}")
+        model_parallel = self.tp * self.pp * self.cp
+        if self.num_gpus % model_parallel:
+            raise ConfigError(
+                "num_gpus",
+                f"{self.num_gpus} is not divisible by tp*pp*cp = {self.tp}*{self.pp}*{self.cp} = {model_parallel}",
+            )
+        if self.vpp is not None and self.pp < 2:
+            raise ConfigError("vpp", "an interleaved (virtual) pipeline needs pp >= 2")
+        expert_span = self.etp * self.ep * self.pp
+        if self.num_gpus % expert_span:
+            raise ConfigError(
+                "ep",
+                f"num_gpus={self.num_gpus} must be divisible by etp*ep*pp = {self.etp}*{self.ep}*{self.pp}",
+            )
+
+    @property
+    def dp(self) -> int:
+        return self.num_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel size: num_gpus / (etp * ep * pp) (megatron-core's expert grid)."""
+        return self.num_gpus // (self.etp * self.ep * self.pp)
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.vpp or 1
+
+    def replace(self, **changes: Any) -> ParallelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "dp": self.dp, "edp": self.edp}
+
+
+@dataclass(frozen=True)
+class RecomputeConfig:
+    """Activation recomputation (megatron-core `recompute_granularity`, `_method`, `_num_layers`, `_modules`).
+
+    granularity 'selective' recomputes `modules` (default: core_attn); 'full' checkpoints whole
+    layers: method 'uniform' keeps the input of every group of `num_layers` layers, 'block'
+    recomputes the first `num_layers` layers of each pipeline (virtual) stage.
+    """
+
+    granularity: str = "none"
+    method: str = "uniform"
+    num_layers: int = 1
+    modules: tuple[str, ...] = ("core_attn",)
+
+    def __post_init__(self) -> None:
+        if self.granularity not in RECOMPUTE_GRANULARITIES:
+            raise ConfigError(
+                "recompute", f"must be one of {', '.join(RECOMPUTE_GRANULARITIES)}, got {self.granularity!r}"
+            )
+        if self.method not in RECOMPUTE_METHODS:
+            raise ConfigError("recompute_method", f"must be uniform or block, got {self.method!r}")
+        if not isinstance(self.num_layers, int) or self.num_layers < (0 if self.method == "block" else 1):
+            raise ConfigError("recompute_num_layers", f"must be >= 1 (>= 0 for block), got {self.num_layers!r}")
+        modules = tuple(self.modules)
+        object.__setattr__(self, "modules", modules)
+        bad = [m for m in modules if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise ConfigError("recompute_modules", f"unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}")
+
+    @property
+    def is_full(self) -> bool:
+        return self.granularity == "full"
+
+    def recomputes(self, module: str) -> bool:
+        return self.granularity == "selective" and module in self.modules
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training (or forward-only) iteration processes.
+
+    `max_token_len`, when set, is verl's dynamic batching: each micro-batch packs up to that many
+    tokens per GPU (sequences of `seq_length` each at most), replacing the fixed micro-batch.
+    """
+
+    seq_length: int
+    micro_batch_size: int = 1
+    global_batch_size: int = 1
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    precision: str = "bf16"
+    mode: str = "train"
+    max_token_len: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("seq_length", "micro_batch_size", "global_batch_size"):
+            _positive(name, getattr(self, name))
+        if self.precision not in PRECISIONS:
+            raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.mode not in MODES:
+            raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.max_token_len is not None:
+            _positive("max_token_len", self.max_token_len)
+        if self.mode == "forward" and self.recompute.granularity != "none":
+            raise ConfigError("recompute", "must be none in forward mode (nothing is kept for a backward pass)")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        """Tokens in one micro-batch (on one data-parallel rank, before CP/TP splitting)."""
+        if self.max_token_len is not None:
+            return self.max_token_len
+        return self.micro_batch_size * self.seq_length
+
+    @property
+    def is_training(self) -> bool:
+        return self.mode == "train"
+
+    def replace(self, **changes: Any) -> Workload:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def num_microbatches(parallel: ParallelConfig, workload: Workload) -> int:
+    """Micro-batches per iteration per data-parallel rank: global / (micro x dp).
+
+    With `max_token_len` the count is the tokens of the global batch on one DP rank divided by the
+    tokens one micro-batch packs, rounded up.
+    """
+    if workload.max_token_len is not None:
+        tokens_per_dp_rank = workload.global_batch_size * workload.seq_length // parallel.dp
+        return max(1, -(-tokens_per_dp_rank // workload.max_token_len))
+    return workload.global_batch_size // (workload.micro_batch_size * parallel.dp)
+
+
+def layers_per_stage(model: ModelSpec, parallel: ParallelConfig) -> list[int]:
+    """Decoder layers held by each pipeline rank (even split, as megatron-core requires here)."""
+    return [model.num_layers // parallel.pp] * parallel.pp
+
+
+def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> None:
+    """Raise `ConfigError` if megatron-core would refuse this model / layout / workload combination."""
+    tp, pp, cp, ep, etp = parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp
+    if model.num_attention_heads % tp:
+        raise ConfigError("tp", f"num_attention_heads={model.num_attention_heads} must be divisible by tp={tp}")
+    if model.num_query_groups % tp and not model.multi_latent_attention:
+        raise ConfigError("tp", f"num_query_groups={model.num_query_groups} must be divisible by tp={tp}")
+    if model.num_layers % pp:
+        raise ConfigError("pp", f"num_layers={model.num_layers} must be divisible by pp={pp}")
+    if parallel.vpp is not None and (model.num_layers // pp) % parallel.vpp:
+        raise ConfigError(
+            "vpp", f"layers per pipeline stage ({model.num_layers // pp}) must be divisible by vpp={parallel.vpp}"
+        )
+    if model.is_moe:
+        if model.num_moe_experts % ep:
+            raise ConfigError("ep", f"num_moe_experts={model.num_moe_experts} must be divisible by ep={ep}")
+        if model.moe_ffn_hidden_size % etp:
+            raise ConfigError("etp", f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} must be divisible by etp={etp}")
+        if ep > 1 and tp > 1 and not parallel.sequence_parallel:
+            raise ConfigError("sequence_parallel", "must be on when an MoE model uses both ep > 1 and tp > 1")
+    else:
+        if ep > 1:
+            raise ConfigError("ep", "expert parallelism needs an MoE model (num_moe_experts > 0)")
+        if etp != tp:
+            raise ConfigError("etp", "expert tensor parallelism needs an MoE model")
+    if model.ffn_hidden_size % tp:
+        raise ConfigError("tp", f"ffn_hidden_size={model.ffn_hidden_size} must be divisible by tp={tp}")
+    seq = workload.seq_length
+    if cp > 1 and seq % (2 * cp):
+        raise ConfigError("seq_length", f"{seq} must be divisible by 2*cp = {2 * cp} (load-balanced context parallel)")
+    if parallel.sequence_parallel and (seq // cp) % tp:
+        raise ConfigError("seq_length", f"seq_length/cp = {seq // cp} must be divisible by tp={tp} with sequence parallel")
+    if parallel.tp_comm_overlap and not parallel.sequence_parallel:
+        raise ConfigError("tp_comm_overlap", "needs sequence_parallel (TE userbuffers overlap the SP collectives)")
+    if workload.max_token_len is None:
+        per_step = workload.micro_batch_size * parallel.dp
+        if workload.global_batch_size % per_step:
+            raise ConfigError(
+                "global_batch_size",
+                f"{workload.global_batch_size} must be divisible by micro_batch_size*dp = "
+                f"{workload.micro_batch_size}*{parallel.dp} = {per_step}",
+            )
+    elif workload.max_token_len < seq:
+        raise ConfigError(
+            "max_token_len", f"{workload.max_token_len} must be >= seq_length={seq} (a sequence is never split)"
+        )
+    if parallel.vpp is not None and workload.is_training:
+        m = num_microbatches(parallel, workload)
+        if m % pp:
+            raise ConfigError(
+                "global_batch_size",
+                f"the interleaved schedule needs the number of micro-batches ({m}) divisible by pp={pp}",
+            )
+    rc = workload.recompute
+    if rc.is_full:
+        per_chunk = model.num_layers // pp // parallel.virtual_stages
+        if rc.method == "uniform" and per_chunk % rc.num_layers:
+            raise ConfigError(
+                "recompute_num_layers",
+                f"layers per pipeline chunk ({per_chunk}) must be divisible by {rc.num_layers} with method uniform",
+            )
+        if rc.method == "block" and rc.num_layers > per_chunk:
+            raise ConfigError(
+                "recompute_num_layers", f"{rc.num_layers} exceeds the {per_chunk} layers of a pipeline chunk"
+            )
+    if rc.granularity == "selective":
+        if "mla_up_proj" in rc.modules and not model.multi_latent_attention:
+            raise ConfigError("recompute_modules", "mla_up_proj needs a multi-latent-attention model")
+        if {"moe", "moe_act"} & set(rc.modules) and not model.is_moe:
+            raise ConfigError("recompute_modules", "moe / moe_act need an MoE model")
+        if "shared_experts" in rc.modules and not model.moe_shared_expert_intermediate_size:
+            raise ConfigError("recompute_modules", "shared_experts needs a model with shared experts")

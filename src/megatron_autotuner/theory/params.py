@@ -1,0 +1,234 @@
+"""Parameter counts, per layer, per pipeline stage and per rank, as megatron-core lays them out.
+
+Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which users train with):
+- word embeddings `[vocab/tp, h]` on the first stage; learned absolute position embeddings
+  `[max_pos, h]` (not split) beside them;
+- per decoder layer: input norm (h; LayerNorm 2h), `linear_qkv` `[(q + 2*g*d)/tp, h]` (+ bias),
+  optional per-head q/k norms (d each, not split), `linear_proj` `[h, q/tp]` (+ bias h, not
+  split: a row-parallel bias is replicated), pre-MLP norm, `linear_fc1` `[(2 if gated) f/tp, h]`,
+  `linear_fc2` `[h, f/tp]` (+ bias h);
+- MoE layers: router `[E, h]` (replicated), E/ep experts each with fc1 `[(2) F/etp, h]` and
+  fc2 `[h, F/etp]`; shared experts like a dense MLP of size S split by tp, plus a `[1, h]` gate
+  when `moe_shared_expert_gate`;
+- MLA (TE spec): q/kv down projections are *duplicated* (not split by tp), up projections and
+  `linear_proj` are column / row parallel; q and kv latent norms are replicated;
+- last stage: final norm and `output_layer` `[vocab/tp, h]`; with tied embeddings and pp > 1 the
+  last stage holds its own copy of the word embeddings (kept in sync by an all-reduce);
+- MTP layers (DeepSeek-V3) sit on the last stage: two norms, `eh_proj` `[h/tp, 2h]`, a decoder
+  layer and a final norm; they share embedding and output layer with the main model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    """Parameters of one rank (or of a whole model), split the way memory and FLOPs need them.
+
+    `expert` are routed-expert parameters (sharded over ep x etp, data-parallel over edp);
+    everything else is "dense" (sharded over tp, data-parallel over dp x cp).
+    """
+
+    embedding: int = 0
+    decoder_dense: int = 0
+    expert: int = 0
+    final_norm: int = 0
+    output_layer: int = 0
+    mtp_dense: int = 0
+    mtp_expert: int = 0
+
+    @property
+    def dense(self) -> int:
+        return self.embedding + self.decoder_dense + self.final_norm + self.output_layer + self.mtp_dense
+
+    @property
+    def experts(self) -> int:
+        return self.expert + self.mtp_expert
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+    def __add__(self, other: ParameterCounts) -> ParameterCounts:
+        return ParameterCounts(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
+
+    def to_dict(self) -> dict[str, int]:
+        return {**asdict(self), "dense": self.dense, "experts": self.experts, "total": self.total}
+
+
+@dataclass(frozen=True)
+class ModelParameterCounts:
+    """Whole-model parameters (no sharding) with the active count per token for MoE models."""
+
+    counts: ParameterCounts
+    active: int
+
+    @property
+    def total(self) -> int:
+        return self.counts.total
+
+
+def norm_parameters(model: ModelSpec, width: int) -> int:
+    """RMSNorm has a weight of `width`; LayerNorm a weight and a bias."""
+    return width if model.normalization == "RMSNorm" else 2 * width
+
+
+def attention_parameters(model: ModelSpec, tp: int = 1) -> int:
+    """Self-attention parameters of one layer on one TP rank, including the input norm.
+
+    GQA: qkv weight (a*d + 2*g*d) x h / tp. MLA: see module docstring.
+    """
+    h = model.hidden_size
+    params = norm_parameters(model, h)  # input_layernorm (fused into linear_qkv with TE)
+    if model.multi_latent_attention:
+        a = model.num_attention_heads
+        q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
+        if model.q_lora_rank is None:
+            params += h * a * q_head // tp
+        else:
+            params += h * model.q_lora_rank  # linear_q_down_proj, duplicated
+            params += norm_parameters(model, model.q_lora_rank)  # q_layernorm
+            params += model.q_lora_rank * a * q_head // tp  # linear_q_up_proj
+        params += h * (model.kv_lora_rank + model.qk_pos_emb_head_dim)  # linear_kv_down_proj, duplicated
+        params += norm_parameters(model, model.kv_lora_rank)  # kv_layernorm
+        params += model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim) // tp  # linear_kv_up_proj
+        params += model.attention_output_size * h // tp  # linear_proj
+        if model.add_bias_linear:
+            params += h
+        return params
+    qkv_out = model.query_projection_size + model.kv_projection_size
+    params += qkv_out * h // tp
+    if model.add_bias_linear or model.add_qkv_bias:
+        params += qkv_out // tp
+    if model.qk_layernorm:
+        params += 2 * norm_parameters(model, model.kv_channels)
+    params += model.attention_output_size * h // tp
+    if model.add_bias_linear:
+        params += h
+    return params
+
+
+def mlp_parameters(model: ModelSpec, ffn_hidden_size: int, tp: int = 1) -> int:
+    """A (dense) MLP of width `ffn_hidden_size` split over `tp`: fc1 (x2 if gated) and fc2, no norm."""
+    h = model.hidden_size
+    fc1_out = (2 if model.gated_linear_unit else 1) * ffn_hidden_size
+    params = fc1_out * h // tp + h * ffn_hidden_size // tp
+    if model.add_bias_linear:
+        params += fc1_out // tp + h
+    return params
+
+
+def moe_parameters(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None) -> tuple[int, int]:
+    """(non-expert, routed-expert) parameters of one MoE MLP block on one rank, without its norm."""
+    etp = tp if etp is None else etp
+    h = model.hidden_size
+    non_expert = model.num_moe_experts * h  # router weight, replicated
+    if model.moe_shared_expert_intermediate_size:
+        non_expert += mlp_parameters(model, model.moe_shared_expert_intermediate_size, tp)
+        if model.moe_shared_expert_gate:
+            non_expert += h
+    expert = (model.num_moe_experts // ep) * mlp_parameters(model, model.moe_ffn_hidden_size, etp)
+    return non_expert, expert
+
+
+def decoder_layer_parameters(
+    model: ModelSpec, layer_index: int, tp: int = 1, ep: int = 1, etp: int | None = None
+) -> tuple[int, int]:
+    """(dense, expert) parameters of decoder layer `layer_index` on one rank."""
+    dense = attention_parameters(model, tp) + norm_parameters(model, model.hidden_size)  # + pre-MLP norm
+    if model.is_moe_layer(layer_index):
+        non_expert, expert = moe_parameters(model, tp, ep, etp)
+        return dense + non_expert, expert
+    return dense + mlp_parameters(model, model.ffn_hidden_size, tp), 0
+
+
+def embedding_parameters(model: ModelSpec, tp: int = 1, padded_vocab_size: int | None = None) -> int:
+    """Word embeddings (vocab/tp x h) plus learned absolute position embeddings if any."""
+    vocab = padded_vocab_size or model.vocab_size
+    params = vocab * model.hidden_size // tp
+    if model.position_embedding_type == "learned_absolute":
+        params += model.max_position_embeddings * model.hidden_size
+    return params
+
+
+def output_layer_parameters(model: ModelSpec, tp: int = 1, padded_vocab_size: int | None = None) -> int:
+    vocab = padded_vocab_size or model.vocab_size
+    return vocab * model.hidden_size // tp
+
+
+def mtp_layer_parameters(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None = None) -> tuple[int, int]:
+    """(dense, expert) parameters of one multi-token-prediction layer (megatron-core MTP block).
+
+    enorm + hnorm + eh_proj [h/tp, 2h] + one decoder layer (shaped like the last layer) + final norm.
+    """
+    h = model.hidden_size
+    dense, expert = decoder_layer_parameters(model, model.num_layers - 1, tp, ep, etp)
+    dense += 3 * norm_parameters(model, h) + 2 * h * h // tp
+    return dense, expert
+
+
+def stage_layer_range(model: ModelSpec, parallel: ParallelConfig, stage: int) -> list[int]:
+    """Global indices of the decoder layers on pipeline rank `stage` (all its virtual chunks).
+
+    Interleaved: chunk v of rank r holds layers [(v*pp + r)*n, (v*pp + r + 1)*n), n = L/(pp*vpp).
+    """
+    pp, vpp = parallel.pp, parallel.virtual_stages
+    per_chunk = model.num_layers // (pp * vpp)
+    layers: list[int] = []
+    for chunk in range(vpp):
+        start = (chunk * pp + stage) * per_chunk
+        layers.extend(range(start, start + per_chunk))
+    return layers
+
+
+def stage_parameters(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    stage: int,
+    padded_vocab_size: int | None = None,
+) -> ParameterCounts:
+    """Parameters held by one rank of pipeline stage `stage` (0-based) under `parallel`."""
+    tp, ep, etp, pp = parallel.tp, parallel.ep, parallel.etp, parallel.pp
+    decoder_dense = decoder_expert = 0
+    for layer in stage_layer_range(model, parallel, stage):
+        dense, expert = decoder_layer_parameters(model, layer, tp, ep, etp)
+        decoder_dense += dense
+        decoder_expert += expert
+    first, last = stage == 0, stage == pp - 1
+    embedding = embedding_parameters(model, tp, padded_vocab_size) if first else 0
+    output_layer = 0
+    if last and (not model.tie_embeddings or pp > 1):
+        output_layer = output_layer_parameters(model, tp, padded_vocab_size)
+    mtp_dense = mtp_expert = 0
+    if last and model.mtp_num_layers:
+        dense, expert = mtp_layer_parameters(model, tp, ep, etp)
+        mtp_dense, mtp_expert = dense * model.mtp_num_layers, expert * model.mtp_num_layers
+    return ParameterCounts(
+        embedding=embedding,
+        decoder_dense=decoder_dense,
+        expert=decoder_expert,
+        final_norm=norm_parameters(model, model.hidden_size) if last else 0,
+        output_layer=output_layer,
+        mtp_dense=mtp_dense,
+        mtp_expert=mtp_expert,
+    )
+
+
+def total_parameters(model: ModelSpec, padded_vocab_size: int | None = None) -> ModelParameterCounts:
+    """Whole-model parameters (tp = pp = ep = 1) and the parameters active for one token.
+
+    Active = everything except routed experts, plus top-k of E routed experts per MoE layer.
+    Tied embeddings count once.
+    """
+    counts = stage_parameters(model, ParallelConfig(num_gpus=1), 0, padded_vocab_size)
+    active = counts.dense
+    if model.is_moe:
+        per_expert = mlp_parameters(model, model.moe_ffn_hidden_size)
+        moe_layers = model.num_moe_layers + (model.mtp_num_layers if model.is_moe_layer(model.num_layers - 1) else 0)
+        active += moe_layers * model.moe_router_topk * per_expert
+    return ModelParameterCounts(counts=counts, active=active)
