@@ -8,8 +8,18 @@ from megatron_autotuner.specs.loader import _preset_path
 from megatron_autotuner.theory.params import total_parameters
 
 REQUIRED_PRESETS = [
-    "Qwen3-0.6B", "Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-235B-A22B", "Qwen2.5-7B",
-    "Llama-2-7b", "Llama-3.1-8B", "Llama-3.1-70B", "Llama-3.1-405B", "Mixtral-8x7B", "DeepSeek-V3",
+    "Qwen3-0.6B",
+    "Qwen3-8B",
+    "Qwen3-32B",
+    "Qwen3-30B-A3B",
+    "Qwen3-235B-A22B",
+    "Qwen2.5-7B",
+    "Llama-2-7b",
+    "Llama-3.1-8B",
+    "Llama-3.1-70B",
+    "Llama-3.1-405B",
+    "Mixtral-8x7B",
+    "DeepSeek-V3",
 ]
 
 # Published parameter totals (model cards / papers), in billions, with the tolerance of their rounding.
@@ -63,8 +73,13 @@ def test_deepseek_first_k_dense_and_mla():
 
 def test_hf_config_file_and_native_json_roundtrip(tmp_path):
     cfg = {
-        "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "vocab_size": 50257,
-        "n_positions": 1024, "activation_function": "gelu_new",
+        "model_type": "gpt2",
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "vocab_size": 50257,
+        "n_positions": 1024,
+        "activation_function": "gelu_new",
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     spec = load_model_spec(str(tmp_path))
@@ -122,9 +137,16 @@ def test_each_supported_model_type_has_a_converter(model_type):
 
 def test_nemotron_config():
     cfg = {
-        "model_type": "nemotron", "hidden_size": 3072, "intermediate_size": 9216, "num_hidden_layers": 32,
-        "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 256000,
-        "hidden_act": "relu2", "tie_word_embeddings": False,
+        "model_type": "nemotron",
+        "hidden_size": 3072,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 256000,
+        "hidden_act": "relu2",
+        "tie_word_embeddings": False,
     }
     spec = model_spec_from_hf_config(cfg, "Minitron-4B")
     assert spec.activation == "squared_relu" and not spec.gated_linear_unit and spec.normalization == "LayerNorm"

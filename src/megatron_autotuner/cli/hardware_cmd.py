@@ -22,10 +22,27 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"gpus": [g.to_dict() for g in gpus.values()]})
         return 0
-    columns = ["name", "bf16 TFLOP/s", "fp8 TFLOP/s", "HBM GiB", "HBM GB/s", "NVLink GB/s", "scale-out GB/s", "GPUs/node"]
+    columns = [
+        "name",
+        "bf16 TFLOP/s",
+        "fp8 TFLOP/s",
+        "HBM GiB",
+        "HBM GB/s",
+        "NVLink GB/s",
+        "scale-out GB/s",
+        "GPUs/node",
+    ]
     rows = [
-        [g.name, g.bf16_tflops, g.fp8_tflops or "-", round(g.hbm_gib, 1), g.hbm_gbps, g.nvlink_gbps,
-         g.scale_out_gbps, g.gpus_per_node]
+        [
+            g.name,
+            g.bf16_tflops,
+            g.fp8_tflops or "-",
+            round(g.hbm_gib, 1),
+            g.hbm_gbps,
+            g.nvlink_gbps,
+            g.scale_out_gbps,
+            g.gpus_per_node,
+        ]
         for g in gpus.values()
     ]
     console().print(make_table("GPU presets (dense peaks; bandwidths per direction)", columns, rows))

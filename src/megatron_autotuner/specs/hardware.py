@@ -144,7 +144,9 @@ def get_gpu_spec(name: str, hardware_file: str | Path | None = None) -> GPUSpec:
     by_lower = {k.lower(): k for k in GPU_PRESETS}
     key = by_lower.get(name.lower()) or _GPU_ALIASES.get(name.lower())
     if key is None:
-        raise SpecNotFoundError(f"unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)} (or define it in --hardware-file)")
+        raise SpecNotFoundError(
+            f"unknown GPU {name!r}; known: {', '.join(GPU_PRESETS)} (or define it in --hardware-file)"
+        )
     return GPU_PRESETS[key]
 
 

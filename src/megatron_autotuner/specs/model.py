@@ -107,9 +107,7 @@ class ModelSpec:
             raise ConfigError("num_moe_experts", "must be >= 0")
         if self.num_moe_experts:
             if not 0 < self.moe_router_topk <= self.num_moe_experts:
-                raise ConfigError(
-                    "moe_router_topk", f"must be in 1..num_moe_experts={self.num_moe_experts}"
-                )
+                raise ConfigError("moe_router_topk", f"must be in 1..num_moe_experts={self.num_moe_experts}")
             if self.moe_ffn_hidden_size <= 0:
                 raise ConfigError("moe_ffn_hidden_size", "must be > 0 for an MoE model")
             if self.moe_layer_pattern and len(self.moe_layer_pattern) != self.num_layers:

@@ -124,7 +124,9 @@ class RecomputeConfig:
         object.__setattr__(self, "modules", modules)
         bad = [m for m in modules if m not in RECOMPUTE_MODULES]
         if bad:
-            raise ConfigError("recompute_modules", f"unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}")
+            raise ConfigError(
+                "recompute_modules", f"unknown module {bad[0]!r}; allowed: {', '.join(RECOMPUTE_MODULES)}"
+            )
 
     @property
     def is_full(self) -> bool:
@@ -228,7 +230,9 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
     if cp > 1 and seq % (2 * cp):
         raise ConfigError("seq_length", f"{seq} must be divisible by 2*cp = {2 * cp} (load-balanced context parallel)")
     if parallel.sequence_parallel and (seq // cp) % tp:
-        raise ConfigError("seq_length", f"seq_length/cp = {seq // cp} must be divisible by tp={tp} with sequence parallel")
+        raise ConfigError(
+            "seq_length", f"seq_length/cp = {seq // cp} must be divisible by tp={tp} with sequence parallel"
+        )
     if parallel.tp_comm_overlap and not parallel.sequence_parallel:
         raise ConfigError("tp_comm_overlap", "needs sequence_parallel (TE userbuffers overlap the SP collectives)")
     if workload.max_token_len is None:
