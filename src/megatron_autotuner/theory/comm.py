@@ -1,0 +1,175 @@
+"""Bytes each collective moves per iteration, per rank.
+
+For every collective we report the message size (the full tensor the collective is about, in
+bytes), how many times one rank calls it per iteration, and the bytes one rank sends over the
+wire with a ring algorithm (NCCL's bus-bandwidth factors, nccl-tests PERFORMANCE.md):
+all-gather / reduce-scatter (n-1)/n x size, all-reduce 2(n-1)/n x size, all-to-all (n-1)/n x size,
+send/recv 1 x size.
+
+Where the collectives come from (megatron-core):
+- TP with sequence parallelism: per layer, all-gather before qkv and fc1, reduce-scatter after proj
+  and fc2 (forward); backward mirrors them and re-gathers the two norm outputs for wgrad. Without
+  SP: one all-reduce after proj and fc2 forward, after qkv and fc1 dgrad backward.
+- MoE layers (alltoall dispatcher): dispatch + combine all-to-all over ep forward and backward
+  (routed tokens x h), plus all-gather / reduce-scatter over etp when etp > 1.
+- CP p2p ring: each layer passes K,V around the ring cp-1 times forward; backward passes K,V and
+  dK,dV. a2a (Ulysses): all-to-all of Q,K,V in and of the output back, both passes.
+- PP: one activation send and one gradient send per micro-batch per stage boundary (x vpp).
+- DP: distributed optimizer reduce-scatters fp32 grads and all-gathers bf16 params over dp*cp
+  (experts over edp); without it, an fp32 all-reduce. Tied embeddings with pp > 1: an all-reduce of
+  the embedding gradient between first and last stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig, Workload, num_microbatches
+from .flops import full_recompute_layer_mask
+from .memory import local_tokens
+from .params import stage_layer_range, stage_parameters
+
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+
+
+def wire_factor(collective: str, group_size: int) -> float:
+    """Bytes sent per rank per byte of message with a ring algorithm."""
+    n = group_size
+    if n <= 1:
+        return 0.0
+    if collective in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if collective == "all_reduce":
+        return 2 * (n - 1) / n
+    if collective == "send_recv":
+        return 1.0
+    raise ValueError(f"unknown collective {collective!r}")
+
+
+@dataclass(frozen=True)
+class CommVolume:
+    """One kind of collective of one parallel dimension, over one iteration, for one rank."""
+
+    dimension: str  # tp, cp, ep, etp, pp, dp, edp, embedding
+    collective: str
+    group_size: int
+    message_bytes: float  # size of one call's full tensor
+    calls: int  # per iteration, per rank
+    phase: str = "fwd+bwd"  # fwd, bwd, fwd+bwd, step (after the last micro-batch)
+
+    @property
+    def wire_bytes(self) -> float:
+        return self.message_bytes * self.calls * wire_factor(self.collective, self.group_size)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "wire_bytes": self.wire_bytes}
+
+
+def stage_comm_volumes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    padded_vocab_size: int | None = None,
+) -> list[CommVolume]:
+    """Every collective one rank of pipeline stage `stage` issues in one iteration."""
+    e = 2  # bf16 activations
+    tp, cp, ep, etp, pp = parallel.tp, parallel.cp, parallel.ep, parallel.etp, parallel.pp
+    m = num_microbatches(parallel, workload)
+    tokens = local_tokens(workload, parallel)
+    h = model.hidden_size
+    training = workload.is_training
+    layers = stage_layer_range(model, parallel, stage)
+    full_mask = full_recompute_layer_mask(model, parallel, workload.recompute)
+    recomputed = sum(1 for i in layers if full_mask[i]) if training else 0
+    moe_layers = [i for i in layers if model.is_moe_layer(i)]
+    out: list[CommVolume] = []
+    hidden_msg = e * tokens * h  # the full (gathered) [s/cp, b, h] tensor
+
+    if tp > 1:
+        # Per layer forward: gather before qkv and fc1 (or the MoE block), scatter/reduce after proj
+        # and fc2; full recompute repeats the forward ones. Backward mirrors each forward collective
+        # and, with SP, re-gathers the two norm outputs for the weight gradients.
+        n = len(layers)
+        if parallel.sequence_parallel:
+            ag = 2 * n + 2 * recomputed + (4 * n if training else 0)
+            rs = 2 * n + 2 * recomputed + (2 * n if training else 0)
+            out.append(CommVolume("tp", "all_gather", tp, hidden_msg, m * ag))
+            out.append(CommVolume("tp", "reduce_scatter", tp, hidden_msg, m * rs))
+        else:
+            ar = 2 * n + 2 * recomputed + (2 * n if training else 0)
+            out.append(CommVolume("tp", "all_reduce", tp, hidden_msg, m * ar))
+        if stage == pp - 1:
+            # output layer: gather final hidden (SP) forward, scatter its grad backward;
+            # cross-entropy: 3 small fp32 all-reduces (max, sum-exp, target logit) per token.
+            if parallel.sequence_parallel:
+                out.append(CommVolume("tp", "all_gather", tp, hidden_msg, m, "fwd"))
+                if training:
+                    out.append(CommVolume("tp", "reduce_scatter", tp, hidden_msg, m, "bwd"))
+            out.append(CommVolume("tp", "all_reduce", tp, 4.0 * tokens, 3 * m, "fwd"))
+        if stage == 0:
+            # vocab-parallel embedding: reduce-scatter (SP) or all-reduce of its output
+            coll = "reduce_scatter" if parallel.sequence_parallel else "all_reduce"
+            out.append(CommVolume("tp", coll, tp, hidden_msg, m, "fwd"))
+
+    if moe_layers and ep > 1:
+        routed = tokens * model.moe_router_topk * etp / tp
+        per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
+        calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
+        out.append(CommVolume("ep", "all_to_all", ep, e * routed * h, m * calls))
+
+    if cp > 1:
+        g = model.num_query_groups
+        kv_local = e * tokens * 2 * g * model.kv_channels / tp
+        n_layers = len(layers) + recomputed
+        if parallel.cp_comm_type == "a2a":
+            qkv_local = e * tokens * (model.query_projection_size + model.kv_projection_size) / tp
+            o_local = e * tokens * model.attention_output_size / tp
+            per_pass = 2 if training else 1
+            out.append(CommVolume("cp", "all_to_all", cp, qkv_local * cp, m * n_layers * per_pass))
+            out.append(CommVolume("cp", "all_to_all", cp, o_local * cp, m * n_layers * per_pass))
+        elif parallel.cp_comm_type == "allgather":
+            out.append(CommVolume("cp", "all_gather", cp, kv_local * cp, m * n_layers))
+            if training:
+                out.append(CommVolume("cp", "reduce_scatter", cp, kv_local * cp, m * len(layers), "bwd"))
+        else:
+            # ring: cp-1 sends of the local K,V per layer forward; backward sends K,V and dK,dV.
+            fwd = (cp - 1) * n_layers
+            bwd = 2 * (cp - 1) * len(layers) if training else 0
+            out.append(CommVolume("cp", "send_recv", cp, kv_local, m * (fwd + bwd)))
+
+    if pp > 1:
+        boundary_msg = e * tokens * h / (tp if parallel.sequence_parallel else 1)
+        v = parallel.virtual_stages
+        # each chunk sends its output forward (but the model's last chunk) and its input
+        # gradient backward (but the model's first chunk)
+        activation_sends = v - (1 if stage == pp - 1 else 0)
+        gradient_sends = (v - (1 if stage == 0 else 0)) if training else 0
+        out.append(CommVolume("pp", "send_recv", 2, boundary_msg, m * (activation_sends + gradient_sends)))
+
+    if training:
+        counts = stage_parameters(model, parallel, stage, padded_vocab_size)
+        dp_group = parallel.dp * cp
+        if parallel.use_distributed_optimizer:
+            out.append(CommVolume("dp", "reduce_scatter", dp_group, 4.0 * counts.dense, 1, "step"))
+            out.append(CommVolume("dp", "all_gather", dp_group, 2.0 * counts.dense, 1, "step"))
+            if counts.experts:
+                out.append(CommVolume("edp", "reduce_scatter", parallel.edp, 4.0 * counts.experts, 1, "step"))
+                out.append(CommVolume("edp", "all_gather", parallel.edp, 2.0 * counts.experts, 1, "step"))
+        else:
+            out.append(CommVolume("dp", "all_reduce", dp_group, 4.0 * counts.dense, 1, "step"))
+            if counts.experts:
+                out.append(CommVolume("edp", "all_reduce", parallel.edp, 4.0 * counts.experts, 1, "step"))
+        if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
+            word_embedding = (padded_vocab_size or model.vocab_size) * h // tp
+            out.append(CommVolume("embedding", "all_reduce", 2, 4.0 * word_embedding, 1, "step"))
+    return [c for c in out if c.calls > 0 and c.group_size > 1]
+
+
+def comm_bytes_by_dimension(volumes: list[CommVolume]) -> dict[str, float]:
+    """Wire bytes per parallel dimension (tp, cp, ep, pp, dp, ...)."""
+    totals: dict[str, float] = {}
+    for v in volumes:
+        totals[v.dimension] = totals.get(v.dimension, 0.0) + v.wire_bytes
+    return totals

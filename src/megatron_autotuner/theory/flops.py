@@ -1,0 +1,256 @@
+"""FLOPs per operator, per phase, per token and per iteration.
+
+Conventions (one multiply-add = 2 FLOPs):
+- A linear layer `[tokens, k] x [k, n]` costs `2*k*n` FLOPs per token forward, the same again for
+  the input gradient (dgrad) and for the weight gradient (wgrad): training = 3x forward.
+- Core attention per token, forward: `2*s*a*d_qk` (Q K^T) + `2*s*a*d_v` (scores x V) with full
+  attention. `causal` counts half of that (the masked upper triangle is skipped), as
+  Megatron-Bridge >= 25.09 reports; `full` counts the whole square, as NeMo <= 24.x and Narayanan
+  et al. 2021 (arXiv 2104.04473, Eq. 3) do. Backward of attention = 2x forward, all of it dgrad.
+- Elementwise work (norms, activations, softmax, rope) is not counted: model FLOPs are matmul FLOPs.
+- "Model FLOPs" count the work of one forward + backward; "hardware FLOPs" add the forward work
+  redone by activation recomputation.
+
+Check (tests): Llama-3-8B at seq 8192: 5.79e10 FLOPs/token full, 5.15e10 causal (Megatron-Bridge
+performance summary; NeMo 24.07 table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, num_microbatches
+
+FLOPS_CONVENTIONS = ("causal", "full")
+PHASES = ("fwd", "dgrad", "wgrad")
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in FLOPS_CONVENTIONS:
+        raise ConfigError("flops_convention", f"must be causal or full, got {convention!r}")
+
+
+def attention_flops_per_token(model: ModelSpec, seq_length: int, convention: str = "causal") -> float:
+    """Forward core-attention FLOPs per token: 2*s*a*(d_qk + d_v), halved for causal."""
+    _check_convention(convention)
+    a = model.num_attention_heads
+    if model.multi_latent_attention:
+        d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+    else:
+        d_qk = d_v = model.kv_channels
+    flops = 2.0 * seq_length * a * (d_qk + d_v)
+    return flops / 2 if convention == "causal" else flops
+
+
+def _mlp_ops(model: ModelSpec, ffn: int, prefix: str, tokens_factor: float = 1.0) -> dict[str, float]:
+    h = model.hidden_size
+    fc1_out = (2 if model.gated_linear_unit else 1) * ffn
+    return {f"{prefix}fc1": 2.0 * h * fc1_out * tokens_factor, f"{prefix}fc2": 2.0 * ffn * h * tokens_factor}
+
+
+def layer_forward_flops_per_token(
+    model: ModelSpec, layer_index: int, seq_length: int, convention: str = "causal"
+) -> dict[str, float]:
+    """Forward FLOPs per token of each operator of decoder layer `layer_index`.
+
+    Operators: qkv (or MLA's q_down/q_up/kv_down/kv_up), core_attention, proj, then fc1/fc2 for a
+    dense MLP, or router, experts_fc1/experts_fc2 (top-k experts per token) and shared_fc1/shared_fc2.
+    """
+    h = model.hidden_size
+    ops: dict[str, float] = {}
+    if model.multi_latent_attention:
+        a = model.num_attention_heads
+        q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
+        if model.q_lora_rank is None:
+            ops["q_proj"] = 2.0 * h * a * q_head
+        else:
+            ops["q_down"] = 2.0 * h * model.q_lora_rank
+            ops["q_up"] = 2.0 * model.q_lora_rank * a * q_head
+        ops["kv_down"] = 2.0 * h * (model.kv_lora_rank + model.qk_pos_emb_head_dim)
+        ops["kv_up"] = 2.0 * model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim)
+    else:
+        ops["qkv"] = 2.0 * h * (model.query_projection_size + model.kv_projection_size)
+    ops["core_attention"] = attention_flops_per_token(model, seq_length, convention)
+    ops["proj"] = 2.0 * model.attention_output_size * h
+    if model.is_moe_layer(layer_index):
+        ops["router"] = 2.0 * h * model.num_moe_experts
+        ops.update(_mlp_ops(model, model.moe_ffn_hidden_size, "experts_", model.moe_router_topk))
+        if model.moe_shared_expert_intermediate_size:
+            ops.update(_mlp_ops(model, model.moe_shared_expert_intermediate_size, "shared_"))
+    else:
+        ops.update(_mlp_ops(model, model.ffn_hidden_size, ""))
+    return ops
+
+
+def logits_flops_per_token(model: ModelSpec, padded_vocab_size: int | None = None) -> float:
+    """Output layer forward: 2*h*V per token."""
+    return 2.0 * model.hidden_size * (padded_vocab_size or model.vocab_size)
+
+
+def mtp_forward_flops_per_token(model: ModelSpec, seq_length: int, convention: str = "causal") -> float:
+    """One MTP layer: eh_proj (2h -> h), a decoder layer shaped like the last one, and its own logits."""
+    layer = sum(layer_forward_flops_per_token(model, model.num_layers - 1, seq_length, convention).values())
+    return 2.0 * 2 * model.hidden_size * model.hidden_size + layer + logits_flops_per_token(model)
+
+
+def phase_flops(op: str, forward_flops: float) -> dict[str, float]:
+    """Split an operator's training FLOPs into fwd / dgrad / wgrad.
+
+    Weight GEMMs: dgrad = wgrad = fwd. Core attention has no weights: its backward (2x fwd) is dgrad.
+    """
+    if op == "core_attention":
+        return {"fwd": forward_flops, "dgrad": 2 * forward_flops, "wgrad": 0.0}
+    return {"fwd": forward_flops, "dgrad": forward_flops, "wgrad": forward_flops}
+
+
+def recomputed_forward_flops_per_token(
+    model: ModelSpec,
+    layer_index: int,
+    seq_length: int,
+    recompute: RecomputeConfig,
+    convention: str = "causal",
+) -> float:
+    """Forward FLOPs redone for layer `layer_index` by *selective* recompute (per token).
+
+    core_attn -> core attention; mlp -> fc1+fc2 of a dense layer; moe -> router + experts + shared;
+    shared_experts -> shared fc1+fc2; mla_up_proj -> q_up + kv_up; layernorm / moe_act are elementwise.
+    Full recompute is handled per layer by `iteration_flops` (the whole layer forward).
+    """
+    if recompute.granularity != "selective":
+        return 0.0
+    ops = layer_forward_flops_per_token(model, layer_index, seq_length, convention)
+    names: set[str] = set()
+    if recompute.recomputes("core_attn"):
+        names.add("core_attention")
+    if recompute.recomputes("mlp") and not model.is_moe_layer(layer_index):
+        names |= {"fc1", "fc2"}
+    if recompute.recomputes("moe") and model.is_moe_layer(layer_index):
+        names |= {"router", "experts_fc1", "experts_fc2", "shared_fc1", "shared_fc2"}
+    if recompute.recomputes("shared_experts"):
+        names |= {"shared_fc1", "shared_fc2"}
+    if recompute.recomputes("mla_up_proj"):
+        names |= {"q_up", "kv_up"}
+    return sum(v for k, v in ops.items() if k in names)
+
+
+def full_recompute_layer_mask(model: ModelSpec, parallel: ParallelConfig, recompute: RecomputeConfig) -> list[bool]:
+    """Which decoder layers (global index) full recompute checkpoints.
+
+    uniform: every layer (groups of `num_layers` keep only their input). block: the first
+    `num_layers` layers of each pipeline chunk (megatron-core `recompute_method='block'`).
+    """
+    if not recompute.is_full:
+        return [False] * model.num_layers
+    if recompute.method == "uniform":
+        return [True] * model.num_layers
+    per_chunk = model.num_layers // (parallel.pp * parallel.virtual_stages)
+    return [(i % per_chunk) < recompute.num_layers for i in range(model.num_layers)]
+
+
+@dataclass(frozen=True)
+class FlopsBreakdown:
+    """FLOPs of one iteration over the whole job (all GPUs), with per-operator and per-phase totals."""
+
+    convention: str
+    tokens_per_iteration: int
+    model_flops: float  # fwd + bwd of the model (fwd only in forward mode)
+    hardware_flops: float  # model_flops + recomputed forward work
+    recompute_flops: float
+    by_operator: dict[str, dict[str, float]] = field(default_factory=dict)  # op -> phase -> FLOPs
+
+    @property
+    def model_flops_per_token(self) -> float:
+        return self.model_flops / self.tokens_per_iteration
+
+    def to_dict(self) -> dict:
+        return {
+            "convention": self.convention,
+            "tokens_per_iteration": self.tokens_per_iteration,
+            "model_flops": self.model_flops,
+            "hardware_flops": self.hardware_flops,
+            "recompute_flops": self.recompute_flops,
+            "model_flops_per_token": self.model_flops_per_token,
+            "by_operator": self.by_operator,
+        }
+
+
+def model_flops_per_token(
+    model: ModelSpec,
+    seq_length: int,
+    convention: str = "causal",
+    training: bool = True,
+    padded_vocab_size: int | None = None,
+) -> float:
+    """Model FLOPs per token: 3x forward for training (fwd + dgrad + wgrad), 1x for forward-only."""
+    forward = sum(
+        sum(layer_forward_flops_per_token(model, i, seq_length, convention).values()) for i in range(model.num_layers)
+    )
+    forward += logits_flops_per_token(model, padded_vocab_size)
+    forward += model.mtp_num_layers * mtp_forward_flops_per_token(model, seq_length, convention)
+    return 3 * forward if training else forward
+
+
+def iteration_flops(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    convention: str = "causal",
+    padded_vocab_size: int | None = None,
+) -> FlopsBreakdown:
+    """FLOPs of one iteration of `workload` (global batch x seq tokens), model and hardware.
+
+    Independent of the parallel layout except for which layers full recompute with method 'block'
+    covers (it depends on the pipeline chunking).
+    """
+    _check_convention(convention)
+    seq = workload.seq_length
+    if workload.max_token_len is not None:
+        tokens = num_microbatches(parallel, workload) * workload.max_token_len * parallel.dp
+        tokens = min(tokens, workload.global_batch_size * seq)
+    else:
+        tokens = workload.global_batch_size * seq
+    training = workload.is_training
+    phases = PHASES if training else ("fwd",)
+    by_op: dict[str, dict[str, float]] = {}
+    recompute_per_token = 0.0
+    full_mask = full_recompute_layer_mask(model, parallel, workload.recompute)
+    for layer in range(model.num_layers):
+        ops = layer_forward_flops_per_token(model, layer, seq, convention)
+        for op, fwd in ops.items():
+            split = phase_flops(op, fwd)
+            slot = by_op.setdefault(op, dict.fromkeys(phases, 0.0))
+            for phase in phases:
+                slot[phase] += split[phase] * tokens
+        if training:
+            if full_mask[layer]:
+                recompute_per_token += sum(ops.values())
+            else:
+                recompute_per_token += recomputed_forward_flops_per_token(
+                    model, layer, seq, workload.recompute, convention
+                )
+    logits = logits_flops_per_token(model, padded_vocab_size)
+    by_op["logits"] = {p: logits * tokens for p in phases}
+    if model.mtp_num_layers:
+        mtp = model.mtp_num_layers * mtp_forward_flops_per_token(model, seq, convention)
+        by_op["mtp"] = {p: mtp * tokens for p in phases}
+    model_flops = sum(sum(v.values()) for v in by_op.values())
+    recompute_flops = recompute_per_token * tokens
+    return FlopsBreakdown(
+        convention=convention,
+        tokens_per_iteration=tokens,
+        model_flops=model_flops,
+        hardware_flops=model_flops + recompute_flops,
+        recompute_flops=recompute_flops,
+        by_operator=by_op,
+    )
+
+
+def narayanan_hardware_flops(
+    batch_size: int, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int
+) -> float:
+    """Narayanan et al. 2021 Eq. 3 (full recompute, full attention, GPT with 4h MLP):
+    96*B*s*l*h^2 * (1 + s/(6h) + V/(16*l*h))."""
+    b, s, l, h, v = batch_size, seq_length, num_layers, hidden_size, vocab_size
+    return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))

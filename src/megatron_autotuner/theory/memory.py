@@ -1,0 +1,403 @@
+"""Memory per rank for each pipeline stage: weights, gradients, optimizer state, activations.
+
+Model state (Megatron-LM with bf16, per parameter; Megatron-LM docs, "Distributed Optimizer"):
+- weights: bf16, 2 bytes; fp8 training keeps bf16 weights plus a cached fp8 copy and its
+  transpose of every linear weight (Transformer Engine caches them across micro-batches): +2 bytes;
+- gradients: fp32 main-grad buffer, 4 bytes (Megatron-LM forces
+  `accumulate_allreduce_grads_in_fp32` with bf16), full size on every rank;
+- optimizer: Adam fp32 master weight + two moments = 12 bytes, divided over the data-parallel
+  group with the distributed optimizer: dense params over dp*cp, expert params over edp.
+  So 18 bytes/param without and 6 + 12/d with the distributed optimizer, as in the Megatron docs.
+
+Activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", arXiv 2205.05198), Sec. 4, generalised term by term to GQA, SwiGLU, MoE, MLA, CP, and
+flash attention. Per layer and micro-batch of T local tokens (T = b*s/cp) with bf16 (2 bytes):
+
+    attention: norm input 2Th/x + qkv input 2Th/x + Q 2T(a*d_q)/t + K,V 2T(kv)/t
+               + proj input 2T(a*d_v)/t + dropout mask Th/x (if hidden dropout)
+               + unfused attention: softmax 2*b*a*s^2/t (+ mask b*a*s^2/t + dropout out 2*b*a*s^2/t
+                 with attention dropout);  flash attention: fp32 log-sum-exp 4*b*a*s/t
+               + qk-layernorm inputs 2T(a+g)d/t
+    MLP:       norm input 2Th/x + fc1 input 2Th/x + fc1 out 2T(2f|f)/t + fc2 input 2Tf/t + mask Th/x
+
+where t = tp and x = tp with sequence parallelism, else 1. For GPT (4h MLP, dropout, unfused
+attention) this is exactly Table 2: sbh(34 + 5as/h) with no parallelism, sbh(10 + 24/t + 5as/(ht))
+with TP, and so on. MoE layers: router input and fp32 router probabilities, and per rank
+`T*k*etp/tp` routed token copies (balanced routing, dropless) through the experts
+(input 2h, fc1 out, fc2 input, expert output 2h for the probability-weighted unpermute).
+
+In-flight micro-batches (1F1B, Narayanan et al. 2021): pipeline rank r keeps min(pp - r, m)
+micro-batches of its layers; interleaved with v chunks: min(m*v, 2(pp - r - 1) + (v - 1)pp + 1)
+chunk-micro-batches of L/(pp*v) layers each (megatron-core's warm-up count + 1).
+
+Not modelled, kept as a separate, named allowance to calibrate: CUDA context, NCCL buffers,
+cuBLAS/cuDNN workspaces and allocator fragmentation (`MemoryAllowance`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig, Workload, num_microbatches
+from .flops import full_recompute_layer_mask
+from .params import ParameterCounts, stage_layer_range, stage_parameters
+
+GIB = 2**30
+BF16_BYTES = 2
+FP32_BYTES = 4
+
+
+@dataclass(frozen=True)
+class MemoryAllowance:
+    """What the closed-form model does not compute, kept apart so it can be calibrated.
+
+    `non_torch_gib`: CUDA context, NCCL communicator buffers and library workspaces, outside the
+    PyTorch caching allocator (invisible to torch.cuda.max_memory_allocated).
+    `fragmentation_fraction`: reserved-but-unallocated memory of the caching allocator, as a
+    fraction of the allocated peak. Defaults are round, uncalibrated starting values; measured
+    runs (testbench / validate) replace them through a calibration file.
+    """
+
+    non_torch_gib: float = 1.0
+    fragmentation_fraction: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.non_torch_gib < 0 or not 0 <= self.fragmentation_fraction < 1:
+            raise ConfigError("memory_allowance", "non_torch_gib must be >= 0 and fragmentation_fraction in [0, 1)")
+
+    def bytes_for(self, allocated_bytes: float) -> float:
+        return self.non_torch_gib * GIB + self.fragmentation_fraction * allocated_bytes
+
+
+@dataclass(frozen=True)
+class ActivationOptions:
+    """Implementation choices that change activation memory."""
+
+    flash_attention: bool = True  # TE / cuDNN fused attention (no s^2 term); False = unfused softmax
+    bytes_per_element: int = BF16_BYTES
+
+
+def _sp_divisor(parallel: ParallelConfig) -> int:
+    return parallel.tp if parallel.sequence_parallel else 1
+
+
+def local_tokens(workload: Workload, parallel: ParallelConfig) -> int:
+    """Tokens of one micro-batch on one CP rank: b*s/cp (or max_token_len/cp)."""
+    return workload.tokens_per_micro_batch // parallel.cp
+
+
+def attention_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    options: ActivationOptions = ActivationOptions(),
+) -> dict[str, float]:
+    """Bytes the self-attention block of one layer keeps for backward, per micro-batch, per rank."""
+    e = options.bytes_per_element
+    t, x = parallel.tp, _sp_divisor(parallel)
+    tokens = local_tokens(workload, parallel)
+    h, a, g = model.hidden_size, model.num_attention_heads, model.num_query_groups
+    rc = workload.recompute
+    parts: dict[str, float] = {"attn_norm_input": e * tokens * h / x}
+    if not rc.recomputes("layernorm"):
+        parts["qkv_input"] = e * tokens * h / x
+    if model.multi_latent_attention:
+        q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
+        if model.q_lora_rank is not None:
+            parts["q_latent"] = 2 * e * tokens * model.q_lora_rank / x  # q norm input + q_up input
+        parts["kv_latent"] = 2 * e * tokens * model.kv_lora_rank / x  # kv norm input + kv_up input
+        if not rc.recomputes("mla_up_proj"):
+            parts["q"] = e * tokens * a * q_head / t
+            parts["k_v"] = e * tokens * a * (q_head + model.v_head_dim) / t
+    else:
+        parts["q"] = e * tokens * a * model.kv_channels / t
+        parts["k_v"] = e * tokens * 2 * g * model.kv_channels / t
+        if model.qk_layernorm:
+            parts["qk_norm_inputs"] = e * tokens * (a + g) * model.kv_channels / t
+    heads_local = a / t
+    if options.flash_attention:
+        if not rc.recomputes("core_attn"):
+            parts["softmax_lse"] = FP32_BYTES * heads_local * tokens
+    else:
+        if parallel.cp > 1:
+            raise ConfigError("flash_attention", "context parallelism needs fused (flash) attention in megatron-core")
+        if not rc.recomputes("core_attn"):
+            scores = heads_local * tokens * workload.seq_length  # b*a/t*s*s
+            parts["softmax_output"] = e * scores
+            if model.attention_dropout > 0:
+                parts["attention_dropout_mask"] = 1 * scores
+                parts["attention_dropout_output"] = e * scores
+    parts["proj_input"] = e * tokens * model.attention_output_size / t
+    if model.hidden_dropout > 0:
+        parts["attn_dropout_mask"] = 1 * tokens * h / x
+    return parts
+
+
+def mlp_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    layer_index: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> dict[str, float]:
+    """Bytes the MLP (dense or MoE) block of one layer keeps for backward, per micro-batch, per rank."""
+    e = options.bytes_per_element
+    t, x = parallel.tp, _sp_divisor(parallel)
+    tokens = local_tokens(workload, parallel)
+    h = model.hidden_size
+    rc = workload.recompute
+    gate = 2 if model.gated_linear_unit else 1
+    parts: dict[str, float] = {"mlp_norm_input": e * tokens * h / x}
+    if not model.is_moe_layer(layer_index):
+        parts["fc1_input"] = e * tokens * h / x
+        if not rc.recomputes("mlp"):
+            f = model.ffn_hidden_size
+            parts["fc1_output"] = e * tokens * gate * f / t
+            parts["fc2_input"] = e * tokens * f / t
+    else:
+        parts["moe_input"] = e * tokens * h / x
+        if not rc.recomputes("moe"):
+            router_tokens = tokens / x
+            parts["router_probs"] = FP32_BYTES * router_tokens * model.num_moe_experts
+            routed = tokens * model.moe_router_topk * parallel.etp / t
+            f = model.moe_ffn_hidden_size
+            parts["experts_input"] = e * routed * h
+            parts["experts_fc1_output"] = e * routed * gate * f / parallel.etp
+            if not rc.recomputes("moe_act"):
+                parts["experts_fc2_input"] = e * routed * f / parallel.etp
+            parts["experts_output"] = e * routed * h
+            fs = model.moe_shared_expert_intermediate_size
+            if fs and not rc.recomputes("shared_experts"):
+                parts["shared_fc1_output"] = e * tokens * gate * fs / t
+                parts["shared_fc2_input"] = e * tokens * fs / t
+    if model.hidden_dropout > 0:
+        parts["mlp_dropout_mask"] = 1 * tokens * h / x
+    if rc.recomputes("layernorm"):
+        parts.pop("fc1_input", None)
+        parts.pop("moe_input", None)
+    return parts
+
+
+def layer_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    layer_index: int = 0,
+    options: ActivationOptions = ActivationOptions(),
+) -> float:
+    """Bytes one decoder layer keeps for backward, per micro-batch, per rank, without full recompute."""
+    return sum(attention_activation_bytes(model, parallel, workload, options).values()) + sum(
+        mlp_activation_bytes(model, parallel, workload, layer_index, options).values()
+    )
+
+
+def layer_input_bytes(model: ModelSpec, parallel: ParallelConfig, workload: Workload, bytes_per_element: int = 2):
+    """The hidden state entering a layer: what full recompute keeps (2*T*h/x)."""
+    return bytes_per_element * local_tokens(workload, parallel) * model.hidden_size / _sp_divisor(parallel)
+
+
+def in_flight_microbatches(parallel: ParallelConfig, workload: Workload, stage: int) -> int:
+    """Micro-batches (per model chunk for interleaving) whose activations rank `stage` holds at peak.
+
+    1F1B: min(pp - stage, m). Interleaved with v chunks: min(m*v, 2(pp - stage - 1) + (v - 1)pp + 1),
+    counted in chunk-micro-batches. Forward-only work keeps nothing for backward: 0.
+    """
+    if not workload.is_training:
+        return 0
+    m = num_microbatches(parallel, workload)
+    pp, v = parallel.pp, parallel.virtual_stages
+    if v == 1:
+        return min(pp - stage, m)
+    return min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak memory of one rank of one pipeline stage, in bytes, by kind."""
+
+    stage: int
+    parameters: ParameterCounts
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    activation_detail: dict[str, float] = field(default_factory=dict)
+    in_flight_microbatches: int = 0
+    allowance_bytes: float = 0.0
+
+    @property
+    def model_state_bytes(self) -> float:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_bytes
+
+    @property
+    def allocated_bytes(self) -> float:
+        """What torch.cuda.max_memory_allocated would show (model state + activations)."""
+        return self.model_state_bytes + self.activations_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return self.allocated_bytes + self.allowance_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "stage": self.stage,
+            "parameters": self.parameters.to_dict(),
+            "weights_gib": self.weights_bytes / GIB,
+            "gradients_gib": self.gradients_bytes / GIB,
+            "optimizer_gib": self.optimizer_bytes / GIB,
+            "activations_gib": self.activations_bytes / GIB,
+            "allowance_gib": self.allowance_bytes / GIB,
+            "allocated_gib": self.allocated_bytes / GIB,
+            "total_gib": self.total_bytes / GIB,
+            "in_flight_microbatches": self.in_flight_microbatches,
+            "activation_detail_gib": {k: v / GIB for k, v in self.activation_detail.items()},
+        }
+
+
+def _model_state_bytes(
+    counts: ParameterCounts, parallel: ParallelConfig, workload: Workload, linear_fraction: float
+) -> tuple[float, float, float]:
+    weight_bytes = BF16_BYTES * counts.total
+    if workload.precision == "fp8":
+        weight_bytes += 2 * linear_fraction * counts.total  # cached fp8 weight + transpose
+    if not workload.is_training:
+        return weight_bytes, 0.0, 0.0
+    grads = FP32_BYTES * counts.total
+    optimizer_per_param = 3 * FP32_BYTES
+    if parallel.use_distributed_optimizer:
+        optimizer = optimizer_per_param * (counts.dense / (parallel.dp * parallel.cp) + counts.experts / parallel.edp)
+    else:
+        optimizer = optimizer_per_param * counts.total
+    return weight_bytes, grads, optimizer
+
+
+def _stage_activations(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    options: ActivationOptions,
+    padded_vocab_size: int | None,
+) -> tuple[float, dict[str, float], int]:
+    e = options.bytes_per_element
+    tokens = local_tokens(workload, parallel)
+    h, t, x = model.hidden_size, parallel.tp, _sp_divisor(parallel)
+    vocab = padded_vocab_size or model.vocab_size
+    first, last = stage == 0, stage == parallel.pp - 1
+    layers = stage_layer_range(model, parallel, stage)
+    in_flight = in_flight_microbatches(parallel, workload, stage)
+    detail: dict[str, float] = {}
+
+    if not workload.is_training:
+        # Forward only (no_grad): nothing is kept; the peak is the largest working set of one layer
+        # (MLP: fc1 output + activation output) or of the logits on the last stage (bf16 logits +
+        # fp32 log-softmax as RL log-prob passes compute).
+        working = []
+        for layer in layers:
+            if model.is_moe_layer(layer):
+                routed = tokens * model.moe_router_topk * parallel.etp / t
+                f = model.moe_ffn_hidden_size
+                working.append(e * routed * (2 * h + 3 * f / parallel.etp))
+            else:
+                working.append(e * tokens * 3 * model.ffn_hidden_size / t + e * tokens * h)
+        detail["layer_working_set"] = max(working) if working else 0.0
+        if last:
+            detail["logits_working_set"] = (e + FP32_BYTES) * tokens * vocab / t
+        detail["pipeline_buffers"] = 2 * e * tokens * h / x * (parallel.pp > 1)
+        peak = max(detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0))
+        return peak + detail["pipeline_buffers"], detail, 0
+
+    full_mask = full_recompute_layer_mask(model, parallel, workload.recompute)
+    layer_full = [layer_activation_bytes(model, parallel, workload, i, options) for i in layers]
+    layer_in = layer_input_bytes(model, parallel, workload, e)
+    rc = workload.recompute
+    stored = 0.0  # one micro-batch of one chunk-layer set (summed over this rank's layers)
+    transient = 0.0
+    for pos, layer in enumerate(layers):
+        if full_mask[layer]:
+            if rc.method == "uniform":
+                # groups of rc.num_layers keep one input each
+                stored += layer_in / rc.num_layers
+            else:
+                stored += layer_in
+        else:
+            stored += layer_full[pos]
+    if rc.is_full:
+        # During backward one recomputed group is materialised in full, once.
+        group = rc.num_layers if rc.method == "uniform" else 1
+        transient = max(layer_full) * group
+    # `stored` covers all chunks of this rank for one micro-batch; per chunk-micro-batch it is /v.
+    per_chunk_microbatch = stored / parallel.virtual_stages
+    detail["decoder_layers"] = per_chunk_microbatch * in_flight
+    detail["recompute_working_set"] = transient
+    if first:
+        embedding = 0.0
+        if model.hidden_dropout > 0:
+            embedding = 1 * tokens * h / x
+        # the embedding output belongs to the first model chunk only
+        detail["embedding"] = embedding * -(-in_flight // parallel.virtual_stages)
+    if last:
+        # final norm input + output-layer input (bf16) and the fp32 softmax that
+        # vocab_parallel_cross_entropy saves for backward (one micro-batch: the last stage runs
+        # each micro-batch's backward right after its forward).
+        detail["output_layer"] = 2 * e * tokens * h / x + FP32_BYTES * tokens * vocab / t
+        if model.mtp_num_layers:
+            detail["mtp"] = model.mtp_num_layers * (
+                layer_activation_bytes(model, parallel, workload, model.num_layers - 1, options)
+                + 2 * e * tokens * 2 * h / x
+                + FP32_BYTES * tokens * vocab / t
+            )
+    return sum(detail.values()), detail, in_flight
+
+
+def _linear_weight_fraction(model: ModelSpec) -> float:
+    """Share of parameters that sit in linear layers (what fp8 caches); norms and embeddings are not."""
+    from .params import total_parameters
+
+    counts = total_parameters(model).counts
+    non_linear = counts.embedding + counts.final_norm
+    return 1.0 - non_linear / counts.total if counts.total else 0.0
+
+
+def stage_memory(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    options: ActivationOptions = ActivationOptions(),
+    allowance: MemoryAllowance = MemoryAllowance(),
+    padded_vocab_size: int | None = None,
+) -> StageMemory:
+    """Peak memory of one rank of pipeline stage `stage`."""
+    counts = stage_parameters(model, parallel, stage, padded_vocab_size)
+    linear_fraction = _linear_weight_fraction(model) if workload.precision == "fp8" else 0.0
+    weights, grads, optimizer = _model_state_bytes(counts, parallel, workload, linear_fraction)
+    activations, detail, in_flight = _stage_activations(model, parallel, workload, stage, options, padded_vocab_size)
+    allocated = weights + grads + optimizer + activations
+    return StageMemory(
+        stage=stage,
+        parameters=counts,
+        weights_bytes=weights,
+        gradients_bytes=grads,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        activation_detail=detail,
+        in_flight_microbatches=in_flight,
+        allowance_bytes=allowance.bytes_for(allocated),
+    )
+
+
+def memory_per_stage(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    options: ActivationOptions = ActivationOptions(),
+    allowance: MemoryAllowance = MemoryAllowance(),
+    padded_vocab_size: int | None = None,
+) -> list[StageMemory]:
+    """`stage_memory` for every pipeline stage; the job needs max(total_bytes) per GPU."""
+    return [
+        stage_memory(model, parallel, workload, s, options, allowance, padded_vocab_size) for s in range(parallel.pp)
+    ]

@@ -1,0 +1,120 @@
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megatron_autotuner.cli import main
+
+
+def run_json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_models_and_hardware_json(capsys):
+    models = run_json(capsys, ["models", "--json"])
+    names = {m["name"] for m in models["models"]}
+    assert {"Llama-3.1-8B", "DeepSeek-V3", "Qwen3-30B-A3B"} <= names
+    hw = run_json(capsys, ["hardware", "--json"])
+    assert {g["name"] for g in hw["gpus"]} >= {"A100-40GB", "A100-80GB", "H100-SXM", "H200", "B200", "GB200"}
+
+
+def test_theory_json(capsys):
+    report = run_json(
+        capsys,
+        [
+            "theory",
+            "--model",
+            "Llama-3.1-8B",
+            "--num-gpus",
+            "8",
+            "--tp",
+            "2",
+            "--pp",
+            "2",
+            "--seq-len",
+            "8192",
+            "--global-batch-size",
+            "64",
+            "--gpu",
+            "H100-SXM",
+            "--flops-convention",
+            "full",
+            "--json",
+        ],
+    )
+    assert report["schema_version"] == 1
+    assert len(report["memory_per_stage"]) == 2
+    assert report["parallel"]["dp"] == 2 and report["parallel"]["sequence_parallel"] is True
+    assert report["flops"]["model_flops_per_token"] == pytest.approx(5.79e10, rel=0.01)
+    assert report["fits"] is True
+    assert report["padded_vocab_size"] == 128256
+
+
+def test_theory_table_output(capsys):
+    assert (
+        main(
+            [
+                "theory",
+                "--model",
+                "Qwen3-30B-A3B",
+                "--num-gpus",
+                "16",
+                "--ep",
+                "8",
+                "--tp",
+                "2",
+                "--seq-len",
+                "4096",
+                "--recompute",
+                "selective",
+                "--recompute-modules",
+                "core_attn",
+                "moe_act",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "Memory per rank" in out and "experts_fc1" in out
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["theory", "--model", "Llama-9", "--num-gpus", "8", "--seq-len", "10"], "unknown model"),
+        (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--tp", "3", "--seq-len", "8"], "num_gpus"),
+        (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "16", "--tp", "16", "--seq-len", "64"], "tp:"),
+        (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--seq-len", "64", "--gpu", "V100"], "unknown GPU"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(argv, expected):
+    proc = subprocess.run([sys.executable, "-m", "megatron_autotuner.cli", *argv], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mat: error:") and expected in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_malformed_config_json(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text('{"model_type": "llama", "hidden_size": 64')
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_autotuner.cli",
+            "theory",
+            "--model",
+            str(bad),
+            "--num-gpus",
+            "1",
+            "--seq-len",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "not valid JSON" in proc.stderr and "Traceback" not in proc.stderr

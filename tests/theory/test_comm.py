@@ -1,0 +1,74 @@
+import pytest
+
+from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, load_model_spec
+from megatron_autotuner.theory.comm import comm_bytes_by_dimension, stage_comm_volumes, wire_factor
+
+
+def by_key(volumes):
+    return {(v.dimension, v.collective): v for v in volumes}
+
+
+def test_wire_factors():
+    assert wire_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert wire_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert wire_factor("send_recv", 2) == 1.0
+    assert wire_factor("all_reduce", 1) == 0.0
+
+
+def test_tp_sp_collectives_per_layer():
+    model = load_model_spec("Llama-3.1-8B")
+    p = ParallelConfig(num_gpus=2, tp=2, sequence_parallel=True)
+    w = Workload(seq_length=8192, global_batch_size=4)
+    v = by_key(stage_comm_volumes(model, p, w, 0))
+    m, L = 4, model.num_layers
+    msg = 2 * 8192 * model.hidden_size
+    # forward 2 AG + 2 RS per layer, backward mirrors them, plus 2 wgrad re-gathers per layer
+    # (the single output-layer gather is listed on its own entry)
+    ag = [x for x in stage_comm_volumes(model, p, w, 0) if x.collective == "all_gather"]
+    assert sum(x.calls for x in ag) == m * (6 * L + 1)
+    assert v[("tp", "reduce_scatter")].message_bytes == msg
+    full = w.replace(recompute=RecomputeConfig("full"))
+    ag_full = [x for x in stage_comm_volumes(model, p, full, 0) if x.collective == "all_gather"]
+    assert sum(x.calls for x in ag_full) == m * (8 * L + 1)
+
+
+def test_tp_without_sp_uses_all_reduce():
+    model = load_model_spec("Llama-3.1-8B")
+    p = ParallelConfig(num_gpus=4, tp=4)
+    vols = stage_comm_volumes(model, p, Workload(seq_length=4096, global_batch_size=1), 0)
+    ar = [v for v in vols if v.dimension == "tp" and v.collective == "all_reduce"]
+    assert sum(v.calls for v in ar) == 4 * model.num_layers + 1 + 3  # layers, embedding, cross-entropy
+
+
+def test_dp_distributed_optimizer_volumes():
+    model = load_model_spec("Llama-3.1-8B")
+    p = ParallelConfig(num_gpus=8)
+    vols = by_key(stage_comm_volumes(model, p, Workload(seq_length=4096, global_batch_size=8), 0))
+    n = 8_030_261_248 + (model.padded_vocab_size(1) - model.vocab_size) * 0
+    assert vols[("dp", "reduce_scatter")].message_bytes == 4 * n
+    assert vols[("dp", "all_gather")].message_bytes == 2 * n
+    assert vols[("dp", "reduce_scatter")].wire_bytes == pytest.approx(4 * n * 7 / 8)
+    plain = by_key(
+        stage_comm_volumes(
+            model, p.replace(use_distributed_optimizer=False), Workload(seq_length=4096, global_batch_size=8), 0
+        )
+    )
+    assert plain[("dp", "all_reduce")].wire_bytes == pytest.approx(4 * n * 2 * 7 / 8)
+
+
+def test_pp_cp_ep_volumes():
+    model = load_model_spec("Qwen3-30B-A3B")
+    p = ParallelConfig(num_gpus=16, tp=1, pp=2, cp=2, ep=4)
+    w = Workload(seq_length=8192, global_batch_size=16)
+    first, last = (by_key(stage_comm_volumes(model, p, w, s)) for s in (0, 1))
+    m = 16 // 4
+    tokens = 8192 // 2
+    assert first[("pp", "send_recv")].calls == m  # activations forward only
+    assert last[("pp", "send_recv")].calls == m  # gradients backward only
+    kv = 2 * tokens * 2 * model.num_query_groups * model.kv_channels
+    layers = model.num_layers // 2
+    assert first[("cp", "send_recv")].message_bytes == kv
+    assert first[("cp", "send_recv")].calls == m * 3 * (2 - 1) * layers
+    a2a = first[("ep", "all_to_all")]
+    assert a2a.calls == m * 4 * layers and a2a.message_bytes == 2 * tokens * 8 * model.hidden_size
+    assert set(comm_bytes_by_dimension(list(first.values()))) == {"pp", "cp", "ep", "dp", "edp"}

@@ -1,0 +1,180 @@
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs import ModelSpec, ParallelConfig, RecomputeConfig, Workload, load_model_spec
+from megatron_autotuner.specs.parallel import validate_layout
+from megatron_autotuner.theory.memory import (
+    ActivationOptions,
+    in_flight_microbatches,
+    layer_activation_bytes,
+    memory_per_stage,
+    stage_memory,
+)
+
+UNFUSED = ActivationOptions(flash_attention=False)
+
+
+def gpt3_like(s=2048, h=12288, a=96):
+    return ModelSpec(
+        name="gpt",
+        hidden_size=h,
+        num_layers=8,
+        num_attention_heads=a,
+        ffn_hidden_size=4 * h,
+        vocab_size=51200,
+        gated_linear_unit=False,
+        activation="gelu",
+        normalization="LayerNorm",
+        add_bias_linear=True,
+        position_embedding_type="learned_absolute",
+        max_position_embeddings=s,
+        hidden_dropout=0.1,
+        attention_dropout=0.1,
+    )
+
+
+def korthikanti_table2(s, b, h, a, t):
+    """Korthikanti et al. 2022 (arXiv 2205.05198) Table 2, activation bytes per layer, written out here."""
+    sbh = s * b * h
+    return {
+        "none": sbh * (34 + 5 * a * s / h),
+        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp_sp": sbh / t * (34 + 5 * a * s / h),
+        "tp_selective": sbh * (10 + 24 / t),
+        "tp_sp_selective": sbh * 34 / t,
+        "full": sbh * 2,
+    }
+
+
+@pytest.mark.parametrize("s, b, h, a, t", [(2048, 1, 12288, 96, 8), (2048, 4, 4096, 32, 4), (1024, 2, 2048, 16, 2)])
+def test_korthikanti_table2_all_six_cases_exactly(s, b, h, a, t):
+    model = gpt3_like(s, h, a)
+    expected = korthikanti_table2(s, b, h, a, t)
+    none = Workload(seq_length=s, micro_batch_size=b, global_batch_size=b)
+    sel = none.replace(recompute=RecomputeConfig("selective", modules=("core_attn",)))
+    one = ParallelConfig(num_gpus=1)
+    tp = ParallelConfig(num_gpus=t, tp=t)
+    tp_sp = ParallelConfig(num_gpus=t, tp=t, sequence_parallel=True)
+    got = {
+        "none": layer_activation_bytes(model, one, none, 0, UNFUSED),
+        "tp": layer_activation_bytes(model, tp, none, 0, UNFUSED),
+        "tp_sp": layer_activation_bytes(model, tp_sp, none, 0, UNFUSED),
+        "tp_selective": layer_activation_bytes(model, tp, sel, 0, UNFUSED),
+        "tp_sp_selective": layer_activation_bytes(model, tp_sp, sel, 0, UNFUSED),
+    }
+    full = none.replace(recompute=RecomputeConfig("full", "uniform", 1))
+    stage = stage_memory(model, one, full, 0, UNFUSED)
+    got["full"] = stage.activation_detail["decoder_layers"] / model.num_layers
+    for case, value in expected.items():
+        assert got[case] == pytest.approx(value, rel=1e-12), case
+
+
+def test_flash_attention_has_no_s_squared_term():
+    model = gpt3_like()
+    p = ParallelConfig(num_gpus=8, tp=8, sequence_parallel=True)
+    w1 = Workload(seq_length=2048, global_batch_size=1)
+    w2 = Workload(seq_length=4096, global_batch_size=1)
+    m = model.replace(max_position_embeddings=4096)
+    # linear in s with flash, super-linear without
+    assert layer_activation_bytes(m, p, w2) == pytest.approx(2 * layer_activation_bytes(m, p, w1))
+    assert layer_activation_bytes(m, p, w2, 0, UNFUSED) > 2.5 * layer_activation_bytes(m, p, w1, 0, UNFUSED)
+
+
+def test_in_flight_microbatches():
+    w = Workload(seq_length=128, global_batch_size=64)
+    p = ParallelConfig(num_gpus=4, pp=4)
+    assert [in_flight_microbatches(p, w, r) for r in range(4)] == [4, 3, 2, 1]
+    pv = ParallelConfig(num_gpus=4, pp=4, vpp=2)
+    # megatron-core warm-up 2(pp-r-1) + (v-1)pp, plus the one in flight
+    assert [in_flight_microbatches(pv, w, r) for r in range(4)] == [11, 9, 7, 5]
+    assert in_flight_microbatches(p, w.replace(mode="forward"), 0) == 0
+    few = Workload(seq_length=128, global_batch_size=2)
+    assert in_flight_microbatches(p, few, 0) == 2
+
+
+def test_distributed_optimizer_bytes_per_param():
+    model = load_model_spec("Llama-3.1-8B")
+    w = Workload(seq_length=4096, global_batch_size=64)
+    for dp in (1, 2, 8):
+        p = ParallelConfig(num_gpus=dp)
+        st0 = stage_memory(model, p, w, 0)
+        n = st0.parameters.total
+        assert st0.weights_bytes == 2 * n and st0.gradients_bytes == 4 * n
+        assert st0.optimizer_bytes == pytest.approx(12 * n / dp)
+        plain = stage_memory(model, p.replace(use_distributed_optimizer=False), w, 0)
+        assert plain.model_state_bytes == 18 * n
+    fwd = stage_memory(model, ParallelConfig(num_gpus=1), w.replace(mode="forward"), 0)
+    assert fwd.gradients_bytes == 0 and fwd.optimizer_bytes == 0
+
+
+def test_expert_optimizer_sharded_over_expert_dp():
+    model = load_model_spec("Qwen3-30B-A3B")
+    w = Workload(seq_length=4096, global_batch_size=64)
+    p = ParallelConfig(num_gpus=16, ep=4)
+    st0 = stage_memory(model, p, w, 0)
+    c = st0.parameters
+    assert p.edp == 4 and c.experts > 0
+    assert st0.optimizer_bytes == pytest.approx(12 * (c.dense / 16 + c.experts / 4))
+
+
+def test_cp_needs_flash_for_unfused_model():
+    model = gpt3_like()
+    with pytest.raises(ConfigError, match="^flash_attention"):
+        layer_activation_bytes(model, ParallelConfig(num_gpus=2, cp=2), Workload(seq_length=2048), 0, UNFUSED)
+
+
+def peak(model, tp, pp, cp, ep, dp, workload):
+    sp = tp > 1
+    p = ParallelConfig(num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sp)
+    validate_layout(model, p, workload)
+    return max(s.total_bytes for s in memory_per_stage(model, p, workload))
+
+
+SMALL_DENSE = ModelSpec(
+    name="d",
+    hidden_size=1024,
+    num_layers=8,
+    num_attention_heads=16,
+    num_query_groups=8,
+    ffn_hidden_size=4096,
+    vocab_size=32000,
+)
+SMALL_MOE = SMALL_DENSE.replace(
+    num_moe_experts=8, moe_router_topk=2, moe_ffn_hidden_size=1024, moe_shared_expert_intermediate_size=1024
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    dim=st.sampled_from(["tp", "pp", "cp", "ep"]),
+    base=st.tuples(
+        st.sampled_from([1, 2, 4]),
+        st.sampled_from([1, 2, 4]),
+        st.sampled_from([1, 2]),
+        st.sampled_from([1, 2, 4]),
+        st.sampled_from([1, 2]),
+    ),
+    recompute=st.sampled_from(["none", "selective", "full"]),
+    moe=st.booleans(),
+    mbs=st.sampled_from([1, 2]),
+)
+def test_memory_never_grows_when_a_parallel_dimension_grows(dim, base, recompute, moe, mbs):
+    model = SMALL_MOE if moe else SMALL_DENSE
+    tp, pp, cp, ep, dp = base
+    if not moe:
+        ep = 1
+        assume(dim != "ep")
+    w = Workload(
+        seq_length=2048, micro_batch_size=mbs, global_batch_size=8 * mbs * dp, recompute=RecomputeConfig(recompute)
+    )
+    sizes = dict(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp)
+    bigger = dict(sizes)
+    bigger[dim] *= 2
+    try:
+        before = peak(model, **sizes, workload=w)
+        after = peak(model, **bigger, workload=w)
+    except ConfigError:
+        assume(False)
+    assert after <= before * (1 + 1e-12)
