@@ -15,7 +15,9 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
 - last stage: final norm and `output_layer` `[vocab/tp, h]`; with tied embeddings and pp > 1 the
   last stage holds its own copy of the word embeddings (kept in sync by an all-reduce);
 - MTP layers (DeepSeek-V3) sit on the last stage: two norms, `eh_proj` `[h/tp, 2h]`, a decoder
-  layer and a final norm; they share embedding and output layer with the main model.
+  layer and a final norm; they share embedding and output layer with the main model (with pp > 1
+  the last stage holds its own copy of the embedding for them);
+- MoE router bias `[E]` when `add_bias_linear`.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ def moe_parameters(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None =
     etp = tp if etp is None else etp
     h = model.hidden_size
     non_expert = model.num_moe_experts * h  # router weight, replicated
+    if model.add_bias_linear:
+        non_expert += model.num_moe_experts  # router bias (TopKRouter), replicated
     if model.moe_shared_expert_intermediate_size:
         non_expert += mlp_parameters(model, model.moe_shared_expert_intermediate_size, tp)
         if model.moe_shared_expert_gate:
@@ -200,7 +204,9 @@ def stage_parameters(
         decoder_dense += dense
         decoder_expert += expert
     first, last = stage == 0, stage == pp - 1
-    embedding = embedding_parameters(model, tp, padded_vocab_size) if first else 0
+    # megatron-core builds the embedding on the first stage and, with MTP, on the last stage too
+    # (the MTP block embeds the shifted tokens itself): `pre_process or mtp_process`.
+    embedding = embedding_parameters(model, tp, padded_vocab_size) if first or (last and model.mtp_num_layers) else 0
     output_layer = 0
     if last and (not model.tie_embeddings or pp > 1):
         output_layer = output_layer_parameters(model, tp, padded_vocab_size)

@@ -1,0 +1,379 @@
+"""Build real megatron-core `GPTModel`s on CPU from a `ModelSpec` and count their parameters per rank.
+
+The parent (pytest) never imports torch or megatron-core from here: `run_worlds` starts one
+subprocess per rank (`python -m tests.mcore_helpers ...`), each joins a gloo process group
+(file:// rendezvous, CUDA hidden), runs `initialize_model_parallel` for every case, builds the
+model chunks of its pipeline rank (virtual stages included) exactly as Megatron-LM's
+`model_provider` does with the local (non-TE) layer spec, and writes its counts to
+`rank<r>.json`. Running even world size 1 in a subprocess keeps the global
+`torch.distributed` / `parallel_state` of the pytest process untouched.
+
+Parameters are counted by module path, mirroring `theory.params.ParameterCounts`:
+`embedding.*` -> embedding, `decoder.layers.*` -> decoder_dense / expert (routed experts live
+under `.mlp.experts.`), `decoder.final_layernorm.*` -> final_norm, `output_layer.*` ->
+output_layer, `mtp.*` -> mtp_dense / mtp_expert. `model.parameters()` deduplicates shared
+tensors, so tied embeddings on one stage count once. Routed-expert parameters are also
+counted through megatron's own marker (`allreduce=False`, set when ep > 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+COUNT_FIELDS = ("embedding", "decoder_dense", "expert", "final_norm", "output_layer", "mtp_dense", "mtp_expert")
+
+
+@dataclass(frozen=True)
+class McoreCase:
+    """One model x one parallel layout, built on `world` ranks (dp = world / (tp * pp))."""
+
+    name: str
+    spec: dict[str, Any]  # ModelSpec.to_dict()
+    world: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    vpp: int | None = None
+    padded_vocab_size: int | None = None
+    marks: tuple[Any, ...] = field(default=(), compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "spec": self.spec,
+            "world": self.world,
+            "tp": self.tp,
+            "pp": self.pp,
+            "ep": self.ep,
+            "etp": self.etp,
+            "vpp": self.vpp,
+            "padded_vocab_size": self.padded_vocab_size,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Parent side: launch the ranks.
+# --------------------------------------------------------------------------------------------
+def _rank_env() -> dict[str, str]:
+    env = dict(os.environ)
+    src = str(REPO_ROOT / "src")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), src, env.get("PYTHONPATH", "")) if p)
+    env.update(
+        CUDA_VISIBLE_DEVICES="",
+        MASTER_ADDR="127.0.0.1",
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        GLOO_SOCKET_IFNAME=env.get("GLOO_SOCKET_IFNAME", "lo"),
+        TORCH_CPP_LOG_LEVEL="ERROR",
+    )
+    return env
+
+
+def run_worlds(cases: list[McoreCase], workdir: Path, timeout_s: float = 300.0) -> dict[str, list[dict[str, Any]]]:
+    """Run every case on its world size (all worlds concurrently); returns {case name: per-rank results}."""
+    by_world: dict[int, list[McoreCase]] = {}
+    for case in cases:
+        by_world.setdefault(case.world, []).append(case)
+    procs: list[tuple[subprocess.Popen, Path]] = []
+    out_dirs: list[Path] = []
+    env = _rank_env()
+    try:
+        for world, world_cases in sorted(by_world.items()):
+            out_dir = workdir / f"world{world}"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            cases_path = out_dir / "cases.json"
+            cases_path.write_text(json.dumps([c.to_dict() for c in world_cases]))
+            init_file = out_dir / "rendezvous"
+            out_dirs.append(out_dir)
+            for rank in range(world):
+                log_path = out_dir / f"rank{rank}.log"
+                with open(log_path, "w") as log:
+                    cmd = [sys.executable, "-m", "tests.mcore_helpers", "--rank", str(rank), "--world", str(world)]
+                    cmd += ["--init-file", str(init_file), "--cases", str(cases_path), "--out", str(out_dir)]
+                    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+                procs.append((proc, log_path))
+        deadline = time.monotonic() + timeout_s
+        for proc, log_path in procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as exc:
+                raise RuntimeError(f"rank timed out after {timeout_s}s; log {log_path}:\n{_tail(log_path)}") from exc
+            if proc.returncode != 0:
+                raise RuntimeError(f"rank exited with {proc.returncode}; log {log_path}:\n{_tail(log_path)}")
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    results: dict[str, list[dict[str, Any]]] = {}
+    for out_dir in out_dirs:
+        for rank_file in sorted(out_dir.glob("rank*.json")):
+            for entry in json.loads(rank_file.read_text()):
+                results.setdefault(entry["name"], []).append(entry)
+    return results
+
+
+def _tail(path: Path, n: int = 6000) -> str:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    return text[-n:]
+
+
+# --------------------------------------------------------------------------------------------
+# Rank side: torch / megatron-core are imported only here.
+# --------------------------------------------------------------------------------------------
+def transformer_config(spec: dict[str, Any], tp: int, pp: int, ep: int, etp: int | None, vpp: int | None):
+    """A megatron-core `TransformerConfig` (`MLATransformerConfig` for MLA) equal to the ModelSpec."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.activations import squared_relu
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    activations = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu}
+    moe = spec["num_moe_experts"] > 0
+    kwargs: dict[str, Any] = dict(
+        num_layers=spec["num_layers"],
+        hidden_size=spec["hidden_size"],
+        num_attention_heads=spec["num_attention_heads"],
+        num_query_groups=spec["num_query_groups"],
+        kv_channels=spec["kv_channels"],
+        ffn_hidden_size=spec["ffn_hidden_size"],
+        gated_linear_unit=spec["gated_linear_unit"],
+        activation_func=activations[spec["activation"]],
+        normalization=spec["normalization"],
+        add_bias_linear=spec["add_bias_linear"],
+        add_qkv_bias=spec["add_qkv_bias"],
+        qk_layernorm=spec["qk_layernorm"],
+        hidden_dropout=spec["hidden_dropout"],
+        attention_dropout=spec["attention_dropout"],
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp if etp is not None else tp,
+        # megatron-core requires sequence parallelism with MoE + TP + EP; see below.
+        sequence_parallel=moe and tp > 1 and ep > 1,
+        use_cpu_initialization=True,
+        perform_initialization=False,
+        params_dtype=torch.float32,
+        pipeline_dtype=torch.float32,
+        mtp_num_layers=spec["mtp_num_layers"] or None,
+    )
+    if moe:
+        kwargs.update(
+            num_moe_experts=spec["num_moe_experts"],
+            moe_router_topk=spec["moe_router_topk"],
+            moe_ffn_hidden_size=spec["moe_ffn_hidden_size"],
+            moe_shared_expert_intermediate_size=spec["moe_shared_expert_intermediate_size"] or None,
+            moe_shared_expert_gate=spec["moe_shared_expert_gate"],
+            moe_layer_freq=list(spec["moe_layer_pattern"]) or 1,
+            moe_grouped_gemm=False,
+            moe_aux_loss_coeff=0.0,
+            moe_router_pre_softmax=spec["moe_router_topk"] == 1,  # megatron-core requires it for top-1
+        )
+    if spec["multi_latent_attention"]:
+        # The TE spec always builds the q / kv latent norms (fused into the up projections); the
+        # local spec builds them only with qk_layernorm=True, so ask for them explicitly.
+        kwargs.update(
+            qk_layernorm=True,
+            q_lora_rank=spec["q_lora_rank"],
+            kv_lora_rank=spec["kv_lora_rank"],
+            qk_head_dim=spec["qk_head_dim"],
+            qk_pos_emb_head_dim=spec["qk_pos_emb_head_dim"],
+            v_head_dim=spec["v_head_dim"],
+            rope_type="rope",
+        )
+        config = MLATransformerConfig(**kwargs)
+    else:
+        config = TransformerConfig(**kwargs)
+    # The local spec's torch norms refuse sequence parallelism (only TE / apex norms support it).
+    # It changes no parameter shape, so switch it off once the config has passed its checks.
+    config.sequence_parallel = False
+    return config
+
+
+def _use_mla_core_attention(block_spec) -> None:
+    """Let the local MLA spec build: its `DotProductAttention` does not take MLA's k/v head sizes.
+
+    megatron-core 0.16 passes `k_channels` / `v_channels` to the core attention of
+    `MLASelfAttention`, which only TE's attention accepts. Core attention holds no parameters, so a
+    `DotProductAttention` that drops those keywords changes no count.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels=None, v_channels=None, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    for layer_spec in block_spec.layer_specs:
+        layer_spec.submodules.self_attention.submodules.core_attention = MLADotProductAttention
+
+
+def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None = None) -> list:
+    """The `GPTModel` chunk(s) of this pipeline rank (one per virtual stage), local layer spec."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+
+    vpp = config.virtual_pipeline_model_parallel_size
+    chunks = []
+    for vp_stage in range(vpp) if vpp else [None]:
+        block_spec = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization=spec["normalization"], vp_stage=vp_stage
+        )
+        if spec["multi_latent_attention"]:
+            _use_mla_core_attention(block_spec)
+        mtp_spec = None
+        if spec["mtp_num_layers"]:
+            mtp_spec = get_gpt_mtp_block_spec(config, block_spec, use_transformer_engine=False, vp_stage=vp_stage)
+        chunks.append(
+            GPTModel(
+                config=config,
+                transformer_layer_spec=block_spec,
+                vocab_size=padded_vocab_size or spec["vocab_size"],
+                max_sequence_length=spec["max_position_embeddings"],
+                pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                share_embeddings_and_output_weights=spec["tie_embeddings"],
+                position_embedding_type=spec["position_embedding_type"],
+                mtp_block_spec=mtp_spec,
+                vp_stage=vp_stage,
+            )
+        )
+    return chunks
+
+
+def count_parameters(chunks: list) -> dict[str, Any]:
+    """Per-rank counts by component (the `ParameterCounts` fields) plus totals and megatron's expert marker."""
+    counts = dict.fromkeys(COUNT_FIELDS, 0)
+    other: dict[str, int] = {}
+    total = marked_expert = 0
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            n = param.numel()
+            total += n
+            if getattr(param, "allreduce", True) is False:
+                marked_expert += n
+            routed = ".mlp.experts." in name
+            if name.startswith("embedding."):
+                counts["embedding"] += n
+            elif name.startswith("output_layer."):
+                counts["output_layer"] += n
+            elif name.startswith("decoder.final_layernorm."):
+                counts["final_norm"] += n
+            elif name.startswith("decoder.layers."):
+                counts["expert" if routed else "decoder_dense"] += n
+            elif name.startswith("mtp."):
+                counts["mtp_expert" if routed else "mtp_dense"] += n
+            else:
+                other[name] = n
+    counts["dense"] = sum(counts[k] for k in COUNT_FIELDS if k not in ("expert", "mtp_expert"))
+    counts["experts"] = counts["expert"] + counts["mtp_expert"]
+    counts["total"] = total
+    return {"counts": counts, "marked_expert": marked_expert, "other": other}
+
+
+def _run_case(case: dict[str, Any]) -> dict[str, Any]:
+    from megatron.core import parallel_state as ps
+
+    tp, pp, ep, etp, vpp = case["tp"], case["pp"], case["ep"], case["etp"], case["vpp"]
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ep,
+        expert_tensor_parallel_size=etp,
+        create_gloo_process_groups=False,
+    )
+    try:
+        config = transformer_config(case["spec"], tp, pp, ep, etp, vpp)
+        chunks = build_gpt_chunks(case["spec"], config, case["padded_vocab_size"])
+        result = count_parameters(chunks)
+        result.update(
+            tp_rank=ps.get_tensor_model_parallel_rank(),
+            pp_rank=ps.get_pipeline_model_parallel_rank(),
+            ep_rank=ps.get_expert_model_parallel_rank(),
+            num_chunks=len(chunks),
+            # global 0-based indices of the decoder layers this rank holds (TransformerLayer.layer_number is 1-based)
+            layers=sorted(layer.layer_number - 1 for chunk in chunks for layer in chunk.decoder.layers),
+        )
+        return result
+    finally:
+        ps.destroy_model_parallel()
+
+
+def _patch_for_cpu_without_te() -> None:
+    """Work around megatron-core 0.16 code paths that assume CUDA or TE; none changes a parameter shape."""
+    import torch
+    from megatron.core.extensions import transformer_engine as te_extension
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from megatron.core.transformer import multi_latent_attention
+
+    if not torch.cuda.is_available():
+        # GPTModel.setup_embeddings_and_output_layer moves the duplicated (tied / MTP) word embeddings
+        # of a later pipeline stage to CUDA before all-reducing them (`weight.data.cuda()`); make
+        # `.cuda()` a no-op so the real gloo all-reduce still runs.
+        torch.Tensor.cuda = lambda self, *args, **kwargs: self
+
+        # MLASelfAttention builds its RotaryEmbedding without `use_cpu_initialization`, which then asks
+        # for `torch.cuda.current_device()`. The rotary table is a buffer (no parameters): build it on CPU.
+        class CPURotaryEmbedding(RotaryEmbedding):
+            def __init__(self, *args, **kwargs):
+                kwargs["use_cpu_initialization"] = True
+                super().__init__(*args, **kwargs)
+
+        multi_latent_attention.RotaryEmbedding = CPURotaryEmbedding
+
+    if not te_extension.HAVE_TE:
+        # Without TE, megatron.core.extensions.transformer_engine exports MagicMocks, so MLA's
+        # `try: import TELinear` succeeds, sets HAVE_TE = True and `isinstance(x, TELinear)` then fails.
+        multi_latent_attention.HAVE_TE = False
+
+
+def _worker(rank: int, world: int, init_file: str, cases_path: str, out_dir: str) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    _patch_for_cpu_without_te()
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    results = []
+    try:
+        for case in json.loads(Path(cases_path).read_text()):
+            entry: dict[str, Any] = {"name": case["name"], "rank": rank}
+            try:
+                entry.update(_run_case(case))
+            except Exception:  # recorded so the test shows megatron-core's own error
+                entry["error"] = traceback.format_exc()
+            results.append(entry)
+    finally:
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--init-file", required=True)
+    parser.add_argument("--cases", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    _worker(args.rank, args.world, args.init_file, args.cases, args.out)
+
+
+if __name__ == "__main__":
+    main()
