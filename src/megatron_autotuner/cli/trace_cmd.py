@@ -1,0 +1,218 @@
+"""`mat trace`: summarize Kineto traces, measure comm/compute overlap, merge rank traces for Perfetto."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import SCHEMA_VERSION, __version__
+from ..errors import ConfigError
+from .output import console, make_table, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "trace",
+        help="analyse torch-profiler (Kineto) traces: summary, overlap, merge",
+        description="Analyse torch-profiler (Kineto) traces (.json or .json.gz) without torch.",
+    )
+    sub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
+    p.set_defaults(func=_no_subcommand, _trace_parser=p)
+
+    s = sub.add_parser(
+        "summary",
+        help="time per category and stream, top kernels, comm/compute overlap",
+        description="Time per kernel category and stream, top kernels and comm/compute overlap of each trace.",
+    )
+    s.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace (.json or .json.gz)")
+    s.add_argument("--top", type=int, default=15, help="number of kernels to list (default 15)")
+    s.add_argument("--rules", metavar="YAML", help="extra classification rules, tried before the built-in ones")
+    s.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    s.set_defaults(func=run_summary)
+
+    o = sub.add_parser(
+        "overlap",
+        help="communication/computation overlap of a trace or of a named range",
+        description=(
+            "Overlap of communication (NCCL, userbuffers, symm-mem, peer copies) with computation. "
+            "overlap_ratio = overlap / min(comm, compute); exposed comm = comm not covered by compute."
+        ),
+    )
+    o.add_argument("trace", metavar="TRACE", help="Kineto trace (.json or .json.gz)")
+    o.add_argument("--range", dest="range_name", metavar="NAME", help="restrict to a record_function / NVTX range")
+    o.add_argument("--match", choices=("exact", "contains", "regex"), default="exact", help="how --range matches names")
+    o.add_argument(
+        "--source",
+        choices=("auto", "cpu", "gpu"),
+        default="auto",
+        help="range kind: cpu (cpu_op/user_annotation, via correlation ids), gpu (gpu_user_annotation), auto",
+    )
+    o.add_argument("--rules", metavar="YAML", help="extra classification rules, tried before the built-in ones")
+    o.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    o.set_defaults(func=run_overlap)
+
+    m = sub.add_parser(
+        "merge",
+        help="merge rank traces into one Perfetto / chrome://tracing file",
+        description="Merge N rank traces into one file, one process per rank ('rank R'), timestamps aligned.",
+    )
+    m.add_argument("traces", nargs="+", metavar="TRACE", help="rank traces (.json or .json.gz)")
+    m.add_argument("-o", "--output", required=True, metavar="OUT", help="output file (.json or .json.gz)")
+    m.add_argument(
+        "--offset-us",
+        action="append",
+        default=[],
+        metavar="R=US",
+        help="shift rank R by US microseconds (repeatable), on top of the baseTimeNanoseconds alignment",
+    )
+    m.add_argument("--json", action="store_true", help="print what was merged as JSON")
+    m.set_defaults(func=run_merge)
+
+
+def _no_subcommand(args: argparse.Namespace) -> int:
+    args._trace_parser.print_help()
+    return 2
+
+
+def _classifier(args: argparse.Namespace):
+    from ..trace import Classifier, load_rules
+
+    if not getattr(args, "rules", None):
+        return None
+    return Classifier(extra_rules=load_rules(args.rules))
+
+
+def _envelope(payload: dict) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, **payload}
+
+
+def _short(name: str, width: int = 70) -> str:
+    text = name[5:] if name.startswith("void ") else name
+    cut = text.find("(")
+    if cut > 0:
+        text = text[:cut]
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole > 0 else "-"
+
+
+def run_summary(args: argparse.Namespace) -> int:
+    from ..trace import load_trace, summarize
+
+    classifier = _classifier(args)
+    summaries = [summarize(load_trace(path), top=args.top, classifier=classifier) for path in args.traces]
+    if args.json:
+        print_json(_envelope({"traces": [s.to_dict() for s in summaries]}))
+        return 0
+    out = console()
+    for s in summaries:
+        ov = s.overlap
+        out.print(
+            f"[bold]{s.path}[/bold]  rank {s.rank if s.rank is not None else '-'}"
+            f"/{s.world_size if s.world_size is not None else '-'}  {', '.join(s.device_names) or '-'}  "
+            f"{s.gpu_event_count} GPU events  span {ov.span_us / 1000:.3f} ms  busy {ov.busy_us / 1000:.3f} ms  "
+            f"idle {ov.idle_us / 1000:.3f} ms"
+        )
+        rows = [
+            [c.category, c.count, c.kernel_us / 1000, c.wall_us / 1000, _pct(c.wall_us, ov.busy_us)]
+            for c in s.categories
+        ]
+        out.print(make_table("Time per category", ["category", "events", "kernel ms", "wall ms", "of busy"], rows))
+        rows = [
+            [
+                _short(k.name),
+                f"{k.category}" + (f" ({k.library}{' ' + k.collective if k.collective else ''})" if k.library else ""),
+                k.count,
+                k.total_us / 1000,
+                k.mean_us,
+            ]
+            for k in s.top_kernels
+        ]
+        out.print(make_table("Top kernels", ["kernel", "category", "count", "total ms", "mean us"], rows))
+        rows = [
+            [
+                f"dev {st.device} stream {st.stream}",
+                st.count,
+                st.busy_us / 1000,
+                ", ".join(f"{c} {v / 1000:.2f}" for c, v in sorted(st.category_us.items(), key=lambda kv: -kv[1])),
+            ]
+            for st in s.streams
+        ]
+        out.print(make_table("Streams", ["stream", "events", "busy ms", "ms per category"], rows))
+        _print_overlap(out, ov)
+        if s.unmatched_kernels:
+            out.print(
+                f"[yellow]{len(s.unmatched_kernels)} kernel name(s) matched no rule (counted as compute)[/yellow]"
+            )
+    return 0
+
+
+def _print_overlap(out, ov) -> None:
+    title = "Comm / compute overlap" + (
+        f" in range {ov.range_name!r} ({ov.instances} instances)" if ov.range_name else ""
+    )
+    rows = [
+        ["end-to-end (span)", ov.span_us / 1000],
+        ["busy", ov.busy_us / 1000],
+        ["compute", ov.compute_us / 1000],
+        ["communication", ov.comm_us / 1000],
+        ["overlap", ov.overlap_us / 1000],
+        ["exposed communication", ov.exposed_comm_us / 1000],
+    ]
+    for cat, us in ov.category_us.items():
+        rows.append([f"  {cat}", us / 1000])
+    if ov.comm_overlap_any_compute_us is not None:
+        rows.append(["comm overlapped by any compute", ov.comm_overlap_any_compute_us / 1000])
+    out.print(make_table(title, ["quantity", "ms"], rows))
+    out.print(
+        f"overlap ratio (overlap / min(comm, compute)) = {ov.overlap_ratio:.3f}; "
+        f"overlap / comm = {ov.comm_overlap_fraction:.3f}"
+    )
+    if ov.by_library or ov.by_collective:
+        rows = [
+            [kind, b.name, b.count, b.comm_us / 1000, b.overlap_us / 1000, b.exposed_us / 1000]
+            for kind, group in (("library", ov.by_library), ("collective", ov.by_collective))
+            for b in group
+        ]
+        out.print(make_table("Communication", ["by", "name", "events", "comm ms", "overlap ms", "exposed ms"], rows))
+
+
+def run_overlap(args: argparse.Namespace) -> int:
+    from ..trace import load_trace, overlap
+
+    trace = load_trace(args.trace)
+    stats = overlap(trace, args.range_name, match=args.match, source=args.source, classifier=_classifier(args))
+    if args.json:
+        print_json(_envelope({"path": trace.path, "rank": trace.rank, "overlap": stats.to_dict()}))
+        return 0
+    out = console()
+    out.print(f"[bold]{trace.path}[/bold]  rank {trace.rank if trace.rank is not None else '-'}")
+    _print_overlap(out, stats)
+    return 0
+
+
+def _parse_offsets(items: list[str]) -> dict[int, float]:
+    offsets: dict[int, float] = {}
+    for item in items:
+        rank, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            offsets[int(rank)] = float(value)
+        except ValueError:
+            raise ConfigError("--offset-us", f"expected R=US (rank=microseconds), got {item!r}") from None
+    return offsets
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from ..trace import merge_traces
+
+    result = merge_traces(args.traces, args.output, offsets_us=_parse_offsets(args.offset_us))
+    if args.json:
+        print_json(result.to_dict())
+        return 0
+    rows = [[f"rank {r.rank}", r.path, r.events, r.gpu_events, r.shift_us] for r in result.ranks]
+    out = console()
+    out.print(make_table(f"Merged into {result.out}", ["process", "source", "events", "GPU events", "shift us"], rows))
+    return 0
