@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import AutotunerError
-from . import hardware_cmd, models_cmd, theory_cmd
+from . import hardware_cmd, models_cmd, profile_cmd, theory_cmd, trace_cmd
 
-COMMAND_MODULES = [models_cmd, hardware_cmd, theory_cmd]
+COMMAND_MODULES = [models_cmd, hardware_cmd, theory_cmd, profile_cmd, trace_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,6 +77,12 @@ class ActivationOptions:
 
     flash_attention: bool = True  # TE / cuDNN fused attention (no s^2 term); False = unfused softmax
     bytes_per_element: int = BF16_BYTES
+    # Megatron-LM's default (--bias-swiglu-fusion / --bias-gelu-fusion -> bias_activation_fusion): the fused
+    # GLU keeps only its input. Unfused, megatron-core's MLP computes act(x_glu) * (x_linear + glu_linear_offset)
+    # and autograd keeps two more f-sized tensors (measured on H200, megatron-core 0.19.2: exactly 2f*2 bytes
+    # per token per layer; benchmarks/results/testbench_h200_x2). Applies to dense MLPs and shared experts;
+    # TE grouped experts (TEGroupedMLP) kept no extra tensors in the same unfused run.
+    fused_bias_activation: bool = True
 
 
 def _sp_divisor(parallel: ParallelConfig) -> int:
@@ -156,6 +162,8 @@ def mlp_activation_bytes(
             f = model.ffn_hidden_size
             parts["fc1_output"] = e * tokens * gate * f / t
             parts["fc2_input"] = e * tokens * f / t
+            if gate == 2 and not options.fused_bias_activation:
+                parts["glu_unfused_temporaries"] = e * tokens * 2 * f / t
     else:
         parts["moe_input"] = e * tokens * h / x
         if not rc.recomputes("moe"):
@@ -172,6 +180,8 @@ def mlp_activation_bytes(
             if fs and not rc.recomputes("shared_experts"):
                 parts["shared_fc1_output"] = e * tokens * gate * fs / t
                 parts["shared_fc2_input"] = e * tokens * fs / t
+                if gate == 2 and not options.fused_bias_activation:
+                    parts["shared_glu_unfused_temporaries"] = e * tokens * 2 * fs / t
     if model.hidden_dropout > 0:
         parts["mlp_dropout_mask"] = 1 * tokens * h / x
     if rc.recomputes("layernorm"):

@@ -1,0 +1,169 @@
+"""`mat profile`: operator testbench on real megatron-core modules (needs GPUs to measure)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..testbench.cases import MODES, OPERATORS, expand_cases, load_case_file
+from .output import console, make_table, print_json
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "profile",
+        help="measure megatron-core operators on GPUs: time, memory, TFLOP/s vs theory",
+        description="Operator testbench. Expands a case grid (or reads --case-file), runs one torchrun job per "
+        "world size, resumes finished cases, records failures and goes on.",
+    )
+    p.add_argument("--model", action="append", help="model preset / config (repeatable, or comma-separated)")
+    p.add_argument("--ops", default="attention,mlp,decoder", help=f"comma-separated from: {', '.join(OPERATORS)}")
+    p.add_argument("--tp", type=_int_list, default=[1], help="comma-separated TP sizes, e.g. 1,2,4")
+    p.add_argument("--cp", type=_int_list, default=[1])
+    p.add_argument("--ep", type=_int_list, default=[1])
+    p.add_argument("--seq-len", type=_int_list, default=[4096])
+    p.add_argument("--micro-batch-size", type=_int_list, default=[1])
+    p.add_argument(
+        "--sp",
+        dest="sequence_parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sequence parallel (default: on when tp > 1)",
+    )
+    p.add_argument("--local-spec", action="store_true", help="megatron-core local spec instead of TE")
+    p.add_argument("--num-layers", type=int, default=2, help="layers of the gpt_chunk op")
+    p.add_argument("--case-file", help="JSON list of cases instead of the grid")
+    p.add_argument("--mode", choices=MODES, default="collect")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--case-timeout", type=float, default=300.0, help="seconds before a case counts as hung")
+    p.add_argument("--retry-failed", action="store_true")
+    p.add_argument("--num-gpus", type=int, help="GPUs on this node (default: all visible)")
+    p.add_argument("--output-dir", help="default outputs/<UTC timestamp>-profile/<model>")
+    p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
+    p.add_argument("--calibration-out", help="also write a cost-model calibration file from the results")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _cases(args: argparse.Namespace):
+    if args.case_file:
+        return load_case_file(args.case_file), []
+    if not args.model:
+        raise ConfigError("model", "give --model (or --case-file)")
+    models = [m for entry in args.model for m in entry.split(",") if m]
+    ops = [o for o in args.ops.split(",") if o]
+    bad = [o for o in ops if o not in OPERATORS]
+    if bad:
+        raise ConfigError("ops", f"unknown operator {bad[0]!r}; allowed: {', '.join(OPERATORS)}")
+    cases, skipped = expand_cases(
+        models,
+        ops,
+        args.seq_len,
+        args.micro_batch_size,
+        args.tp,
+        args.cp,
+        args.ep,
+        args.sequence_parallel,
+        not args.local_spec,
+        args.num_layers,
+        args.num_gpus,
+    )
+    if not cases:
+        reasons = "; ".join(sorted({r for _, r in skipped}))[:300]
+        raise ConfigError("cases", f"the grid expands to no runnable case ({reasons})")
+    return cases, skipped
+
+
+def run(args: argparse.Namespace) -> int:
+    cases, skipped = _cases(args)
+    if args.dry_run:
+        data = {
+            "cases": [dict(case_id=c.case_id, world_size=c.world_size, **c.to_dict()) for c in cases],
+            "skipped": [{"case": raw, "reason": why} for raw, why in skipped],
+        }
+        if args.json:
+            print_json(data)
+        else:
+            rows = [[c.case_id, c.world_size] for c in cases]
+            console().print(make_table(f"{len(cases)} cases ({len(skipped)} skipped)", ["case", "GPUs"], rows))
+        return 0
+    from ..testbench.launcher import run_cases
+    from ..testbench.results import all_records
+    from ..testbench.summary import summary_rows
+
+    num_gpus = args.num_gpus or _visible_gpus()
+    if num_gpus == 0:
+        raise ConfigError("num_gpus", "no CUDA GPU visible: mat profile measures on GPUs (use --dry-run to list cases)")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    model_tag = "-".join(sorted({Path(c.model).stem for c in cases}))[:80]
+    out_dir = Path(args.output_dir) if args.output_dir else Path("outputs") / f"{stamp}-profile" / model_tag
+    result = run_cases(
+        cases,
+        out_dir,
+        args.mode,
+        args.warmup,
+        args.repeats,
+        args.case_timeout,
+        args.retry_failed,
+        "cuda",
+        num_gpus,
+        progress=not args.json,
+    )
+    records = all_records(out_dir)
+    rows = [r for r in summary_rows(records) if r["case_id"] in {c.case_id for c in cases}]
+    (out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if args.calibration_out:
+        from ..testbench.calibration import write_calibration
+
+        write_calibration([out_dir], args.calibration_out)
+    if args.json:
+        print_json(
+            {
+                "output_dir": str(out_dir),
+                "ran": result.ran,
+                "skipped_finished": result.skipped_finished,
+                "failed_by_launcher": result.failed_by_launcher,
+                "rows": rows,
+            }
+        )
+        return 0
+    table_rows = [
+        [
+            r["case_id"].rsplit(".", 1)[0],
+            r["status"],
+            r.get("fwd_bwd_ms", "-"),
+            r.get("fwd_bwd_tflops", "-"),
+            r.get("fwd_bwd_mfu", "-"),
+            r.get("activation_gib", "-"),
+            r.get("activation_estimated_gib", "-"),
+            r.get("activation_ratio", "-"),
+            (r.get("error") or "")[:60],
+        ]
+        for r in rows
+    ]
+    columns = ["case", "status", "fwd+bwd ms", "TFLOP/s", "MFU", "act GiB", "act est GiB", "real/est", "error"]
+    console().print(make_table(f"Testbench results in {out_dir}", columns, table_rows))
+    return 0
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

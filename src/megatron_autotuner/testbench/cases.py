@@ -1,0 +1,241 @@
+"""Testbench cases: one operator of one model under one parallel setting and input size.
+
+A case is what one `torchrun` job measures on every rank. Cases expand from a grid (models x ops x
+tp x cp x ep x seq x micro-batch) or come from a JSON case file (a list of case objects).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..specs import ModelSpec, ParallelConfig, Workload, load_model_spec
+
+# Operators the testbench can build from megatron-core modules.
+OPERATORS = (
+    "embedding",  # LanguageModelEmbedding (vocab-parallel word embeddings [+ positions])
+    "attention",  # SelfAttention incl. fused input norm (TE spec), RoPE, GQA, core attention
+    "mlp",  # dense MLP incl. fused pre-MLP norm (TE spec)
+    "moe",  # MoELayer: router + token dispatcher + experts (+ shared experts)
+    "decoder",  # one TransformerLayer (dense or MoE per the model's first MoE/dense layer)
+    "lm_head",  # final norm + output layer + vocab-parallel cross-entropy
+    "gpt_chunk",  # GPTModel with `num_layers` layers (embedding, layers, head, loss)
+    "column_linear",  # ColumnParallelLinear h -> ffn (fc1 shape)
+    "row_linear",  # RowParallelLinear ffn -> h (fc2 shape)
+    "norm",  # the model's norm (RMSNorm / LayerNorm) on [s, b, h]
+)
+MODES = ("collect", "torch-profile", "memory-snapshot", "nsys")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measurement: `op` of `model` with the given parallel sizes and input size."""
+
+    model: str
+    op: str
+    seq_length: int
+    micro_batch_size: int = 1
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    sequence_parallel: bool | None = None  # default: on when tp > 1
+    num_layers: int = 2  # for gpt_chunk only
+    dtype: str = "bf16"
+    cp_comm_type: str = "p2p"
+    use_te: bool = True  # TE layer spec; False = megatron-core local spec
+
+    def __post_init__(self) -> None:
+        if self.op not in OPERATORS:
+            raise ConfigError("ops", f"unknown operator {self.op!r}; allowed: {', '.join(OPERATORS)}")
+        for name in ("seq_length", "micro_batch_size", "tp", "cp", "ep", "num_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        if self.etp is None:
+            object.__setattr__(self, "etp", self.tp)
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+        if self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+        if self.dtype not in ("bf16", "fp8"):
+            raise ConfigError("dtype", f"must be bf16 or fp8, got {self.dtype!r}")
+        if self.cp > 1 and self.seq_length % (2 * self.cp):
+            raise ConfigError("seq_length", f"{self.seq_length} must be divisible by 2*cp={2 * self.cp}")
+        if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
+            raise ConfigError("seq_length", f"seq_length/cp must be divisible by tp={self.tp} with sequence parallel")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the case runs on: the tp x cp grid, widened so the expert grid (ep x etp) fits."""
+        dense = self.tp * self.cp
+        expert = self.ep * self.etp
+        world = dense * expert // math.gcd(dense, expert)
+        return world
+
+    @property
+    def case_id(self) -> str:
+        """Stable id: readable prefix + hash of every field (resume keys on it)."""
+        fields = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        digest = hashlib.sha1(fields.encode()).hexdigest()[:10]
+        model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
+        sizes = f"tp{self.tp}.cp{self.cp}.ep{self.ep}.s{self.seq_length}.b{self.micro_batch_size}"
+        return f"{model}.{self.op}.{sizes}.{digest}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Case:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"is not a case field (allowed: {', '.join(sorted(known))})")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError("case", str(exc)) from exc
+
+    def model_spec(self) -> ModelSpec:
+        spec = load_model_spec(self.model)
+        if self.op == "gpt_chunk":
+            spec = spec.with_num_layers(self.num_layers)
+        return spec
+
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(
+            num_gpus=self.world_size,
+            tp=self.tp,
+            cp=self.cp,
+            ep=self.ep,
+            etp=self.etp,
+            sequence_parallel=self.sequence_parallel,
+            cp_comm_type=self.cp_comm_type,
+        )
+
+    def workload(self) -> Workload:
+        dp = self.parallel().dp
+        return Workload(
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+            global_batch_size=self.micro_batch_size * dp,
+            precision=self.dtype,
+        )
+
+    def layer_index(self, spec: ModelSpec) -> int:
+        """The decoder layer whose shape the op takes: first MoE layer for moe, first dense layer for mlp."""
+        want_moe = self.op == "moe" or (self.op == "decoder" and spec.is_moe)
+        for i in range(spec.num_layers):
+            if spec.is_moe_layer(i) == want_moe:
+                return i
+        return 0
+
+
+def check_case(case: Case) -> None:
+    """Raise ConfigError if the model cannot be split as the case asks (heads, groups, experts)."""
+    spec = case.model_spec()
+    if spec.num_attention_heads % case.tp or (spec.num_query_groups % case.tp and not spec.multi_latent_attention):
+        raise ConfigError("tp", f"{case.model}: heads/query groups not divisible by tp={case.tp}")
+    if case.op == "moe" and not spec.is_moe:
+        raise ConfigError("ops", f"{case.model} has no MoE layers (op 'moe')")
+    if case.ep > 1:
+        if not spec.is_moe:
+            raise ConfigError("ep", f"{case.model} is not an MoE model")
+        if spec.num_moe_experts % case.ep:
+            raise ConfigError("ep", f"{spec.num_moe_experts} experts not divisible by ep={case.ep}")
+        if case.tp > 1 and not case.sequence_parallel:
+            raise ConfigError("sequence_parallel", "must be on with ep > 1 and tp > 1")
+
+
+def expand_cases(
+    models: list[str],
+    ops: list[str],
+    seq_lengths: list[int],
+    micro_batch_sizes: list[int] = (1,),
+    tps: list[int] = (1,),
+    cps: list[int] = (1,),
+    eps: list[int] = (1,),
+    sequence_parallel: bool | None = None,
+    use_te: bool = True,
+    num_layers: int = 2,
+    max_world_size: int | None = None,
+) -> tuple[list[Case], list[tuple[dict[str, Any], str]]]:
+    """The grid of cases, and the combinations skipped with the reason why.
+
+    Combinations that cannot apply (ep > 1 for a dense model or a non-MoE op, heads not divisible by tp,
+    world size above `max_world_size`) are skipped, not errors.
+    """
+    cases: list[Case] = []
+    skipped: list[tuple[dict[str, Any], str]] = []
+    for model in models:
+        for op in ops:
+            for tp in tps:
+                for cp in cps:
+                    for ep in eps:
+                        for seq in seq_lengths:
+                            for mbs in micro_batch_sizes:
+                                raw = dict(
+                                    model=model,
+                                    op=op,
+                                    seq_length=seq,
+                                    micro_batch_size=mbs,
+                                    tp=tp,
+                                    cp=cp,
+                                    ep=ep,
+                                    sequence_parallel=sequence_parallel,
+                                    use_te=use_te,
+                                    num_layers=num_layers,
+                                )
+                                try:
+                                    if ep > 1 and op not in ("moe", "decoder", "gpt_chunk"):
+                                        raise ConfigError("ep", f"op {op} has no experts")
+                                    case = Case(**raw)
+                                    check_case(case)
+                                    if max_world_size is not None and case.world_size > max_world_size:
+                                        raise ConfigError("world_size", f"{case.world_size} > {max_world_size} GPUs")
+                                except ConfigError as exc:
+                                    skipped.append((raw, str(exc)))
+                                    continue
+                                cases.append(case)
+    seen: set[str] = set()
+    unique = []
+    for c in cases:
+        if c.case_id not in seen:
+            seen.add(c.case_id)
+            unique.append(c)
+    return unique, skipped
+
+
+def load_case_file(path: str | Path) -> list[Case]:
+    """Cases from a JSON file: a list of case objects, or {"cases": [...]}."""
+    p = Path(path)
+    if p.suffix != ".json":
+        raise ConfigError(str(p), "a case file must be JSON (a list of case objects)")
+    try:
+        data: Any = json.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(p), f"is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    if isinstance(data, dict):
+        data = data.get("cases")
+    if not isinstance(data, list) or not all(isinstance(c, dict) for c in data):
+        raise ConfigError(str(p), "must hold a list of case objects (or {'cases': [...]})")
+    cases = [Case.from_dict(c) for c in data]
+    for c in cases:
+        check_case(c)
+    return cases
+
+
+def group_by_world_size(cases: list[Case]) -> dict[int, list[Case]]:
+    groups: dict[int, list[Case]] = {}
+    for c in cases:
+        groups.setdefault(c.world_size, []).append(c)
+    return dict(sorted(groups.items()))

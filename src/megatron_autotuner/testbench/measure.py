@@ -1,0 +1,125 @@
+"""Time and memory of one built operator: CUDA events, torch.cuda memory statistics.
+
+Timing: `warmup` forward+backward iterations, then `repeats` iterations each timed with CUDA events
+around the forward and around the backward; median, min, max and standard deviation are reported.
+Memory (one extra iteration after warm-up, gradients cleared first):
+- weights: bytes allocated by building the module (and exact parameter bytes);
+- activations kept for backward: allocated after forward - before forward - output + saved input
+  (the op's input is kept for its backward; in a model it is the previous layer's output);
+- forward transient: peak during forward - allocated after forward;
+- backward peak: peak during backward above the pre-forward level.
+On a CPU device (tests only) wall-clock time replaces CUDA events and memory is not measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from .operators import Operator
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "std": statistics.pstdev(values) if len(values) > 1 else 0.0,
+        "n": len(values),
+    }
+
+
+def _clear_grads(module: Any) -> None:
+    for p in module.parameters():
+        p.grad = None
+
+
+def measure_operator(
+    op: Operator, warmup: int = 3, repeats: int = 10, device: str = "cuda", weights_allocated_bytes: int | None = None
+) -> dict[str, Any]:
+    import torch
+
+    cuda = device == "cuda"
+    params = list(op.module.parameters())
+    real: dict[str, Any] = {
+        "weight_params": sum(p.numel() for p in params),
+        "weight_bytes": sum(p.numel() * p.element_size() for p in params),
+    }
+    if weights_allocated_bytes is not None:
+        real["weight_allocated_bytes"] = weights_allocated_bytes
+    for _ in range(warmup):
+        _clear_grads(op.module)
+        op.backward(op.forward())
+    if cuda:
+        torch.cuda.synchronize()
+        _clear_grads(op.module)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = op.forward()
+        torch.cuda.synchronize()
+        after_fwd = torch.cuda.memory_allocated()
+        peak_fwd = torch.cuda.max_memory_allocated()
+        out_bytes = op.output_bytes(out)
+        op.backward(out)
+        torch.cuda.synchronize()
+        peak_bwd = torch.cuda.max_memory_allocated()
+        del out
+        real.update(
+            activation_bytes=after_fwd - before - out_bytes + op.saved_input_bytes,
+            activation_raw_delta_bytes=after_fwd - before,
+            output_bytes=out_bytes,
+            forward_transient_bytes=peak_fwd - after_fwd,
+            backward_peak_over_start_bytes=peak_bwd - before,
+            peak_allocated_bytes=peak_bwd,
+            peak_reserved_bytes=torch.cuda.max_memory_reserved(),
+        )
+    fwd_ms: list[float] = []
+    bwd_ms: list[float] = []
+    for _ in range(repeats):
+        _clear_grads(op.module)
+        if cuda:
+            start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            start.record()
+            out = op.forward()
+            mid.record()
+            op.backward(out)
+            end.record()
+            end.synchronize()
+            fwd_ms.append(start.elapsed_time(mid))
+            bwd_ms.append(mid.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = op.forward()
+            t1 = time.perf_counter()
+            op.backward(out)
+            t2 = time.perf_counter()
+            fwd_ms.append((t1 - t0) * 1e3)
+            bwd_ms.append((t2 - t1) * 1e3)
+        del out
+    total = [f + b for f, b in zip(fwd_ms, bwd_ms, strict=True)]
+    real["fwd_ms"] = _stats(fwd_ms)
+    real["bwd_ms"] = _stats(bwd_ms)
+    real["fwd_bwd_ms"] = _stats(total)
+    return real
+
+
+def add_rates(real: dict[str, Any], estimated: dict[str, float], peak_tflops: float | None) -> dict[str, Any]:
+    """Achieved TFLOP/s (estimated FLOPs over measured median time) and MFU against `peak_tflops`."""
+    for phase, flops_key in (("fwd", "fwd_flops"), ("bwd", "bwd_flops"), ("fwd_bwd", "fwd_bwd_flops")):
+        ms = real[f"{phase}_ms"]["median"]
+        flops = estimated.get(flops_key, 0.0)
+        tflops = flops / (ms * 1e-3) / 1e12 if ms > 0 and flops else 0.0
+        real[f"{phase}_tflops"] = tflops
+        if peak_tflops:
+            real[f"{phase}_mfu"] = tflops / peak_tflops
+    return real
+
+
+def ratios(real: dict[str, Any], estimated: dict[str, float]) -> dict[str, float]:
+    out = {}
+    for key in ("weight_bytes", "activation_bytes"):
+        if key in real and estimated.get(key):
+            out[key] = real[key] / estimated[key]
+    return out

@@ -1,0 +1,85 @@
+import json
+
+import pytest
+
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.testbench.cases import Case, expand_cases, group_by_world_size, load_case_file
+from megatron_autotuner.testbench.estimates import estimate_case
+from megatron_autotuner.testbench.results import append_record, finished_case_ids, rank_file, read_records
+from megatron_autotuner.theory.memory import layer_activation_bytes
+
+
+def test_grid_expansion_skips_impossible_combinations():
+    cases, skipped = expand_cases(
+        ["Qwen3-8B", "Qwen3-30B-A3B"], ["attention", "moe"], [4096, 8192], tps=[1, 2, 16], eps=[1, 2]
+    )
+    ids = {c.case_id for c in cases}
+    assert len(ids) == len(cases)
+    # Qwen3-8B has no MoE; tp=16 does not divide 8 KV groups; ep>1 only for MoE ops
+    assert not any(c.model == "Qwen3-8B" and c.op == "moe" for c in cases)
+    assert not any(c.tp == 16 for c in cases)
+    assert not any(c.ep > 1 and c.op == "attention" for c in cases)
+    assert {c.world_size for c in cases} == {1, 2, 4}
+    reasons = " ".join(r for _, r in skipped)
+    assert "no MoE layers" in reasons and "tp=16" in reasons
+    # tp>1 turns sequence parallel on by default
+    assert all(c.sequence_parallel == (c.tp > 1) for c in cases)
+
+
+def test_world_size_and_grouping():
+    assert Case(model="Qwen3-30B-A3B", op="moe", seq_length=4096, ep=4).world_size == 4
+    assert Case(model="Qwen3-30B-A3B", op="moe", seq_length=4096, tp=2, ep=2, etp=1).world_size == 2
+    assert Case(model="Qwen3-8B", op="attention", seq_length=4096, tp=2, cp=2).world_size == 4
+    cases, _ = expand_cases(["Qwen3-8B"], ["mlp"], [4096], tps=[1, 2, 4])
+    assert list(group_by_world_size(cases)) == [1, 2, 4]
+
+
+def test_case_validation_and_case_file(tmp_path):
+    with pytest.raises(ConfigError, match="^ops"):
+        Case(model="Qwen3-8B", op="conv", seq_length=8)
+    with pytest.raises(ConfigError, match="^seq_length"):
+        Case(model="Qwen3-8B", op="mlp", seq_length=4097, tp=2)
+    f = tmp_path / "cases.json"
+    f.write_text(json.dumps([{"model": "Llama-3.1-8B", "op": "decoder", "seq_length": 8192, "tp": 2}]))
+    (case,) = load_case_file(f)
+    assert case.sequence_parallel and case.etp == 2
+    f.write_text(json.dumps([{"model": "Llama-3.1-8B", "op": "decoder", "seq": 8192}]))
+    with pytest.raises(ConfigError, match="^seq"):
+        load_case_file(f)
+    f.write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_case_file(f)
+
+
+def test_input_shapes_and_estimates_follow_the_split():
+    one = estimate_case(Case(model="Llama-3.1-8B", op="decoder", seq_length=8192))
+    two = estimate_case(Case(model="Llama-3.1-8B", op="decoder", seq_length=8192, tp=2))
+    assert one["tokens_per_rank"] == 8192
+    assert two["fwd_flops"] == pytest.approx(one["fwd_flops"] / 2)
+    assert two["bwd_flops"] == pytest.approx(2 * two["fwd_flops"])
+    # with SP everything in the layer's activations is split by tp
+    assert two["activation_bytes"] == pytest.approx(one["activation_bytes"] / 2)
+    case = Case(model="Llama-3.1-8B", op="decoder", seq_length=8192)
+    assert one["activation_bytes"] == layer_activation_bytes(case.model_spec(), case.parallel(), case.workload())
+    attn = estimate_case(Case(model="Llama-3.1-8B", op="attention", seq_length=8192))
+    mlp = estimate_case(Case(model="Llama-3.1-8B", op="mlp", seq_length=8192))
+    assert attn["fwd_flops"] + mlp["fwd_flops"] == pytest.approx(one["fwd_flops"])
+    assert attn["activation_bytes"] + mlp["activation_bytes"] == pytest.approx(one["activation_bytes"])
+    moe1 = estimate_case(Case(model="Qwen3-30B-A3B", op="moe", seq_length=4096))
+    moe2 = estimate_case(Case(model="Qwen3-30B-A3B", op="moe", seq_length=4096, ep=2))
+    assert moe2["weight_params"] < moe1["weight_params"]
+    assert moe2["fwd_flops"] == pytest.approx(moe1["fwd_flops"])  # ep splits experts, not tokens
+
+
+def test_results_resume_and_truncated_lines(tmp_path):
+    out = tmp_path / "run"
+    a = Case(model="Qwen3-8B", op="mlp", seq_length=4096)
+    b = Case(model="Qwen3-8B", op="attention", seq_length=4096)
+    append_record(rank_file(out, 0), {"case_id": a.case_id, "status": "ok", "rank": 0})
+    append_record(rank_file(out, 0), {"case_id": b.case_id, "status": "failed", "rank": 0, "error": "OOM"})
+    with open(rank_file(out, 0), "a") as f:
+        f.write('{"case_id": "half')  # a writer killed mid-line
+    records = read_records(rank_file(out, 0))
+    assert [r["schema_version"] for r in records] == [1, 1]
+    assert finished_case_ids(out) == {a.case_id, b.case_id}
+    assert finished_case_ids(out, retry_failed=True) == {a.case_id}
