@@ -1,0 +1,328 @@
+"""Calibration tables: achieved TFLOP/s per operator and shape, measured by the testbench on one GPU.
+
+File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
+    {"gpu": "H200", "device_name": "NVIDIA H200", "date": "...", "versions": {...},
+     "ops": [{"op": "qkv", "phase": "fwd", "flops": 4.1e11, "time_ms": 0.55, "achieved_tflops": 750,
+              "tokens": 8192, "m": 8192, "n": 6144, "k": 4096, "precision": "bf16"}, ...],
+     "layers": [{"model": "Llama-3.1-8B", "num_gpus": 2, "tp": 2, "cp": 1, "ep": 1,
+                 "sequence_parallel": true, "seq_length": 8192, "micro_batch_size": 1,
+                 "phase": "fwd+bwd", "time_ms": 11.9, "model_flops": 1.2e13}, ...],   (optional)
+     "memory": {"non_torch_gib": 1.2, "fragmentation_fraction": 0.04}}                 (optional)
+
+`op` is an operator name of `theory.flops` (qkv, proj, fc1, fc2, experts_fc1, ..., logits,
+core_attention) or "gemm" for a generic matrix product; `phase` is fwd, dgrad, wgrad, bwd or
+fwd+bwd; `precision` (bf16 | fp8) defaults to bf16. Attention entries may carry `seq_length`,
+`heads`, `head_dim` and `causal`.
+
+Lookup: the efficiency (achieved / dense peak of the calibration GPU) of an operator call is
+interpolated linearly in log(FLOPs of the call) between the entries of the same op, phase and
+precision, and clamped outside the measured range. A GEMM operator without entries of its own
+uses the pooled entries of every GEMM operator; a phase without entries falls back to bwd, then
+fwd+bwd, then fwd.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutotunerError, ConfigError
+from ..specs.hardware import GPUSpec, get_gpu_spec
+from ..theory.memory import MemoryAllowance
+
+CALIBRATION_KIND = "megatron-autotuner-calibration"
+PHASES = ("fwd", "dgrad", "wgrad", "bwd", "fwd+bwd")
+GEMM_OPS = frozenset(
+    {
+        "gemm",
+        "qkv",
+        "proj",
+        "fc1",
+        "fc2",
+        "experts_fc1",
+        "experts_fc2",
+        "shared_fc1",
+        "shared_fc2",
+        "router",
+        "logits",
+        "q_proj",
+        "q_down",
+        "q_up",
+        "kv_down",
+        "kv_up",
+        "eh_proj",
+    }
+)
+
+
+@dataclass(frozen=True)
+class OpMeasurement:
+    op: str
+    phase: str
+    flops: float
+    time_ms: float
+    tokens: int
+    precision: str = "bf16"
+    shape: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def achieved_tflops(self) -> float:
+        return self.flops / (self.time_ms * 1e-3) / 1e12
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    model: str
+    num_gpus: int
+    tp: int
+    cp: int
+    ep: int
+    sequence_parallel: bool
+    seq_length: int
+    micro_batch_size: int
+    phase: str
+    time_ms: float
+    model_flops: float
+
+
+@dataclass(frozen=True, eq=False)
+class Calibration:
+    """A loaded calibration file. Hashes by identity so cached cost functions can take it."""
+
+    gpu: str
+    device_name: str = ""
+    date: str = ""
+    versions: tuple[tuple[str, str], ...] = ()
+    ops: tuple[OpMeasurement, ...] = ()
+    layers: tuple[LayerMeasurement, ...] = ()
+    memory: MemoryAllowance | None = None
+    source: str = ""
+    _tables: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def gpu_spec(self) -> GPUSpec | None:
+        """The preset of the GPU the file was measured on (None when the name is not a preset)."""
+        for name in (self.gpu, self.device_name.replace("NVIDIA ", "")):
+            try:
+                return get_gpu_spec(name)
+            except AutotunerError:
+                continue
+        return None
+
+    def _table(self, key: tuple[str, str, str]) -> tuple[list[float], list[float]] | None:
+        if key in self._tables:
+            return self._tables[key]
+        op, phase, precision = key
+        if op == "*gemm*":
+            rows = [o for o in self.ops if o.op in GEMM_OPS and o.phase == phase and o.precision == precision]
+        else:
+            rows = [o for o in self.ops if o.op == op and o.phase == phase and o.precision == precision]
+        rows = [o for o in rows if o.flops > 0]
+        table = None
+        if rows:
+            peak = self._peak_tflops(precision)
+            points = sorted((math.log(o.flops), o.achieved_tflops / peak) for o in rows)
+            table = ([p[0] for p in points], [p[1] for p in points])
+        self._tables[key] = table
+        return table
+
+    def _peak_tflops(self, precision: str) -> float:
+        spec = self.gpu_spec()
+        if spec is None:
+            # Unknown GPU: efficiencies are kept in TFLOP/s of an H100-class peak; callers that
+            # estimate another GPU scale by its own peak.
+            return 989.0 if precision == "bf16" else 1979.0
+        return spec.peak_tflops(precision)
+
+    def efficiency(self, op: str, phase: str, flops: float, precision: str = "bf16") -> float | None:
+        """Measured fraction of the dense peak for one call of `op` doing `flops`, or None."""
+        phases = [phase]
+        if phase in ("dgrad", "wgrad"):
+            phases += ["bwd"]
+        phases += ["fwd+bwd", "fwd"] if phase != "fwd" else ["fwd+bwd"]
+        ops = [op, "*gemm*"] if op in GEMM_OPS else [op]
+        for candidate_op in ops:
+            for ph in phases:
+                table = self._table((candidate_op, ph, precision))
+                if table is not None:
+                    return _interpolate(table, math.log(max(flops, 1.0)))
+        return None
+
+    def allowance(self) -> MemoryAllowance | None:
+        return self.memory
+
+    def to_summary(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "gpu": self.gpu,
+            "device_name": self.device_name,
+            "date": self.date,
+            "ops": len(self.ops),
+            "layers": len(self.layers),
+            "memory": None
+            if self.memory is None
+            else {
+                "non_torch_gib": self.memory.non_torch_gib,
+                "fragmentation_fraction": self.memory.fragmentation_fraction,
+            },
+        }
+
+
+def _interpolate(table: tuple[list[float], list[float]], x: float) -> float:
+    xs, ys = table
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_left(xs, x)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    if x1 == x0:
+        return (y0 + y1) / 2
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def _number(where: str, value: Any, positive: bool = True, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ConfigError(where, f"must be a number, got {value!r}")
+    if positive and (value < 0 or (value == 0 and not allow_zero)):
+        raise ConfigError(where, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+    return float(value)
+
+
+def _integer(where: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(where, f"must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _parse_op(where: str, row: Any) -> OpMeasurement:
+    if not isinstance(row, dict):
+        raise ConfigError(where, "must be an object")
+    for key in ("op", "phase", "flops", "time_ms"):
+        if key not in row:
+            raise ConfigError(f"{where}.{key}", "is required")
+    op = row["op"]
+    if not isinstance(op, str) or not op:
+        raise ConfigError(f"{where}.op", f"must be a non-empty string, got {op!r}")
+    if row["phase"] not in PHASES:
+        raise ConfigError(f"{where}.phase", f"must be one of {', '.join(PHASES)}, got {row['phase']!r}")
+    flops = _number(f"{where}.flops", row["flops"], allow_zero=True)
+    time_ms = _number(f"{where}.time_ms", row["time_ms"])
+    if "achieved_tflops" in row:
+        _number(f"{where}.achieved_tflops", row["achieved_tflops"], allow_zero=True)
+    tokens = _integer(f"{where}.tokens", row.get("tokens", 0), minimum=0)
+    precision = row.get("precision", "bf16")
+    if precision not in ("bf16", "fp8"):
+        raise ConfigError(f"{where}.precision", f"must be bf16 or fp8, got {precision!r}")
+    shape_keys = ("m", "n", "k", "seq_length", "heads", "head_dim", "causal")
+    shape = tuple((k, row[k]) for k in shape_keys if k in row)
+    for k, v in shape:
+        if k == "causal":
+            if not isinstance(v, bool):
+                raise ConfigError(f"{where}.causal", f"must be true or false, got {v!r}")
+        else:
+            _integer(f"{where}.{k}", v)
+    return OpMeasurement(op, row["phase"], flops, time_ms, tokens, precision, shape)
+
+
+def _parse_layer(where: str, row: Any) -> LayerMeasurement:
+    if not isinstance(row, dict):
+        raise ConfigError(where, "must be an object")
+    required = (
+        "model",
+        "num_gpus",
+        "tp",
+        "cp",
+        "ep",
+        "sequence_parallel",
+        "seq_length",
+        "micro_batch_size",
+        "phase",
+        "time_ms",
+        "model_flops",
+    )
+    for key in required:
+        if key not in row:
+            raise ConfigError(f"{where}.{key}", "is required")
+    if not isinstance(row["model"], str) or not row["model"]:
+        raise ConfigError(f"{where}.model", "must be a non-empty string")
+    if row["phase"] not in ("fwd", "fwd+bwd"):
+        raise ConfigError(f"{where}.phase", f"must be fwd or fwd+bwd, got {row['phase']!r}")
+    if not isinstance(row["sequence_parallel"], bool):
+        raise ConfigError(f"{where}.sequence_parallel", "must be true or false")
+    return LayerMeasurement(
+        model=row["model"],
+        num_gpus=_integer(f"{where}.num_gpus", row["num_gpus"]),
+        tp=_integer(f"{where}.tp", row["tp"]),
+        cp=_integer(f"{where}.cp", row["cp"]),
+        ep=_integer(f"{where}.ep", row["ep"]),
+        sequence_parallel=row["sequence_parallel"],
+        seq_length=_integer(f"{where}.seq_length", row["seq_length"]),
+        micro_batch_size=_integer(f"{where}.micro_batch_size", row["micro_batch_size"]),
+        phase=row["phase"],
+        time_ms=_number(f"{where}.time_ms", row["time_ms"]),
+        model_flops=_number(f"{where}.model_flops", row["model_flops"], allow_zero=True),
+    )
+
+
+def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibration:
+    """Validate a parsed calibration document; every problem is one `ConfigError` naming the field."""
+    if not isinstance(data, dict):
+        raise ConfigError(source, "must be a JSON object")
+    if data.get("kind") != CALIBRATION_KIND:
+        raise ConfigError(f"{source}: kind", f"must be {CALIBRATION_KIND!r}, got {data.get('kind')!r}")
+    if data.get("schema_version") != 1:
+        raise ConfigError(f"{source}: schema_version", f"must be 1, got {data.get('schema_version')!r}")
+    gpu = data.get("gpu")
+    if not isinstance(gpu, str) or not gpu:
+        raise ConfigError(f"{source}: gpu", "must be a non-empty string")
+    ops_raw = data.get("ops")
+    if not isinstance(ops_raw, list):
+        raise ConfigError(f"{source}: ops", "must be a list")
+    ops = tuple(_parse_op(f"{source}: ops[{i}]", row) for i, row in enumerate(ops_raw))
+    layers_raw = data.get("layers", []) or []
+    if not isinstance(layers_raw, list):
+        raise ConfigError(f"{source}: layers", "must be a list")
+    layers = tuple(_parse_layer(f"{source}: layers[{i}]", row) for i, row in enumerate(layers_raw))
+    memory = None
+    if data.get("memory") is not None:
+        mem = data["memory"]
+        if not isinstance(mem, dict):
+            raise ConfigError(f"{source}: memory", "must be an object")
+        non_torch = _number(f"{source}: memory.non_torch_gib", mem.get("non_torch_gib", 1.0), allow_zero=True)
+        frag = _number(
+            f"{source}: memory.fragmentation_fraction", mem.get("fragmentation_fraction", 0.05), allow_zero=True
+        )
+        if frag >= 1:
+            raise ConfigError(f"{source}: memory.fragmentation_fraction", f"must be < 1, got {frag}")
+        memory = MemoryAllowance(non_torch_gib=non_torch, fragmentation_fraction=frag)
+    versions = data.get("versions") or {}
+    if not isinstance(versions, dict):
+        raise ConfigError(f"{source}: versions", "must be an object")
+    return Calibration(
+        gpu=gpu,
+        device_name=str(data.get("device_name", "")),
+        date=str(data.get("date", "")),
+        versions=tuple((str(k), str(v)) for k, v in versions.items()),
+        ops=ops,
+        layers=layers,
+        memory=memory,
+        source=source,
+    )
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """Read and validate a calibration JSON file (one-line `ConfigError` on any problem)."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(p), f"is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    return calibration_from_dict(data, source=str(p))

@@ -1,0 +1,133 @@
+"""Default efficiencies for GPUs that were never measured, and where each number comes from.
+
+Every constant here is a physical bound or a measurement made in this workplace; none is fitted
+to the published training runs the benchmarks compare against. A calibration file measured by
+the testbench on the target GPU replaces the compute defaults (see `costmodel.calibration`).
+
+Measurements cited (all bf16 unless stated):
+- [M1] /work/.library/device/KINDS.md: an 8192x8192x8192 bf16 matrix product ran at 769-798 TFLOP/s
+  on H100 and H200 (0.78-0.81 of the 989 TFLOP/s dense peak); a device-to-device copy moved
+  3.0 TB/s on H100 (0.90 of 3.35 TB/s) and 4.3 TB/s on H200 (0.90 of 4.8 TB/s).
+- [M2] /work/shared/reference/traces/h200_te_layer_tp1_rank0 (megatron-core TE layer, hidden 4096,
+  ffn 12288, 32 heads / 8 groups, seq 8192, H200): the ten layer GEMMs (fwd, dgrad, wgrad of qkv,
+  proj, fc1, fc2) ran at 703-798 TFLOP/s, 753 on average (0.76 of peak); TE's RMSNorm kernels moved
+  3.5-3.7 TB/s (0.73-0.77 of HBM); with attention dropout 0.1 cuDNN's flash attention took 2.33 ms
+  forward and 3.89 ms backward; the TP=2 trace shows NCCL all-gather / reduce-scatter of a
+  67 MB tensor at ~210 GB/s bus bandwidth using the LL protocol (half of each 16-byte line is flags).
+- [M3] `python -m megatron_autotuner.costmodel.measure_defaults` on one H200 (torch 2.11.0+cu130,
+  cuDNN 9.19, 132 SMs, random data), committed as
+  benchmarks/results/testbench_h200_x2/defaults_h200.json: a sweep of 91 GEMM shapes per precision
+  (median 0.66 of the bf16 peak and 0.62 of the fp8 peak over shapes of >= 1e11 FLOPs; 8192^3 at
+  0.70 bf16) and torch SDPA with the cuDNN backend for causal / full attention, head dims
+  64 / 128 / 192 (v 128), sequence 1k-32k (the table below), and 4.2-4.4 TB/s for a copy and an
+  elementwise add (0.87-0.91 of HBM). `tests/costmodel/test_defaults.py` checks the constants below
+  against that file.
+- [M4] megatron-core TE linear layers measured by the testbench on the same H200
+  (benchmarks/results/testbench_h200_x2/pieces): column-parallel fc1 fwd+bwd at 680-730 TFLOP/s
+  (0.69-0.74 of peak), row-parallel fc2 at 645-695 (0.65-0.70) at tp=1.
+"""
+
+from __future__ import annotations
+
+# ---- GEMMs ------------------------------------------------------------------------------------
+# Sustained large-GEMM efficiency (fraction of the dense peak). bf16 0.70: what megatron-core's TE
+# linear layers reach in a layer [M4] (0.65-0.74) and the long square products of [M3] (8192^3
+# 0.70, 16384^3 0.69, long enough to reach the power limit); short isolated products run faster
+# (0.78-0.81 [M1]) before clocks settle. fp8 0.62: the fp8 sweep median of [M3]
+# (torch._scaled_mm, per-tensor scales), ~1.9x the bf16 rate, not 2x.
+GEMM_EFFICIENCY = {"bf16": 0.70, "fp8": 0.62}
+# Output tile of a Hopper cuBLAS kernel (the nvjet kernels of [M2] use 128x256, 256x128, 192x192;
+# split-K / stream-K fill the machine once there are as many 128x128 tiles as SMs). A GEMM with
+# fewer tiles (after splitting k into chunks of at least GEMM_MIN_K_SPLIT) runs on that share of
+# the SMs.
+GEMM_TILE_M = 128
+GEMM_TILE_N = 128
+GEMM_MIN_K_SPLIT = 512
+# Fixed time per kernel (launch, prologue, tail wave): [M3] small GEMMs bottom out at 15-20 us in a
+# Python loop; on a GPU kept busy by a run-ahead CPU, a few microseconds remain.
+KERNEL_OVERHEAD_S = 4e-6
+
+# Streaming SMs per GPU preset (NVIDIA architecture whitepapers: A100 108, H100/H200 SXM 132,
+# B200 148 per GPU). Used for the tile-fill rule above; unknown GPUs get 132.
+SM_COUNT = {"A100-40GB": 108, "A100-80GB": 108, "H100-SXM": 132, "H200": 132, "B200": 148, "GB200": 148}
+DEFAULT_SM_COUNT = 132
+
+# ---- memory-bound kernels ---------------------------------------------------------------------
+# Achieved fraction of the HBM bandwidth by norms, activations, rope, residual adds, casts,
+# cross-entropy and the optimizer step: 0.8, between TE RMSNorm in [M2] (0.73-0.77) and a plain
+# copy / add in [M1]/[M3] (0.89-0.91).
+HBM_EFFICIENCY = 0.8
+
+# ---- attention --------------------------------------------------------------------------------
+# cuDNN flash attention (what TE's DotProductAttention uses on Hopper), fraction of the bf16 dense
+# peak, counting the work actually done (causal = half of the s x s square), from [M3]:
+# (causal, head_dim_qk) -> phase -> ((seq_length, efficiency), ...). head_dim 192 is MLA's
+# (q/k 192, v 128). Backward counts 2x the forward FLOPs.
+ATTENTION_EFFICIENCY: dict[tuple[bool, int], dict[str, tuple[tuple[int, float], ...]]] = {
+    (True, 64): {
+        "fwd": ((1024, 0.348), (2048, 0.403), (4096, 0.439), (8192, 0.458), (16384, 0.468), (32768, 0.486)),
+        "bwd": ((1024, 0.168), (2048, 0.233), (4096, 0.288), (8192, 0.325), (16384, 0.354), (32768, 0.33)),
+    },
+    (True, 128): {
+        "fwd": ((1024, 0.463), (2048, 0.54), (4096, 0.584), (8192, 0.604), (16384, 0.641), (32768, 0.623)),
+        "bwd": ((1024, 0.211), (2048, 0.292), (4096, 0.367), (8192, 0.406), (16384, 0.422), (32768, 0.42)),
+    },
+    (True, 192): {
+        "fwd": ((1024, 0.454), (2048, 0.545), (4096, 0.597), (8192, 0.624), (16384, 0.622), (32768, 0.593)),
+        "bwd": ((1024, 0.191), (2048, 0.259), (4096, 0.324), (8192, 0.353), (16384, 0.355), (32768, 0.376)),
+    },
+    (False, 64): {
+        "fwd": ((1024, 0.451), (2048, 0.468), (4096, 0.482), (8192, 0.496), (16384, 0.49)),
+        "bwd": ((1024, 0.257), (2048, 0.311), (4096, 0.349), (8192, 0.354), (16384, 0.353)),
+    },
+    (False, 128): {
+        "fwd": ((1024, 0.622), (2048, 0.639), (4096, 0.652), (8192, 0.66), (16384, 0.642)),
+        "bwd": ((1024, 0.311), (2048, 0.377), (4096, 0.428), (8192, 0.413), (16384, 0.416)),
+    },
+    (False, 192): {
+        "fwd": ((1024, 0.581), (2048, 0.645), (4096, 0.67), (8192, 0.665), (16384, 0.651)),
+        "bwd": ((1024, 0.195), (2048, 0.219), (4096, 0.235), (8192, 0.242), (16384, 0.246)),
+    },
+}
+# Below the shortest measured sequence the fixed cost of each query tile (load Q, write O, final
+# softmax rescale) is amortised over fewer key tiles: eff(s) = eff(s_min) * 2s / (s + s_min).
+# Attention dropout makes cuDNN generate and apply a Philox mask inside the kernel: [M2] (dropout
+# 0.1, H200) against [M3] (no dropout, same shape, same GPU) is 2.6x slower forward
+# and 1.4x backward.
+ATTENTION_DROPOUT_SLOWDOWN = {"fwd": 2.6, "bwd": 1.4}
+
+# ---- collectives ------------------------------------------------------------------------------
+# Achieved fraction of the per-direction link bandwidth for large messages with NCCL's ring
+# (LL128 / Simple protocols). NVLink 4: 18 links x 25 GB/s; LL128 carries 120 payload bytes per
+# 128-byte line (0.94) and NVLink packets carry ~0.94 payload, with synchronisation ~0.8 remains.
+# The LL protocol NCCL picked in [M2] (2 GPUs) reaches 0.47: LL is chosen for small messages.
+# Scale-out (InfiniBand / RoCE with GPUDirect RDMA, one NIC per GPU): ~0.9 of the NIC line rate.
+LINK_EFFICIENCY = {"nvlink": 0.8, "scale_out": 0.9}
+# Per-call latency alpha: a launch / synchronisation base plus one hop per ring step (NCCL's
+# tuning model uses ~1 us per NVLink hop and a few us per network hop).
+COLLECTIVE_BASE_LATENCY_S = 10e-6
+HOP_LATENCY_S = {"nvlink": 1e-6, "scale_out": 5e-6}
+
+# ---- SM sharing while overlapping TP communication (TE userbuffers) -----------------------------
+# TE defaults: pipeline / bulk overlaps use 16 SMs for communication and set an SM margin on the
+# GEMM; ring-exchange uses copy engines and 1 SM. The GEMM then runs on (SMs - num_sm) SMs.
+UB_COMM_SMS = {"pipeline": 16, "bulk": 16, "ring_exchange": 1}
+
+# ---- Megatron defaults that shape overlap -----------------------------------------------------
+# megatron-core DistributedDataParallelConfig: bucket_size = max(40_000_000, 1_000_000 * dp) params.
+DDP_BUCKET_PARAMS = 40_000_000
+# Adam step with the fused multi-tensor kernel, bytes per parameter of the local shard: read fp32
+# master weight, fp32 grad, m, v (16); write master, m, v (12) and the bf16 model weight (2); plus
+# reading the grad once more for the global-norm clip (4).
+OPTIMIZER_BYTES_PER_PARAM = 34.0
+# Zeroing the fp32 main-grad buffer before each iteration: 4 bytes per local parameter.
+GRAD_ZERO_BYTES_PER_PARAM = 4.0
+
+# ---- output layer -------------------------------------------------------------------------------
+# Bytes streamed per local vocabulary entry per token by the vocab-parallel cross-entropy,
+# (forward, backward). Fused (--cross-entropy-loss-fusion): one pass reads the bf16 logits and
+# writes fp32 partial results (8), backward writes the bf16 gradient from them (6). Unfused
+# (megatron-core `vocab_parallel_cross_entropy(logits.float())`): cast to fp32 (2 + 4), max (4),
+# subtract in place (8), exp (8), sum (4), divide in place (8) forward = 38; backward the one-hot
+# subtract and the multiply by the loss gradient in place (8) and the cast back to bf16 (6) = 14.
+CROSS_ENTROPY_BYTES = {"fused": (8.0, 6.0), "unfused": (38.0, 14.0)}

@@ -1,0 +1,582 @@
+"""Step time of one training (or forward-only) iteration: stages, pipeline schedule, overlaps, MFU.
+
+Per pipeline stage and micro-batch: the sum of its layers (`layer.layer_cost`), plus the embedding
+(first stage: lookup, its TP collective, the fp32 gradient scatter-add) and the output layer
+(last stage: final norm, logits GEMM in bf16, vocab-parallel cross-entropy streaming
+`defaults.CROSS_ENTROPY_BYTES` per local vocab entry per token, its TP collectives; MTP layers).
+
+Pipeline (Narayanan et al. 2021, arXiv 2104.04473, Sec. 2.2): with t_s the time of one
+micro-batch on stage s (all its v model chunks), m micro-batches,
+    T_pipe = m * max_s t_s + (sum_s t_s - max_s t_s) / v
+i.e. (m + pp - 1) * t for 1F1B with equal stages and a bubble of (pp-1)/(m*v) relative to the
+work for the interleaved schedule; the heaviest stage (often the last, holding the output layer
+and loss, or the first, holding the embedding) decides the step. Pipeline send/recv of the
+[s/cp, b, h/x] boundary tensor is exposed once forward and once backward per micro-batch with
+1F1B; interleaving overlaps it (megatron's overlap_p2p_comm) except while filling the pipeline.
+
+After the last micro-batch (training): data-parallel gradient reduce-scatter (fp32) and parameter
+all-gather (bf16) of the distributed optimizer (all-reduce without it), over dp*cp ranks for dense
+and edp ranks for expert parameters. With --overlap-grad-reduce / --overlap-param-gather they
+run under the backward / forward of one micro-batch; exposed = max(t - window, t * tail) where the
+tail is the share of the last bucket (40M parameters) that cannot overlap. Then the Adam step and
+grad zeroing (memory-bound, `defaults.OPTIMIZER_BYTES_PER_PARAM`), the fp8 weight casts, and the
+tied-embedding gradient all-reduce between the first and last stage.
+
+MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
+fp8 runs also report `mfu_fp8` against the dense fp8 peak. Model FLOPs follow the requested
+convention (causal: attention counted as half the square; full: the whole square); hardware FLOPs
+add recomputed forward work.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from .. import SCHEMA_VERSION, __version__
+from ..errors import ConfigError
+from ..specs.hardware import ClusterSpec, GPUSpec
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig, Workload, num_microbatches, validate_layout
+from ..theory.flops import full_recompute_layer_mask, iteration_flops
+from ..theory.memory import GIB, ActivationOptions, MemoryAllowance, StageMemory, memory_per_stage
+from ..theory.params import ParameterCounts, stage_layer_range, stage_parameters
+from . import defaults as d
+from .calibration import Calibration
+from .collectives import collective_time_s, p2p_time_s
+from .compute import gemm_time_s, memory_bound_time_s
+from .layer import E_BF16, LayerContext, LayerCost, layer_cost
+
+COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
+COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class CostOptions:
+    """Choices the cost model cannot read from the layout.
+
+    `overlap_grad_reduce` / `overlap_param_gather`: Megatron's --overlap-grad-reduce and
+    --overlap-param-gather (the latter needs the distributed optimizer); `overlap_p2p_comm`:
+    interleaved-schedule p2p overlap; `flash_attention`: fused attention (False: 2021-style
+    unfused softmax); `fused_bias_activation`: fused SwiGLU / GeLU (Megatron-LM default; the
+    testbench's layers ran unfused); `fused_cross_entropy`: --cross-entropy-loss-fusion (NeMo /
+    Megatron-Bridge recipes; Megatron-LM's default is the unfused fp32 vocab-parallel loss);
+    `memory_margin`: fraction of HBM kept free when deciding `fits`.
+    """
+
+    flops_convention: str = "causal"
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    overlap_p2p_comm: bool = True
+    flash_attention: bool = True
+    fused_bias_activation: bool = True
+    fused_cross_entropy: bool = True
+    calibration: Calibration | None = None
+    allowance: MemoryAllowance | None = None
+    memory_margin: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.flops_convention not in ("causal", "full"):
+            raise ConfigError("flops_convention", f"must be causal or full, got {self.flops_convention!r}")
+        if not 0.0 <= self.memory_margin < 1.0:
+            raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
+
+    @property
+    def memory_allowance(self) -> MemoryAllowance:
+        if self.allowance is not None:
+            return self.allowance
+        if self.calibration is not None and self.calibration.memory is not None:
+            return self.calibration.memory
+        return MemoryAllowance()
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One pipeline rank: seconds per micro-batch (all its chunks) and after the last micro-batch."""
+
+    stage: int
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    p2p_per_microbatch_s: float
+    p2p_fill_s: float
+    step_extra: dict[str, float]
+
+    @property
+    def per_microbatch_s(self) -> float:
+        return sum(self.fwd.values()) + sum(self.bwd.values()) + self.p2p_per_microbatch_s
+
+    @property
+    def step_extra_s(self) -> float:
+        return sum(self.step_extra.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "per_microbatch_s": self.per_microbatch_s,
+            "fwd_s": dict(self.fwd),
+            "bwd_s": dict(self.bwd),
+            "p2p_per_microbatch_s": self.p2p_per_microbatch_s,
+            "after_last_microbatch_s": dict(self.step_extra),
+        }
+
+
+@dataclass(frozen=True)
+class TimeResult:
+    step_time_s: float
+    pipeline_s: float
+    bubble_s: float
+    critical_stage: int
+    stages: tuple[StageTime, ...]
+    breakdown: dict[str, Any]
+    num_microbatches: int
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted performance and memory of one layout."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    workload: Workload
+    gpu: GPUSpec
+    options: CostOptions
+    step_time_s: float
+    tokens_per_iteration: int
+    model_flops: float
+    hardware_flops: float
+    peak_memory_gib: float
+    memory_breakdown_gib: dict[str, float]
+    memory_per_stage_gib: tuple[float, ...]
+    fits: bool
+    time: TimeResult
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.parallel.num_gpus
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_iteration / self.step_time_s / self.num_gpus
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.model_flops / self.step_time_s / self.num_gpus / 1e12
+
+    @property
+    def hardware_tflops_per_gpu(self) -> float:
+        return self.hardware_flops / self.step_time_s / self.num_gpus / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation against the dense bf16 peak."""
+        return self.model_tflops_per_gpu / self.gpu.bf16_tflops
+
+    @property
+    def mfu_fp8(self) -> float | None:
+        """For fp8 runs: model FLOPs utilisation against the dense fp8 peak."""
+        if self.workload.precision != "fp8":
+            return None
+        return self.model_tflops_per_gpu / self.gpu.fp8_tflops
+
+    @property
+    def usable_memory_gib(self) -> float:
+        return self.gpu.hbm_gib * (1.0 - self.options.memory_margin)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool_version": __version__,
+            "inputs": {
+                "model": self.model.name,
+                "gpu": self.gpu.name,
+                "num_gpus": self.num_gpus,
+                "parallel": self.parallel.to_dict(),
+                "workload": self.workload.to_dict(),
+                "flops_convention": self.options.flops_convention,
+                "overlap_grad_reduce": self.options.overlap_grad_reduce,
+                "overlap_param_gather": self.options.overlap_param_gather and self.parallel.use_distributed_optimizer,
+                "calibration": self.options.calibration.to_summary() if self.options.calibration else None,
+                "memory_margin": self.options.memory_margin,
+            },
+            "step_time_s": self.step_time_s,
+            "tokens_per_iteration": self.tokens_per_iteration,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "flops_convention": self.options.flops_convention,
+            "mfu": self.mfu,
+            "mfu_peak_tflops": self.gpu.bf16_tflops,
+            "mfu_fp8": self.mfu_fp8,
+            "mfu_fp8_peak_tflops": self.gpu.fp8_tflops if self.workload.precision == "fp8" else None,
+            "model_flops_per_iteration": self.model_flops,
+            "hardware_flops_per_iteration": self.hardware_flops,
+            "num_microbatches": self.time.num_microbatches,
+            "peak_memory_gib": self.peak_memory_gib,
+            "memory_breakdown_gib": dict(self.memory_breakdown_gib),
+            "memory_per_stage_gib": list(self.memory_per_stage_gib),
+            "hbm_gib": self.gpu.hbm_gib,
+            "usable_memory_gib": self.usable_memory_gib,
+            "fits": self.fits,
+            "time_breakdown_s": self.time.breakdown,
+            "pipeline_s": self.time.pipeline_s,
+            "bubble_s": self.time.bubble_s,
+            "critical_stage": self.time.critical_stage,
+            "stages": [s.to_dict() for s in self.time.stages],
+            "notes": list(self.notes) + list(self.time.notes),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+def padded_vocab(model: ModelSpec, tp: int) -> int:
+    """Megatron-LM pads the vocabulary to a multiple of 128 x tp."""
+    return model.padded_vocab_size(tp, 128)
+
+
+def local_tokens_per_microbatch(parallel: ParallelConfig, workload: Workload) -> float:
+    """Average tokens of one micro-batch on one rank (before TP splitting): b*s/cp.
+
+    With dynamic batching (max_token_len) the DP rank's share of the global batch is spread over
+    ceil(tokens / max_token_len) micro-batches, so the average micro-batch holds tokens / m.
+    """
+    if workload.max_token_len is None:
+        return workload.micro_batch_size * workload.seq_length / parallel.cp
+    m = num_microbatches(parallel, workload)
+    per_dp = workload.global_batch_size * workload.seq_length / parallel.dp
+    return per_dp / m / parallel.cp
+
+
+@lru_cache(maxsize=4096)
+def _stage_params(model: ModelSpec, tp: int, pp: int, vpp: int | None, ep: int, etp: int, stage: int, padded: int):
+    parallel = ParallelConfig(num_gpus=tp * pp * ep * etp, tp=tp, pp=pp, ep=ep, etp=etp, vpp=vpp)
+    return stage_parameters(model, parallel, stage, padded)
+
+
+def stage_parameter_counts(model: ModelSpec, parallel: ParallelConfig, stage: int, padded: int) -> ParameterCounts:
+    """`theory.params.stage_parameters`, cached on what it depends on (tp, pp, vpp, ep, etp)."""
+    return _stage_params(model, parallel.tp, parallel.pp, parallel.vpp, parallel.ep, parallel.etp, stage, padded)
+
+
+@lru_cache(maxsize=4096)
+def _iteration_flops_cached(
+    model: ModelSpec, pp: int, vpp: int | None, dp: int, workload: Workload, conv: str, pad: int
+):
+    parallel = ParallelConfig(num_gpus=dp * pp, pp=pp, vpp=vpp)
+    return iteration_flops(model, parallel, workload, conv, pad)
+
+
+def cached_iteration_flops(
+    model: ModelSpec, parallel: ParallelConfig, workload: Workload, convention: str, padded: int
+):
+    """`theory.flops.iteration_flops`, cached on what it depends on (pp, vpp, dp, workload)."""
+    if workload.max_token_len is None:
+        workload = workload.replace(micro_batch_size=1)
+    return _iteration_flops_cached(model, parallel.pp, parallel.vpp, parallel.dp, workload, convention, padded)
+
+
+def _merge(target: dict[str, float], parts: dict[str, float], factor: float = 1.0, rename=None) -> None:
+    for k, v in parts.items():
+        key = rename(k) if rename else k
+        target[key] = target.get(key, 0.0) + v * factor
+
+
+def _compute_to_recompute(key: str) -> str:
+    return "recompute" if key in ("gemm", "attention", "memory_bound") else key
+
+
+def layer_calibration_scale(model: ModelSpec, ctx: LayerContext, workload: Workload) -> tuple[float, str | None]:
+    """measured / predicted time of one layer when the calibration holds a layer of this shape."""
+    cal = ctx.calibration
+    if cal is None or not cal.layers:
+        return 1.0, None
+    phase = "fwd+bwd" if workload.is_training else "fwd"
+    for entry in cal.layers:
+        if (
+            entry.model.lower() == model.name.lower()
+            and entry.tp == ctx.tp
+            and entry.cp == ctx.cp
+            and entry.ep == ctx.ep
+            and entry.sequence_parallel == ctx.sequence_parallel
+            and entry.seq_length == workload.seq_length
+            and entry.micro_batch_size == workload.micro_batch_size
+            and entry.phase == phase
+        ):
+            cluster = ClusterSpec(ctx.cluster.gpu, entry.num_gpus)
+            probe = LayerContext(
+                **{**ctx.__dict__, "cluster": cluster, "full_recompute": False, "recompute_modules": ()}
+            )
+            lc = layer_cost(model, 0, probe)
+            predicted = lc.fwd.total + (lc.bwd.total if phase == "fwd+bwd" else 0.0)
+            if predicted > 0:
+                scale = entry.time_ms * 1e-3 / predicted
+                return scale, f"decoder layers scaled by {scale:.3f} (measured layer in {cal.source})"
+    return 1.0, None
+
+
+def stage_time(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    cluster: ClusterSpec,
+    options: CostOptions,
+    padded: int,
+) -> tuple[StageTime, str | None]:
+    """Seconds per micro-batch and after the last micro-batch for pipeline rank `stage`."""
+    gpu = cluster.gpu
+    training = workload.is_training
+    tp, cp, pp = parallel.tp, parallel.cp, parallel.pp
+    sp = parallel.sequence_parallel
+    x = tp if sp else 1
+    tokens = local_tokens_per_microbatch(parallel, workload)
+    rc = workload.recompute
+    ctx = LayerContext(
+        cluster=cluster,
+        tp=tp,
+        sequence_parallel=sp,
+        cp=cp,
+        ep=parallel.ep,
+        etp=parallel.etp,
+        tokens=tokens,
+        seq_length=workload.seq_length,
+        precision=workload.precision,
+        training=training,
+        full_recompute=False,
+        recompute_modules=tuple(sorted(rc.modules)) if (training and rc.granularity == "selective") else (),
+        tp_comm_overlap=parallel.tp_comm_overlap and sp and tp > 1,
+        cp_comm_type=parallel.cp_comm_type,
+        flash_attention=options.flash_attention,
+        fused_bias_activation=options.fused_bias_activation,
+        calibration=options.calibration,
+    )
+    scale, note = layer_calibration_scale(model, ctx, workload)
+    layers = stage_layer_range(model, parallel, stage)
+    full_mask = full_recompute_layer_mask(model, parallel, rc) if training else [False] * model.num_layers
+    kinds = Counter((model.is_moe_layer(i), full_mask[i]) for i in layers)
+    representative = {}
+    for i in layers:
+        representative.setdefault((model.is_moe_layer(i), full_mask[i]), i)
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    for key, count in kinds.items():
+        lctx = ctx if not key[1] else LayerContext(**{**ctx.__dict__, "full_recompute": True, "recompute_modules": ()})
+        lc: LayerCost = layer_cost(model, representative[key], lctx)
+        if scale != 1.0:
+            lc = lc.scaled(scale)
+        _merge(fwd, lc.fwd.parts, count)
+        _merge(bwd, lc.bwd.parts, count)
+        _merge(bwd, lc.recompute.parts, count, _compute_to_recompute)
+
+    h = model.hidden_size
+    e = E_BF16
+    if stage == 0:
+        _merge(fwd, {"memory_bound": memory_bound_time_s(2 * e * h * tokens, gpu, 1)})
+        if tp > 1:
+            coll = "reduce_scatter" if sp else "all_reduce"
+            _merge(fwd, {"tp": collective_time_s(coll, tp, e * tokens * h, cluster, 1)})
+        if training:
+            _merge(bwd, {"memory_bound": memory_bound_time_s(10 * h * tokens, gpu, 1)})
+    if stage == pp - 1:
+        vocab_local = padded / tp
+        norm_f = memory_bound_time_s(2 * e * h * tokens / x, gpu, 1)
+        norm_b = memory_bound_time_s(3 * e * h * tokens / x, gpu, 1)
+        logits = {ph: 0.0 for ph in ("fwd", "dgrad", "wgrad")}
+        cal = options.calibration
+        logits["fwd"] = gemm_time_s(tokens, vocab_local, h, gpu, "bf16", 1, "logits", "fwd", cal)
+        logits["dgrad"] = gemm_time_s(tokens, h, vocab_local, gpu, "bf16", 1, "logits", "dgrad", cal)
+        logits["wgrad"] = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal)
+        ce_fwd_bytes, ce_bwd_bytes = d.CROSS_ENTROPY_BYTES["fused" if options.fused_cross_entropy else "unfused"]
+        ce_f = memory_bound_time_s(ce_fwd_bytes * vocab_local * tokens, gpu, 4)
+        ce_b = memory_bound_time_s(ce_bwd_bytes * vocab_local * tokens, gpu, 2)
+        heads = 1 + model.mtp_num_layers
+        _merge(fwd, {"gemm": logits["fwd"] * heads, "memory_bound": (norm_f + ce_f) * heads})
+        if training:
+            _merge(bwd, {"gemm": (logits["dgrad"] + logits["wgrad"]) * heads, "memory_bound": (norm_b + ce_b) * heads})
+        if tp > 1:
+            small_ar = 3 * collective_time_s("all_reduce", tp, 4.0 * tokens, cluster, 1)
+            tp_f = small_ar * heads
+            tp_b = 0.0
+            if sp:
+                tp_f += collective_time_s("all_gather", tp, e * tokens * h, cluster, 1) * heads
+                if training:
+                    rs = collective_time_s("reduce_scatter", tp, e * tokens * h, cluster, 1)
+                    tp_b += max(0.0, rs - logits["wgrad"]) * heads
+            _merge(fwd, {"tp": tp_f})
+            if training:
+                _merge(bwd, {"tp": tp_b})
+        for _ in range(model.mtp_num_layers):
+            mtp_ctx = LayerContext(**{**ctx.__dict__, "full_recompute": False, "recompute_modules": ()})
+            lc = layer_cost(model, model.num_layers - 1, mtp_ctx)
+            eh = {
+                "fwd": gemm_time_s(tokens, h / tp, 2 * h, gpu, workload.precision, 1, "eh_proj", "fwd", cal),
+                "bwd": gemm_time_s(tokens, 2 * h, h / tp, gpu, workload.precision, 1, "eh_proj", "dgrad", cal)
+                + gemm_time_s(2 * h, h / tp, tokens, gpu, workload.precision, 1, "eh_proj", "wgrad", cal),
+            }
+            _merge(fwd, lc.fwd.parts)
+            _merge(fwd, {"gemm": eh["fwd"], "memory_bound": 2 * norm_f})
+            if training:
+                _merge(bwd, lc.bwd.parts)
+                _merge(bwd, {"gemm": eh["bwd"], "memory_bound": 2 * norm_b})
+
+    p2p_mb = p2p_fill = 0.0
+    if pp > 1:
+        stride = tp * cp * parallel.dp
+        t_p2p = p2p_time_s(e * tokens * h / x, cluster, stride)
+        sends = 2 if training else 1
+        if parallel.vpp is not None and options.overlap_p2p_comm:
+            p2p_fill = (pp - 1) * sends * t_p2p
+        else:
+            p2p_mb = sends * t_p2p
+
+    extra: dict[str, float] = {}
+    if training:
+        counts = stage_parameter_counts(model, parallel, stage, padded)
+        window_bwd = sum(bwd.values())
+        window_fwd = sum(fwd.values())
+        dp_group, edp = parallel.dp * cp, parallel.edp
+        dense_stride, expert_stride = tp, parallel.etp * parallel.ep
+        bucket = max(d.DDP_BUCKET_PARAMS, 1_000_000 * parallel.dp)
+        grad_t = gather_t = 0.0
+        if parallel.use_distributed_optimizer:
+            grad_t += collective_time_s("reduce_scatter", dp_group, 4.0 * counts.dense, cluster, dense_stride)
+            gather_t += collective_time_s("all_gather", dp_group, 2.0 * counts.dense, cluster, dense_stride)
+            if counts.experts:
+                grad_t += collective_time_s("reduce_scatter", edp, 4.0 * counts.experts, cluster, expert_stride)
+                gather_t += collective_time_s("all_gather", edp, 2.0 * counts.experts, cluster, expert_stride)
+        else:
+            grad_t += collective_time_s("all_reduce", dp_group, 4.0 * counts.dense, cluster, dense_stride)
+            if counts.experts:
+                grad_t += collective_time_s("all_reduce", edp, 4.0 * counts.experts, cluster, expert_stride)
+        tail = min(1.0, bucket / max(counts.total, 1))
+        exposed = grad_t if not options.overlap_grad_reduce else max(grad_t - window_bwd, grad_t * tail)
+        if gather_t:
+            overlap_gather = options.overlap_param_gather and parallel.use_distributed_optimizer
+            exposed += gather_t if not overlap_gather else max(gather_t - window_fwd, gather_t * tail)
+        if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
+            emb = 4.0 * padded * h / tp
+            exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
+        extra["dp"] = exposed
+        distributed = parallel.use_distributed_optimizer
+        shard = counts.dense / dp_group + counts.experts / edp if distributed else counts.total
+        opt = memory_bound_time_s(d.OPTIMIZER_BYTES_PER_PARAM * shard, gpu, 10)
+        opt += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, gpu, 1)
+        if workload.precision == "fp8":
+            opt += memory_bound_time_s(4.0 * counts.total, gpu, 1)
+        extra["optimizer"] = opt
+    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra), note
+
+
+def time_model(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    cluster: ClusterSpec,
+    options: CostOptions = CostOptions(),
+    padded: int | None = None,
+) -> TimeResult:
+    """Step time and its breakdown (no validation, no memory): the search's inner loop."""
+    padded = padded or padded_vocab(model, parallel.tp)
+    results = [stage_time(model, parallel, workload, s, cluster, options, padded) for s in range(parallel.pp)]
+    stages = tuple(r[0] for r in results)
+    notes = tuple(sorted({r[1] for r in results if r[1]}))
+    m = num_microbatches(parallel, workload)
+    v = parallel.virtual_stages
+    per_mb = [s.per_microbatch_s for s in stages]
+    t_max = max(per_mb)
+    critical = per_mb.index(t_max)
+    p2p_fill = max(s.p2p_fill_s for s in stages)
+    pipeline = m * t_max + (sum(per_mb) - t_max) / v + p2p_fill
+    bubble = pipeline - m * t_max - p2p_fill
+    extras = [s.step_extra_s for s in stages]
+    extra_stage = extras.index(max(extras))
+    step = pipeline + extras[extra_stage]
+    crit = stages[critical]
+    compute = dict.fromkeys(COMPUTE_CLASSES, 0.0)
+    comm = dict.fromkeys(COMM_DIMENSIONS, 0.0)
+    for part in (crit.fwd, crit.bwd):
+        for k, val in part.items():
+            if k in compute:
+                compute[k] += m * val
+            else:
+                comm[k] = comm.get(k, 0.0) + m * val
+    comm["pp"] += m * crit.p2p_per_microbatch_s + p2p_fill
+    comm["dp"] += stages[extra_stage].step_extra.get("dp", 0.0)
+    breakdown = {
+        "compute": compute,
+        "exposed_comm": comm,
+        "bubble": bubble,
+        "optimizer": stages[extra_stage].step_extra.get("optimizer", 0.0),
+        "total": step,
+    }
+    return TimeResult(step, pipeline, bubble, critical, stages, breakdown, m, notes)
+
+
+def memory_summary(stages: list[StageMemory]) -> tuple[float, dict[str, float], tuple[float, ...]]:
+    """(peak GiB, breakdown GiB of the peak stage, total GiB per stage)."""
+    totals = tuple(s.total_bytes / GIB for s in stages)
+    peak_stage = stages[totals.index(max(totals))]
+    breakdown = {
+        "weights": peak_stage.weights_bytes / GIB,
+        "gradients": peak_stage.gradients_bytes / GIB,
+        "optimizer": peak_stage.optimizer_bytes / GIB,
+        "activations": peak_stage.activations_bytes / GIB,
+        "allowance": peak_stage.allowance_bytes / GIB,
+        "total": peak_stage.total_bytes / GIB,
+        "stage": peak_stage.stage,
+    }
+    return max(totals), breakdown, totals
+
+
+def estimate(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    gpu: GPUSpec,
+    options: CostOptions = CostOptions(),
+    memory_stages: list[StageMemory] | None = None,
+) -> Estimate:
+    """Validate the layout, then predict step time, throughput, MFU and peak memory per GPU."""
+    validate_layout(model, parallel, workload)
+    if workload.precision == "fp8":
+        gpu.peak_tflops("fp8")  # raises for GPUs without fp8
+    cluster = ClusterSpec(gpu, parallel.num_gpus)
+    padded = padded_vocab(model, parallel.tp)
+    time = time_model(model, parallel, workload, cluster, options, padded)
+    flops = cached_iteration_flops(model, parallel, workload, options.flops_convention, padded)
+    if memory_stages is None:
+        memory_stages = memory_per_stage(
+            model,
+            parallel,
+            workload,
+            ActivationOptions(flash_attention=options.flash_attention),
+            options.memory_allowance,
+            padded,
+        )
+    peak, breakdown, per_stage = memory_summary(memory_stages)
+    notes = []
+    if options.calibration is not None:
+        spec = options.calibration.gpu_spec()
+        if spec is None or spec.name != gpu.name:
+            notes.append(
+                f"calibration measured on {options.calibration.gpu}, applied to {gpu.name} as a fraction of peak"
+            )
+    return Estimate(
+        model=model,
+        parallel=parallel,
+        workload=workload,
+        gpu=gpu,
+        options=options,
+        step_time_s=time.step_time_s,
+        tokens_per_iteration=flops.tokens_per_iteration,
+        model_flops=flops.model_flops,
+        hardware_flops=flops.hardware_flops,
+        peak_memory_gib=peak,
+        memory_breakdown_gib=breakdown,
+        memory_per_stage_gib=per_stage,
+        fits=peak <= gpu.hbm_gib * (1.0 - options.memory_margin),
+        time=time,
+        notes=tuple(notes),
+    )

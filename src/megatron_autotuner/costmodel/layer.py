@@ -1,0 +1,443 @@
+"""Time of one decoder layer (and of the embedding / output layer) for one micro-batch on one rank.
+
+A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
+- GEMMs per phase (fwd, dgrad, wgrad) with the shapes megatron-core gives them on a rank:
+  column-parallel (qkv, fc1, q/kv up, shared fc1) split the output by tp, row-parallel (proj, fc2,
+  shared fc2) the input; MLA's down projections and the router are duplicated (work on the
+  sequence-parallel shard); routed experts are a grouped GEMM of E/ep experts, each on
+  T*k*etp/(tp*E/ep) tokens (balanced routing), split by etp.
+- core attention (flash / cuDNN), forward = 2*s*a*(d_qk + d_v)/2 per token causal work, backward
+  2x; with ring context parallelism 1/cp of the work is a causal block of s/cp tokens and the
+  rest full blocks against s/cp keys (load-balanced chunks).
+- memory-bound kernels, by the bytes they stream (bf16 = 2 bytes, T = local tokens, x = tp with
+  sequence parallelism else 1, f = ffn/tp): per layer forward
+      norms 2 x 4h*T/x, residual adds 2 x 6h*T/x (+1 byte mask per element with hidden dropout),
+      rope 4(a + g)d*T/tp, activation 6f*T (gated; 4f not gated),
+  backward: norms 2 x 6h*T/x, residual-grad adds 2 x 6h*T/x, activation 10f*T (6f), rope again,
+  the q/k/v gradient concatenation 4(a + 2g)d*T/tp; MoE adds router softmax/top-k (fp32,
+  10*E*T/x each way), token permute + unpermute 8h*R (R = routed tokens on the rank) each way and
+  the expert activation on R tokens. fp8 adds a cast of every TE GEMM input (fwd) and output grad
+  (bwd): 4 bytes per element (read bf16, write fp8 and its transpose).
+- exposed tensor-parallel communication (alpha-beta, `collectives`). With sequence parallelism
+  and no TP overlap: the forward all-gathers (qkv, fc1 inputs) and reduce-scatters (proj, fc2
+  outputs) are exposed; backward, the all-gathers of the proj / fc2 output gradients are exposed,
+  while TE overlaps the input re-gather with the qkv / fc1 dgrad GEMM and the dgrad
+  reduce-scatter with the wgrad GEMM (seen in the TP=2 trace), exposing only max(0, comm - GEMM).
+  Without SP: two exposed all-reduces forward, two backward overlapped with wgrad. With TE
+  userbuffers (`tp_comm_overlap`) each collective runs under its GEMM with TE's default method:
+  ring-exchange (n = tp chunks) t = max(g, c) + min(g, c)/n, pipeline (4 chunks, 16 SMs lent)
+  and bulk (16 SMs lent) t = max(g', c); the pair never takes longer than without overlap (the
+  overlap tuner keeps the faster setting per GEMM).
+- context parallelism (p2p ring): cp-1 sends of the local K,V forward, each hidden behind one
+  attention step: exposed (cp-1) * max(0, t_send - t_attn/cp); backward sends K,V and dK,dV.
+  a2a (Ulysses) and all-gather CP are exposed.
+- expert parallelism: dispatch + combine all-to-all of the routed tokens forward and backward,
+  exposed (megatron-core's default; no EP overlap).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..specs.hardware import ClusterSpec
+from ..specs.model import ModelSpec
+from ..theory.flops import attention_flops_per_token
+from . import defaults as d
+from .calibration import Calibration
+from .collectives import collective_time_s
+from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
+
+E_BF16 = 2
+COLUMN_PARALLEL = ("qkv", "q_proj", "q_up", "kv_up", "fc1", "shared_fc1")
+ROW_PARALLEL = ("proj", "fc2", "shared_fc2")
+DUPLICATED = ("q_down", "kv_down", "router")
+CLASSES = ("gemm", "attention", "memory_bound")
+COMM_DIMS = ("tp", "cp", "ep")
+
+
+@dataclass(frozen=True)
+class LayerContext:
+    """Everything besides the model that decides one layer's time on one rank."""
+
+    cluster: ClusterSpec
+    tp: int = 1
+    sequence_parallel: bool = False
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    tokens: float = 1.0  # local tokens of one micro-batch (b*s/cp, averaged for dynamic batching)
+    seq_length: int = 1
+    precision: str = "bf16"
+    training: bool = True
+    full_recompute: bool = False
+    recompute_modules: tuple[str, ...] = ()  # selective recompute
+    tp_comm_overlap: bool = False
+    cp_comm_type: str = "p2p"
+    flash_attention: bool = True
+    fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
+    calibration: Calibration | None = None
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Seconds by class ('gemm', 'attention', 'memory_bound', 'tp', 'cp', 'ep') of one pass."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+    def scaled(self, factor: float) -> Phases:
+        return Phases({k: v * factor for k, v in self.parts.items()})
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one micro-batch, one rank: forward, backward, and forward work redone in backward."""
+
+    fwd: Phases
+    bwd: Phases
+    recompute: Phases
+
+    @property
+    def total(self) -> float:
+        return self.fwd.total + self.bwd.total + self.recompute.total
+
+    def scaled(self, factor: float) -> LayerCost:
+        return LayerCost(self.fwd.scaled(factor), self.bwd.scaled(factor), self.recompute.scaled(factor))
+
+
+def _add(parts: dict[str, float], key: str, value: float) -> None:
+    if value:
+        parts[key] = parts.get(key, 0.0) + value
+
+
+def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, tuple[float, float, float, int]]:
+    """op -> (tokens m, out n, in k, groups) of each GEMM of the layer on one rank (forward pass)."""
+    h, tp, x = model.hidden_size, ctx.tp, (ctx.tp if ctx.sequence_parallel else 1)
+    t = ctx.tokens
+    a = model.num_attention_heads
+    gate = 2 if model.gated_linear_unit else 1
+    shapes: dict[str, tuple[float, float, float, int]] = {}
+    if model.multi_latent_attention:
+        q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
+        if model.q_lora_rank is None:
+            shapes["q_proj"] = (t, a * q_head / tp, h, 1)
+        else:
+            shapes["q_down"] = (t / x, model.q_lora_rank, h, 1)
+            shapes["q_up"] = (t, a * q_head / tp, model.q_lora_rank, 1)
+        shapes["kv_down"] = (t / x, model.kv_lora_rank + model.qk_pos_emb_head_dim, h, 1)
+        shapes["kv_up"] = (t, a * (model.qk_head_dim + model.v_head_dim) / tp, model.kv_lora_rank, 1)
+    else:
+        shapes["qkv"] = (t, (model.query_projection_size + model.kv_projection_size) / tp, h, 1)
+    shapes["proj"] = (t, h, model.attention_output_size / tp, 1)
+    if model.is_moe_layer(layer_index):
+        shapes["router"] = (t / x, model.num_moe_experts, h, 1)
+        groups = max(1, model.num_moe_experts // ctx.ep)
+        routed = t * model.moe_router_topk * ctx.etp / tp
+        f = model.moe_ffn_hidden_size / ctx.etp
+        shapes["experts_fc1"] = (routed / groups, gate * f, h, groups)
+        shapes["experts_fc2"] = (routed / groups, h, f, groups)
+        s = model.moe_shared_expert_intermediate_size
+        if s:
+            shapes["shared_fc1"] = (t, gate * s / tp, h, 1)
+            shapes["shared_fc2"] = (t, h, s / tp, 1)
+    else:
+        f = model.ffn_hidden_size
+        shapes["fc1"] = (t, gate * f / tp, h, 1)
+        shapes["fc2"] = (t, h, f / tp, 1)
+    return shapes
+
+
+def _gemm_phase_time(op: str, shape: tuple[float, float, float, int], phase: str, ctx: LayerContext, sm=1.0) -> float:
+    m, n, k, groups = shape
+    precision = "bf16" if op == "router" else ctx.precision
+    gpu = ctx.cluster.gpu
+    if phase == "fwd":
+        return gemm_time_s(m, n, k, gpu, precision, groups, op, "fwd", ctx.calibration, sm)
+    if phase == "dgrad":
+        return gemm_time_s(m, k, n, gpu, precision, groups, op, "dgrad", ctx.calibration, sm)
+    return gemm_time_s(k, n, m, gpu, precision, groups, op, "wgrad", ctx.calibration, sm)
+
+
+def _attention_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:
+    """(fwd, bwd, memory-bound extra fwd) seconds of core attention for one micro-batch."""
+    gpu = ctx.cluster.gpu
+    fwd_flops = attention_flops_per_token(model, ctx.seq_length, "causal") * ctx.tokens / ctx.tp
+    if model.multi_latent_attention:
+        d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
+    else:
+        d_qk = d_v = model.kv_channels
+    if ctx.flash_attention:
+        # Ring CP (load-balanced, 2cp chunks): of the cp steps, the local one is a causal block of
+        # s/cp tokens and the others are full (unmasked) blocks against s/cp keys.
+        cp = ctx.cp
+        seq_eff = ctx.seq_length / cp
+        dropout = model.attention_dropout > 0
+        fwd = bwd = 0.0
+        for causal, share in ((True, 1.0 / cp), (False, (cp - 1) / cp)):
+            if share <= 0:
+                continue
+            f = fwd_flops * share
+            fwd += flash_attention_time_s("fwd", f, seq_eff, d_qk, causal, gpu, dropout, ctx.calibration)
+            bwd += flash_attention_time_s("bwd", 2 * f, seq_eff, d_qk, causal, gpu, dropout, ctx.calibration)
+        return fwd, bwd, 0.0
+    # Unfused attention (Megatron's 2021 path): batched GEMMs over the full s x s square, a fused
+    # scale-mask-softmax (read + write the scores, 4 bytes/element forward, 6 backward) and,
+    # with attention dropout, a dropout on the probabilities (5 bytes/element each way).
+    s = ctx.seq_length
+    heads = model.num_attention_heads / ctx.tp
+    sequences = ctx.tokens * ctx.cp / s
+    groups = max(1, round(heads * sequences))
+    qk = gemm_time_s(s, s, d_qk, gpu, "bf16", groups, "core_attention", "fwd", None)
+    pv = gemm_time_s(s, d_v, s, gpu, "bf16", groups, "core_attention", "fwd", None)
+    elements = heads * sequences * s * s
+    per_elem_fwd, per_elem_bwd = 4.0, 6.0
+    if model.attention_dropout > 0:
+        per_elem_fwd += 5.0
+        per_elem_bwd += 5.0
+    soft_fwd = memory_bound_time_s(per_elem_fwd * elements, gpu, 2)
+    soft_bwd = memory_bound_time_s(per_elem_bwd * elements, gpu, 2)
+    return qk + pv + soft_fwd, 2 * (qk + pv) + soft_bwd, 0.0
+
+
+def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, tuple[float, float, float]]:
+    """Memory-bound work of one layer: name -> (fwd bytes, bwd bytes, kernels per pass)."""
+    e = E_BF16
+    h, tp = model.hidden_size, ctx.tp
+    x = tp if ctx.sequence_parallel else 1
+    t = ctx.tokens
+    tt = t / x
+    a_l = model.num_attention_heads / tp
+    g_l = model.num_query_groups / tp
+    dh = model.kv_channels
+    out: dict[str, tuple[float, float, float]] = {}
+    out["norm"] = (2 * 2 * e * h * tt, 2 * 3 * e * h * tt, 2)
+    mask = h * tt if model.hidden_dropout > 0 else 0.0
+    out["residual"] = (2 * (3 * e * h * tt + mask), 2 * (3 * e * h * tt + mask), 2)
+    if model.position_embedding_type == "rope":
+        if model.multi_latent_attention:
+            r = model.qk_pos_emb_head_dim
+            rope = 2 * e * (a_l * r + r) * t
+        else:
+            rope = 2 * e * (a_l + g_l) * dh * t
+        out["rope"] = (rope, rope, 1)
+    if model.qk_layernorm:
+        qkn = 2 * e * (a_l + g_l) * dh * t
+        out["qk_norm"] = (qkn, 1.5 * qkn, 2)
+    if model.multi_latent_attention:
+        lat = 2 * e * ((model.q_lora_rank or 0) + model.kv_lora_rank) * tt
+        out["latent_norm"] = (lat, 1.5 * lat, 2)
+    else:
+        out["qkv_grad_concat"] = (0.0, 2 * e * (a_l + 2 * g_l) * dh * t, 1)
+    gated = model.gated_linear_unit
+    act_fwd, act_bwd = (3 * e, 5 * e) if gated else (2 * e, 3 * e)
+    dense_fwd, dense_bwd = act_fwd, act_bwd
+    if gated and not ctx.fused_bias_activation:
+        # Unfused GLU of dense MLPs / shared experts (torch ops; TE grouped experts fuse it):
+        # silu(a) (read a, write) and * b (read 2, write 1) forward; backward two products
+        # (3 + 3), the silu gradient (3) and the concatenation of both halves' gradients (4):
+        # 5 and 13 elements per f-element instead of 3 and 5.
+        dense_fwd, dense_bwd = 5 * e, 13 * e
+    if model.is_moe_layer(layer_index):
+        experts = model.num_moe_experts
+        routed = t * model.moe_router_topk * ctx.etp / tp
+        out["router"] = (10.0 * experts * tt, 10.0 * experts * tt, 4)
+        out["moe_permute"] = (4 * e * h * routed, 4 * e * h * routed, 4)
+        out["activation"] = (act_fwd * model.moe_ffn_hidden_size / ctx.etp * routed, 0.0, 1)
+        out["activation_bwd"] = (0.0, act_bwd * model.moe_ffn_hidden_size / ctx.etp * routed, 1)
+        s = model.moe_shared_expert_intermediate_size
+        if s:
+            out["shared_activation"] = (dense_fwd * s / tp * t, dense_bwd * s / tp * t, 1)
+    else:
+        f = model.ffn_hidden_size / tp
+        out["activation"] = (dense_fwd * f * t, dense_bwd * f * t, 1)
+    return out
+
+
+def _fp8_cast_bytes(shapes: dict[str, tuple[float, float, float, int]]) -> tuple[float, float, int]:
+    """fp8 casts of GEMM inputs (fwd) and output gradients (bwd): 4 bytes per element."""
+    fwd = bwd = 0.0
+    count = 0
+    for op, (m, n, k, groups) in shapes.items():
+        if op == "router":
+            continue
+        fwd += 4.0 * m * k * groups
+        bwd += 4.0 * m * n * groups
+        count += 1
+    return fwd, bwd, count
+
+
+def _overlapped_pair(g: float, g_chunked: float, c: float, method: str, tp: int) -> float:
+    """Time of a GEMM (g alone) with collective c run under it by TE userbuffers."""
+    if method == "ring_exchange":
+        return max(g_chunked, c) + min(g_chunked, c) / max(tp, 1)
+    if method == "pipeline":
+        return max(g_chunked, c) + min(g_chunked, c) / 4
+    return max(g_chunked, c)
+
+
+@lru_cache(maxsize=16384)
+def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
+    """Time of decoder layer `layer_index` (its kind: dense or MoE) for one micro-batch on one rank."""
+    gpu, cluster, tp = ctx.cluster.gpu, ctx.cluster, ctx.tp
+    is_moe = model.is_moe_layer(layer_index)
+    shapes = gemm_shapes(model, layer_index, ctx)
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    rec: dict[str, float] = {}
+    gemm = {
+        op: {ph: _gemm_phase_time(op, sh, ph, ctx) for ph in ("fwd", "dgrad", "wgrad")} for op, sh in shapes.items()
+    }
+    for times in gemm.values():
+        _add(fwd, "gemm", times["fwd"])
+        if ctx.training:
+            _add(bwd, "gemm", times["dgrad"] + times["wgrad"])
+    attn_fwd, attn_bwd, _ = _attention_times(model, ctx)
+    _add(fwd, "attention", attn_fwd)
+    if ctx.training:
+        _add(bwd, "attention", attn_bwd)
+    mem = _memory_bound_bytes(model, layer_index, ctx)
+    mem_fwd = {name: memory_bound_time_s(fb, gpu, kn if fb else 0) for name, (fb, _, kn) in mem.items()}
+    mem_bwd = {name: memory_bound_time_s(bb, gpu, kn if bb else 0) for name, (_, bb, kn) in mem.items()}
+    if ctx.precision == "fp8":
+        cf, cb, count = _fp8_cast_bytes(shapes)
+        mem_fwd["fp8_cast"] = memory_bound_time_s(cf, gpu, count)
+        mem_bwd["fp8_cast"] = memory_bound_time_s(cb, gpu, count)
+    _add(fwd, "memory_bound", sum(mem_fwd.values()))
+    if ctx.training:
+        _add(bwd, "memory_bound", sum(mem_bwd.values()))
+
+    # ---- tensor parallel communication ----
+    tp_fwd = tp_bwd = 0.0
+    if tp > 1:
+        msg = E_BF16 * ctx.tokens * model.hidden_size
+        attn_in = [op for op in ("qkv", "q_proj", "q_up", "kv_up") if op in gemm]
+        if ctx.sequence_parallel:
+            ag = collective_time_s("all_gather", tp, msg, cluster, 1)
+            rs = collective_time_s("reduce_scatter", tp, msg, cluster, 1)
+            mlp_in = "fc1" if "fc1" in gemm else None
+            mlp_out = "fc2" if "fc2" in gemm else None
+            ub = ctx.tp_comm_overlap
+            # forward: AG -> attention input GEMM(s), RS after proj; AG -> fc1, RS after fc2
+            pairs_fwd = [
+                ("qkv" if "qkv" in gemm else None, "fwd", ag, "ring_exchange"),
+                ("proj", "fwd", rs, "pipeline"),
+                (mlp_in, "fwd", ag, "ring_exchange"),
+                (mlp_out, "fwd", rs, "pipeline"),
+            ]
+            for op, ph, c, method in pairs_fwd:
+                tp_fwd += _pair_exposed(gemm, shapes, op, ph, c, method, ctx) if (ub and op) else c
+            if ctx.training:
+                # row-parallel output-gradient gathers: exposed unless userbuffers ring-exchange
+                for op in ("proj", mlp_out):
+                    if ub and op:
+                        tp_bwd += _pair_exposed(gemm, shapes, op, "dgrad", ag, "ring_exchange", ctx)
+                    else:
+                        tp_bwd += ag
+                # column-parallel input re-gather (under dgrad) and dgrad reduce-scatter (under wgrad)
+                for ops in (attn_in, [mlp_in] if mlp_in else []):
+                    if not ops:
+                        tp_bwd += ag + rs  # MoE block: no TE linear to hide behind
+                        continue
+                    g_d = sum(gemm[o]["dgrad"] for o in ops)
+                    g_w = sum(gemm[o]["wgrad"] for o in ops)
+                    base = max(0.0, ag - g_d) + max(0.0, rs - g_w)
+                    if ub and len(ops) == 1 and ops[0] in ("qkv", "fc1"):
+                        slow = _sm_slowdown(gpu, "bulk")
+                        ub_time = max(0.0, max(g_d * slow, ag) - g_d) + max(0.0, max(g_w * slow, rs) - g_w)
+                        base = min(base, ub_time)
+                    tp_bwd += base
+        else:
+            ar = collective_time_s("all_reduce", tp, msg, cluster, 1)
+            tp_fwd += 2 * ar
+            if ctx.training:
+                w_attn = sum(gemm[o]["wgrad"] for o in attn_in)
+                w_mlp = gemm["fc1"]["wgrad"] if "fc1" in gemm else 0.0
+                tp_bwd += max(0.0, ar - w_attn) + (max(0.0, ar - w_mlp) if "fc1" in gemm else ar)
+    _add(fwd, "tp", tp_fwd)
+    if ctx.training:
+        _add(bwd, "tp", tp_bwd)
+
+    # ---- context parallel communication ----
+    cp = ctx.cp
+    if cp > 1:
+        kv_local = E_BF16 * ctx.tokens * 2 * model.num_query_groups * model.kv_channels / tp
+        if ctx.cp_comm_type == "p2p":
+            step = collective_time_s("send_recv", 2, kv_local, cluster, tp)
+            _add(fwd, "cp", (cp - 1) * max(0.0, step - attn_fwd / cp))
+            if ctx.training:
+                _add(bwd, "cp", (cp - 1) * max(0.0, 2 * step - attn_bwd / cp))
+        elif ctx.cp_comm_type == "a2a":
+            qkv_local = E_BF16 * ctx.tokens * (model.query_projection_size + model.kv_projection_size) / tp
+            o_local = E_BF16 * ctx.tokens * model.attention_output_size / tp
+            t = collective_time_s("all_to_all", cp, qkv_local * cp, cluster, tp) + collective_time_s(
+                "all_to_all", cp, o_local * cp, cluster, tp
+            )
+            _add(fwd, "cp", t)
+            if ctx.training:
+                _add(bwd, "cp", t)
+        else:
+            _add(fwd, "cp", collective_time_s("all_gather", cp, kv_local * cp, cluster, tp))
+            if ctx.training:
+                _add(bwd, "cp", collective_time_s("reduce_scatter", cp, kv_local * cp, cluster, tp))
+
+    # ---- expert parallel communication ----
+    a2a = 0.0
+    if is_moe and ctx.ep > 1:
+        routed = ctx.tokens * model.moe_router_topk * ctx.etp / tp
+        a2a = collective_time_s("all_to_all", ctx.ep, E_BF16 * routed * model.hidden_size, cluster, ctx.etp)
+        _add(fwd, "ep", 2 * a2a)
+        if ctx.training:
+            _add(bwd, "ep", 2 * a2a)
+
+    # ---- recompute ----
+    if ctx.training:
+        if ctx.full_recompute:
+            rec = dict(fwd)
+        else:
+            mods = set(ctx.recompute_modules)
+            if "core_attn" in mods:
+                _add(rec, "attention", attn_fwd)
+            if "mlp" in mods and not is_moe:
+                _add(rec, "gemm", gemm["fc1"]["fwd"] + gemm["fc2"]["fwd"])
+                _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
+            if "moe" in mods and is_moe:
+                _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(("experts_", "shared_", "router"))))
+                _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in ("router", "moe_permute", "activation")))
+                _add(rec, "ep", 2 * a2a)
+            if "moe_act" in mods and is_moe:
+                _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
+            if "shared_experts" in mods and is_moe:
+                _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("shared_fc1", "shared_fc2") if o in gemm))
+                _add(rec, "memory_bound", mem_fwd.get("shared_activation", 0.0))
+            if "layernorm" in mods:
+                _add(rec, "memory_bound", mem_fwd.get("norm", 0.0))
+            if "mla_up_proj" in mods:
+                _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("q_up", "kv_up") if o in gemm))
+    return LayerCost(Phases(fwd), Phases(bwd), Phases(rec))
+
+
+def _sm_slowdown(gpu, method: str) -> float:
+    from .compute import sm_count
+
+    sms = sm_count(gpu)
+    return sms / max(1, sms - d.UB_COMM_SMS[method])
+
+
+def _pair_exposed(gemm, shapes, op, phase, c, method, ctx: LayerContext) -> float:
+    """Exposed communication of collective `c` overlapped by userbuffers with `op`'s `phase` GEMM."""
+    g = gemm[op][phase]
+    m, n, k, groups = shapes[op]
+    if method == "ring_exchange":
+        chunks = ctx.tp
+        sm = 1.0
+    else:
+        chunks = 4
+        sm = 1.0 / _sm_slowdown(ctx.cluster.gpu, method)
+    chunk_shape = (m / chunks, n, k, groups)
+    g_chunked = chunks * _gemm_phase_time(op, chunk_shape, phase, ctx, sm)
+    overlapped = _overlapped_pair(g, g_chunked, c, method, ctx.tp)
+    return max(0.0, min(g + c, overlapped) - g)

@@ -1,0 +1,78 @@
+"""`mat plan` report directory: plan.json, the top-K snippets, and a throughput-vs-memory chart."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import AutotunerError
+from ..export import export_all
+
+
+def output_dir_for(command: str, output_dir: str | Path | None = None) -> Path:
+    """`--output-dir` or outputs/<UTC timestamp>-<command>/ (created)."""
+    if output_dir is None:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        output_dir = Path("outputs") / f"{stamp}-{command}"
+    path = Path(output_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def plot_plan(result: Any, path: Path, top_k: int) -> Path:
+    """Predicted tokens/s/GPU against peak memory of every feasible layout; top-K marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # pragma: no cover - matplotlib is a dependency
+        raise AutotunerError(f"the plan chart needs matplotlib: {exc}") from exc
+    cands = result.candidates
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.scatter(
+        [c.estimate.peak_memory_gib for c in cands],
+        [c.estimate.tokens_per_s_per_gpu for c in cands],
+        s=8,
+        alpha=0.4,
+        label=f"feasible ({len(cands)})",
+    )
+    top = cands[:top_k]
+    ax.scatter(
+        [c.estimate.peak_memory_gib for c in top],
+        [c.estimate.tokens_per_s_per_gpu for c in top],
+        s=40,
+        color="red",
+        label=f"top {len(top)}",
+    )
+    for c in top:
+        ax.annotate(str(c.rank), (c.estimate.peak_memory_gib, c.estimate.tokens_per_s_per_gpu), fontsize=8)
+    usable = result.gpu.hbm_gib * (1 - result.options.memory_margin)
+    ax.axvline(usable, color="gray", linestyle="--", label=f"usable {usable:.0f} GiB")
+    ax.set_xlabel("peak memory per GPU (GiB)")
+    ax.set_ylabel("predicted tokens/s/GPU")
+    ax.set_title(f"{result.model.name} on {result.num_gpus} x {result.gpu.name}")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plan_report(result: Any, out_dir: Path, top_k: int, chart: bool = True) -> dict[str, Any]:
+    """Write plan.json, top-K export snippets under rank_<k>/, and plan.png; return the index."""
+    files: dict[str, Any] = {"plan": str(out_dir / "plan.json"), "exports": {}}
+    for c in result.top(top_k):
+        sub = out_dir / f"rank_{c.rank}"
+        sub.mkdir(exist_ok=True)
+        for name, text in export_all(result.model, c.parallel, c.workload).items():
+            (sub / name).write_text(text)
+        files["exports"][str(c.rank)] = str(sub)
+    if chart and result.candidates:
+        files["chart"] = str(plot_plan(result, out_dir / "plan.png", top_k))
+    data = result.to_dict(top_k=top_k)
+    data["files"] = files
+    (out_dir / "plan.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return files

@@ -1,0 +1,7 @@
+"""Layout search: enumerate every layout megatron-core accepts, prune by memory, rank by
+predicted step time, explain every rejection. Pure Python, no torch."""
+
+from .plan import Candidate, PlanResult, Rejection, layout_label, plan
+from .space import RECOMPUTE_CHOICES, SearchSpace
+
+__all__ = ["RECOMPUTE_CHOICES", "Candidate", "PlanResult", "Rejection", "SearchSpace", "layout_label", "plan"]

@@ -1,0 +1,335 @@
+"""Search the layout space: enumerate, reject what megatron-core refuses or what does not fit
+memory (with a safety margin), rank the rest by predicted step time, and say why each rejected
+layout was rejected.
+
+Order of work (what keeps a 1024-GPU search in seconds): for each (tp, pp, cp, ep, etp, vpp, sp,
+distributed optimizer, recompute) the micro-batch sizes are tried smallest first; memory grows
+with the micro-batch, so the first size that does not fit rejects the larger ones without
+computing them. Memory (`theory.memory`) is computed before time; only layouts that fit are
+timed (`costmodel.time_model`, cached per layer shape).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import SCHEMA_VERSION, __version__
+from ..costmodel.estimate import CostOptions, Estimate, estimate, padded_vocab
+from ..errors import ConfigError
+from ..specs.hardware import GPUSpec
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, validate_layout
+from ..theory.memory import GIB, ActivationOptions, memory_per_stage
+from .space import RECOMPUTE_CHOICES, SearchSpace, iter_model_parallel, micro_batch_choices, vpp_choices
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A feasible layout with its prediction. `rank` starts at 1 (fastest)."""
+
+    rank: int
+    parallel: ParallelConfig
+    workload: Workload
+    estimate: Estimate
+
+    @property
+    def label(self) -> str:
+        return layout_label(self.parallel, self.workload)
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.estimate
+        return {
+            "rank": self.rank,
+            "label": self.label,
+            "parallel": self.parallel.to_dict(),
+            "micro_batch_size": self.workload.micro_batch_size,
+            "recompute": self.workload.recompute.granularity,
+            "step_time_s": e.step_time_s,
+            "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+            "model_tflops_per_gpu": e.model_tflops_per_gpu,
+            "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
+            "mfu": e.mfu,
+            "peak_memory_gib": e.peak_memory_gib,
+            "memory_breakdown_gib": e.memory_breakdown_gib,
+            "time_breakdown_s": e.time.breakdown,
+        }
+
+
+@dataclass(frozen=True)
+class Rejection:
+    label: str
+    reason: str
+    peak_memory_gib: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "reason": self.reason, "peak_memory_gib": self.peak_memory_gib}
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """Ranked feasible layouts (fastest first) and every rejection with its reason."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    num_gpus: int
+    base_workload: Workload
+    options: CostOptions
+    candidates: tuple[Candidate, ...]
+    rejections: tuple[Rejection, ...]
+    considered: int
+    elapsed_s: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+    def top(self, k: int) -> tuple[Candidate, ...]:
+        return self.candidates[:k]
+
+    def rank_of(self, **match: Any) -> Candidate | None:
+        """The best-ranked candidate whose ParallelConfig / workload fields equal `match`."""
+        for c in self.candidates:
+            fields = {
+                **c.parallel.to_dict(),
+                "micro_batch_size": c.workload.micro_batch_size,
+                "recompute": c.workload.recompute.granularity,
+            }
+            if all(fields.get(k) == v for k, v in match.items()):
+                return c
+        return None
+
+    def rejection_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self.rejections:
+            key = r.reason.split(":")[0]
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def to_dict(self, top_k: int | None = None, max_rejections: int = 200) -> dict[str, Any]:
+        cands = self.candidates if top_k is None else self.candidates[:top_k]
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool_version": __version__,
+            "inputs": {
+                "model": self.model.name,
+                "gpu": self.gpu.name,
+                "num_gpus": self.num_gpus,
+                "workload": self.base_workload.to_dict(),
+                "flops_convention": self.options.flops_convention,
+                "memory_margin": self.options.memory_margin,
+            },
+            "considered": self.considered,
+            "feasible": len(self.candidates),
+            "rejected": len(self.rejections),
+            "rejection_counts": self.rejection_counts(),
+            "elapsed_s": self.elapsed_s,
+            "candidates": [c.to_dict() for c in cands],
+            "rejections": [r.to_dict() for r in self.rejections[:max_rejections]],
+            "notes": list(self.notes),
+        }
+
+
+def layout_label(p: ParallelConfig, w: Workload) -> str:
+    parts = [f"tp{p.tp}", f"pp{p.pp}"]
+    if p.vpp:
+        parts.append(f"vpp{p.vpp}")
+    parts += [f"cp{p.cp}", f"dp{p.dp}"]
+    if p.ep > 1 or p.etp != p.tp:
+        parts += [f"ep{p.ep}", f"etp{p.etp}"]
+    parts.append("sp" if p.sequence_parallel else "nosp")
+    parts.append(f"mbs{w.micro_batch_size}" if w.max_token_len is None else f"tok{w.max_token_len}")
+    parts.append(f"rc-{w.recompute.granularity}")
+    if not p.use_distributed_optimizer:
+        parts.append("no-distopt")
+    return " ".join(parts)
+
+
+def plan(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    num_gpus: int,
+    seq_length: int,
+    global_batch_size: int,
+    *,
+    mode: str = "train",
+    precision: str = "bf16",
+    max_token_len: int | None = None,
+    memory_margin: float = 0.05,
+    space: SearchSpace | None = None,
+    options: CostOptions | None = None,
+    explain_impossible: bool = True,
+) -> PlanResult:
+    """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
+
+    Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
+    count or none fits in memory.
+    """
+    started = time.perf_counter()
+    space = space or SearchSpace()
+    if options is None:
+        options = CostOptions(memory_margin=memory_margin)
+    elif options.memory_margin != memory_margin:
+        options = CostOptions(**{**options.__dict__, "memory_margin": memory_margin})
+    base = Workload(seq_length, 1, global_batch_size, RecomputeConfig(), precision, mode, max_token_len)
+    if precision == "fp8":
+        gpu.peak_tflops("fp8")
+    forward = mode == "forward"
+    usable = gpu.hbm_gib * (1.0 - memory_margin) * GIB
+    act_options = ActivationOptions(flash_attention=options.flash_attention)
+    allowance = options.memory_allowance
+    recomputes = ("none",) if forward else space.recompute
+    dist_opts = (True,) if forward else space.distributed_optimizer
+    feasible: list[tuple[ParallelConfig, Workload, list]] = []
+    rejections: list[Rejection] = []
+    considered = 0
+    structural = 0
+    for tp, pp, cp, ep, etp in iter_model_parallel(model, num_gpus, seq_length, gpu.gpus_per_node, space):
+        dp = num_gpus // (tp * pp * cp)
+        sps = [tp > 1] if (tp == 1 or (model.is_moe and ep > 1)) else [s for s in space.sequence_parallel]
+        if max_token_len is None:
+            if global_batch_size % dp:
+                considered += 1
+                structural += 1
+                rejections.append(
+                    Rejection(
+                        f"tp{tp} pp{pp} cp{cp} dp{dp} ep{ep}",
+                        f"batch: global batch {global_batch_size} not divisible by dp={dp}",
+                    )
+                )
+                continue
+            mbs_list = micro_batch_choices(global_batch_size // dp, space, forward)
+        else:
+            mbs_list = [1]
+        padded = padded_vocab(model, tp)
+        for vpp in vpp_choices(model, pp, space):
+            for sp in sps:
+                for dist in dist_opts:
+                    for rc_name in recomputes:
+                        too_big = False
+                        for mbs in mbs_list:
+                            considered += 1
+                            try:
+                                parallel = ParallelConfig(num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, sp and tp > 1)
+                                workload = base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
+                            except ConfigError as exc:
+                                structural += 1
+                                rejections.append(Rejection(f"tp{tp} pp{pp} cp{cp} ep{ep} vpp{vpp}", f"invalid: {exc}"))
+                                break
+                            label = layout_label(parallel, workload)
+                            if too_big:
+                                rejections.append(
+                                    Rejection(label, "memory: a smaller micro-batch already does not fit")
+                                )
+                                continue
+                            try:
+                                validate_layout(model, parallel, workload)
+                            except ConfigError as exc:
+                                structural += 1
+                                rejections.append(Rejection(label, f"invalid: {exc}"))
+                                continue
+                            stages = memory_per_stage(model, parallel, workload, act_options, allowance, padded)
+                            peak = max(s.total_bytes for s in stages)
+                            if peak > usable:
+                                too_big = True
+                                rejections.append(
+                                    Rejection(
+                                        label,
+                                        f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
+                                        f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g}))",
+                                        peak / GIB,
+                                    )
+                                )
+                                continue
+                            feasible.append((parallel, workload, stages))
+    if considered == structural:
+        raise ConfigError("num_gpus", _nearest_gpu_count_message(model, gpu, num_gpus, seq_length, global_batch_size))
+    estimates = []
+    for parallel, workload, stages in feasible:
+        estimates.append(estimate(model, parallel, workload, gpu, options, memory_stages=stages))
+    estimates.sort(key=lambda e: (e.step_time_s, e.peak_memory_gib))
+    candidates = tuple(Candidate(i + 1, e.parallel, e.workload, e) for i, e in enumerate(estimates))
+    notes: list[str] = []
+    if not candidates and explain_impossible:
+        raise ConfigError(
+            "num_gpus",
+            _does_not_fit_message(
+                model,
+                gpu,
+                num_gpus,
+                rejections,
+                memory_margin,
+                seq_length,
+                global_batch_size,
+                mode,
+                precision,
+                max_token_len,
+            ),
+        )
+    return PlanResult(
+        model=model,
+        gpu=gpu,
+        num_gpus=num_gpus,
+        base_workload=base,
+        options=options,
+        candidates=candidates,
+        rejections=tuple(rejections),
+        considered=considered,
+        elapsed_s=time.perf_counter() - started,
+        notes=tuple(notes),
+    )
+
+
+def _has_valid_layout(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int) -> bool:
+    for tp, pp, cp, _ep, _etp in iter_model_parallel(model, n, seq, gpu.gpus_per_node, SearchSpace()):
+        if gbs % (n // (tp * pp * cp)) == 0:
+            return True
+    return False
+
+
+def _nearest_gpu_count_message(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int) -> str:
+    below = next((m for m in range(n - 1, 0, -1) if _has_valid_layout(model, gpu, m, seq, gbs)), None)
+    above = next((m for m in range(n + 1, 4 * n + 9) if _has_valid_layout(model, gpu, m, seq, gbs)), None)
+    near = " or ".join(str(m) for m in (below, above) if m is not None) or "none found"
+    return (
+        f"no valid layout of {model.name} divides {n} GPUs with global batch {gbs} and seq {seq} "
+        f"(tp*pp*cp must divide the GPU count and dp the global batch); nearest GPU counts that work: {near}"
+    )
+
+
+def _does_not_fit_message(model, gpu, n, rejections, margin, seq, gbs, mode, precision, max_token_len) -> str:
+    mem = [r for r in rejections if r.peak_memory_gib is not None]
+    smallest = min(mem, key=lambda r: r.peak_memory_gib) if mem else None
+    msg = f"no layout of {model.name} fits {n} x {gpu.name} ({gpu.hbm_gib:.1f} GiB, margin {margin:g})"
+    if smallest is not None:
+        msg += f"; the smallest needs {smallest.peak_memory_gib:.1f} GiB per GPU ({smallest.label})"
+    for factor in (2, 4, 8, 16):
+        m = n * factor
+        try:
+            found = plan(
+                model,
+                gpu,
+                m,
+                seq,
+                gbs * factor if gbs % m and gbs < m else gbs,
+                mode=mode,
+                precision=precision,
+                max_token_len=max_token_len,
+                memory_margin=margin,
+                space=SearchSpace(
+                    distributed_optimizer=(True,),
+                    sequence_parallel=(True,),
+                    recompute=("full",),
+                    micro_batch_sizes=(1,),
+                    vpp=(1,),
+                ),
+                explain_impossible=False,
+            )
+        except ConfigError:
+            continue
+        if not found.candidates:
+            continue
+        return msg + f"; nearest that works: {m} GPUs (with full recompute, micro-batch 1)"
+    return msg + f"; nothing fits up to {16 * n} GPUs"
