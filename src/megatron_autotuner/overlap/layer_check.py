@@ -1,0 +1,139 @@
+"""Check a tuned ub yaml in a real megatron-core TE TransformerLayer: fwd+bwd ms with NCCL, TE default, tuned.
+
+    torchrun --nproc-per-node 2 -m megatron_autotuner.overlap.layer_check --model Llama-3.1-8B \
+        --seq-len 8192 --yaml optimal_tp_comm_overlap_cfg_tp2.yaml --out result.json
+
+One layer from the TE spec (megatron-core `get_gpt_layer_with_transformer_engine_spec`), TP = world
+size, sequence parallel, bf16, micro-batch 1, no RoPE. Setups, in this order, `--passes` times:
+`nccl` (tp_comm_overlap=False), `te_default` (tp_comm_overlap=True, initialize_ub without ub_cfgs),
+`tuned` (initialize_ub with the yaml). Userbuffers are re-initialised between setups (destroy_ub).
+Rank 0 writes medians (CUDA events) and the speedup tuned / te_default to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+
+def _time(module, x, dy, warmup: int, repeats: int) -> list[float]:
+    import torch
+
+    def step():
+        x.grad = None
+        for p in module.parameters():
+            p.grad = None
+        out = module(x, attention_mask=None)
+        out = out[0] if isinstance(out, tuple) else out
+        return out
+
+    for _ in range(warmup):
+        step().backward(dy)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        step().backward(dy)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--model", action="append", required=True)
+    ap.add_argument("--seq-len", type=int, default=8192)
+    ap.add_argument("--yaml", action="append", required=True, help="tuned yaml per --model (same order)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    import yaml
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+    from megatron.core.transformer.spec_utils import build_module
+    from transformer_engine.pytorch.module import base
+
+    from ..testbench.cases import Case
+    from ..testbench.operators import build_transformer_config, layer_spec
+    from ..testbench.worker import environment
+
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group("nccl")
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
+    model_parallel_cuda_manual_seed(1234)
+    results = {"env": environment("cuda"), "tp": world, "seq_len": args.seq_len, "models": {}}
+    for name, ypath in zip(args.model, args.yaml, strict=True):
+        res: dict = {"yaml": ypath, "ms": {"nccl": [], "te_default": [], "tuned": []}}
+        try:
+            case = Case(model=name, op="decoder", seq_length=args.seq_len, tp=world)
+            spec = case.model_spec()
+            tuned = yaml.safe_load(Path(ypath).read_text())
+            layers = {}
+            for overlap in (False, True):
+                cfg = build_transformer_config(
+                    spec, case, True, "cuda", overrides={"num_layers": 1, "tp_comm_overlap": overlap}
+                )
+                layers[overlap] = build_module(layer_spec(spec, True, False), config=cfg, layer_number=1)
+            x = torch.randn(
+                args.seq_len // world, 1, spec.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True
+            )
+            dy = torch.randn_like(x)
+            shape = [args.seq_len, spec.hidden_size]
+            for _ in range(args.passes):
+                for setup in ("nccl", "te_default", "tuned"):
+                    if setup != "nccl":
+                        if getattr(base, "_ub_communicators", None) is not None:
+                            base.destroy_ub()
+                            gc.collect()
+                        base.initialize_ub(
+                            shape=shape,
+                            tp_size=world,
+                            use_fp8=False,
+                            dtype=torch.bfloat16,
+                            ub_cfgs=tuned if setup == "tuned" else None,
+                            bootstrap_backend="nccl",
+                        )
+                    t = _time(layers[setup != "nccl"], x, dy, args.warmup, args.repeats)
+                    res["ms"][setup].append(statistics.median(t))
+            med = {k: statistics.median(v) for k, v in res["ms"].items()}
+            res["median_ms"] = med
+            res["speedup_tuned_vs_te_default"] = med["te_default"] / med["tuned"]
+            res["speedup_tuned_vs_nccl"] = med["nccl"] / med["tuned"]
+            res["status"] = "ok"
+        except Exception as exc:  # noqa: BLE001
+            res["status"] = "failed"
+            res["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            res["traceback"] = traceback.format_exc()[-2000:]
+        finally:
+            if getattr(base, "_ub_communicators", None) is not None:
+                base.destroy_ub()
+        results["models"][name] = res
+        if rank == 0:
+            print(
+                name,
+                json.dumps({k: res.get(k) for k in ("status", "median_ms", "speedup_tuned_vs_te_default", "error")}),
+                flush=True,
+            )
+    if rank == 0:
+        Path(args.out).write_text(json.dumps(results, indent=1))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
