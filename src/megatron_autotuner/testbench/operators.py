@@ -87,7 +87,11 @@ def uses_bias_activation_fusion(spec: ModelSpec) -> bool:
     return spec.activation == "gelu" and spec.add_bias_linear
 
 
-def build_transformer_config(spec: ModelSpec, case: Case, use_te: bool, device: str):
+def build_transformer_config(
+    spec: ModelSpec, case: Case, use_te: bool, device: str, overrides: dict[str, Any] | None = None
+):
+    """megatron-core `TransformerConfig` for `spec`; `overrides` (e.g. pipeline sizes, recompute) win over
+    the defaults (the validate runner uses them for whole training runs)."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -117,6 +121,8 @@ def build_transformer_config(spec: ModelSpec, case: Case, use_te: bool, device: 
         fields = TransformerConfig.__dataclass_fields__
         if "moe_router_force_load_balancing" in fields:
             kwargs["moe_router_force_load_balancing"] = True  # balanced routing, as theory assumes
+    if overrides:
+        kwargs.update(overrides)
     if kwargs.get("cp_comm_type") is None:
         kwargs.pop("cp_comm_type", None)
     if spec.multi_latent_attention:

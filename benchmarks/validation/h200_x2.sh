@@ -1,0 +1,59 @@
+#!/bin/bash
+# Validation evidence on nvidia-h200-x2 (2x H200): real megatron-core training runs vs the cost model.
+# Run from the repository root on the GPU machine (after ../shared/gpu install):
+#     bash benchmarks/validation/h200_x2.sh
+# Writes under "$OUT" (default ./outputs/validation_h200_x2). Target wall time < 6 min:
+#   job 1 (2 GPUs, one torchrun job, 15 layouts of h200_x2_layouts.json: Qwen3-8B 4 layers at seq 4096 / 8192
+#          over DP/TP+SP/PP/VPP/CP, full + selective recompute, mbs 2, forward-only; Qwen3-30B-A3B 4 layers EP2 / DP2;
+#          one torch-profiler trace)                                                    ~2.5-3 min
+#   job 2 (1 GPU each, concurrently): Qwen3-8B at the predicted memory edge, seq 4096: the most layers predicted
+#          to fit (max-fit) on GPU 0 and one step more (min-oom, predicted OOM) on GPU 1   ~1.5 min
+# Then: `mat trace summary --json` of the trace, and a calibration file from the runs.
+# Copy "$OUT"/{summary.json,results.jsonl,...} to benchmarks/results/validation_h200_x2/ (see the end).
+set -uo pipefail
+source /root/gpu/env.sh
+OUT="${OUT:-$PWD/outputs/validation_h200_x2}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PY:-python}"
+VALIDATE="$PY -m megatron_autotuner.validate"
+HERE="$(dirname "$0")"
+START=$(date +%s)
+$PY -c "import yaml" 2>/dev/null || { echo "pyyaml missing on this machine: bring its wheel (.gpu/extra)"; exit 3; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+
+echo "== job 1: 2-GPU layouts"
+$VALIDATE --layouts "$HERE/h200_x2_layouts.json" --output-dir "$OUT/x2" --timeout-s 150 \
+  --write-calibration "$OUT/x2/calibration.json" 2>&1 | tee "$OUT/x2.txt"
+
+echo "== job 2: memory edge on 1 GPU (both GPUs, concurrently)"
+EDGE="--model Qwen3-8B --gpu H200 --num-gpus 1 --seq-len 4096 --global-batch-size 1 --warmup-steps 1 --steps 2 --timeout-s 150"
+CUDA_VISIBLE_DEVICES=0 $VALIDATE $EDGE --num-layers max-fit --output-dir "$OUT/edge_fit" > "$OUT/edge_fit.txt" 2>&1 &
+FIT=$!
+CUDA_VISIBLE_DEVICES=1 $VALIDATE $EDGE --num-layers min-oom --output-dir "$OUT/edge_oom" > "$OUT/edge_oom.txt" 2>&1 &
+OOM=$!
+wait $FIT; wait $OOM
+cat "$OUT/edge_fit.txt" "$OUT/edge_oom.txt"
+
+echo "== trace summary"
+TRACE=$(ls "$OUT"/x2/traces/*/rank_0.json.gz 2>/dev/null | head -n 1)
+if [ -n "$TRACE" ]; then
+  $PY -m megatron_autotuner.cli trace summary --json "$TRACE" > "$OUT/trace_summary.json" 2> "$OUT/trace_summary.err" \
+    && echo "trace summary: $OUT/trace_summary.json" || { echo "trace summary failed:"; tail -5 "$OUT/trace_summary.err"; }
+else
+  echo "no trace found"
+fi
+
+echo "== collect evidence (small files only) under $OUT/evidence"
+EV="$OUT/evidence"
+mkdir -p "$EV"
+for d in x2 edge_fit edge_oom; do
+  mkdir -p "$EV/$d"
+  cp "$OUT/$d/summary.json" "$OUT/$d/results.jsonl" "$OUT/$d/layouts.json" "$EV/$d/" 2>/dev/null
+  gzip -c "$OUT/$d/runs/rank_0.jsonl" > "$EV/$d/rank_0.jsonl.gz" 2>/dev/null
+  [ -f "$OUT/$d/runs/launcher.jsonl" ] && cp "$OUT/$d/runs/launcher.jsonl" "$EV/$d/"
+done
+cp "$OUT/x2/calibration.json" "$OUT/trace_summary.json" "$OUT/gpus.txt" "$EV/" 2>/dev/null
+[ -n "${TRACE:-}" ] && cp "$TRACE" "$EV/trace_rank_0.json.gz"
+du -sh "$EV"
+echo "wall time: $(( $(date +%s) - START )) s"

@@ -1,0 +1,211 @@
+"""The batch API: predict, run, compare. `validate_layouts` for a list of layouts, `validate_plan` for
+the top-K candidates of `mat plan`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import SCHEMA_VERSION, __version__
+from ..errors import ConfigError
+from ..specs import get_gpu_spec
+from .agreement import BEST_TOLERANCE, rank_agreement
+from .layout import Layout
+from .predict import compare, predict
+from .results import aggregate
+
+STEP_TIME_TARGET = 0.10  # |predicted / measured - 1| for step time
+MEMORY_TARGET = 0.05  # ... and for peak memory
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    out_dir: Path
+    rows: tuple[dict[str, Any], ...]
+    agreement: tuple[dict[str, Any], ...]
+    summary: dict[str, Any]
+
+
+def predictions_for(layouts: list[Layout], gpu: str, out_dir: Path, calibration: Any = None) -> dict[str, dict]:
+    """Predict every layout and write `layouts.json` (layouts + predictions), before anything runs."""
+    preds = {lay.layout_id: predict(lay, gpu, calibration) for lay in layouts}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "gpu": gpu,
+        "layouts": [
+            {"layout_id": lay.layout_id, "layout": lay.to_dict(), "predicted": preds[lay.layout_id]} for lay in layouts
+        ],
+    }
+    (out_dir / "layouts.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return preds
+
+
+def targets(rows: list[dict[str, Any]], agreement: list[dict[str, Any]]) -> dict[str, Any]:
+    """Which of the issue's targets hold: step time within 10%, memory within 5%, best within 3%."""
+    ok = [r for r in rows if r["status"] == "ok" and r["error_rel"]["step_time"] is not None]
+    mem = [r for r in rows if r["status"] == "ok" and r["error_rel"]["peak_memory"] is not None]
+    return {
+        "layouts_ok": sum(r["status"] == "ok" for r in rows),
+        "layouts_failed": sum(r["status"] == "failed" for r in rows),
+        "step_time_within_10pct": sum(abs(r["error_rel"]["step_time"]) <= STEP_TIME_TARGET for r in ok),
+        "step_time_compared": len(ok),
+        "peak_memory_within_5pct": sum(abs(r["error_rel"]["peak_memory"]) <= MEMORY_TARGET for r in mem),
+        "peak_memory_compared": len(mem),
+        "oom_as_predicted": sum(bool(r.get("oom_as_predicted")) for r in rows),
+        "oom_compared": sum(r.get("oom_as_predicted") is not None for r in rows),
+        "predicted_best_within_3pct": sum(a["predicted_best_ok"] for a in agreement),
+        "groups": len(agreement),
+        "best_tolerance": BEST_TOLERANCE,
+    }
+
+
+def build_report(layouts: list[Layout], out_dir: Path, gpu: str, predictions: dict[str, dict]) -> ValidationReport:
+    """Join what ran with the predictions; write results.jsonl and summary.json."""
+    gpu_spec = get_gpu_spec(gpu)
+    measured = aggregate(out_dir)
+    rows = [compare(lay, measured.get(lay.layout_id), predictions.get(lay.layout_id, {}), gpu_spec) for lay in layouts]
+    agreement = rank_agreement(rows)
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "tool_version": __version__,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": gpu,
+        "targets": targets(rows, agreement),
+        "rank_agreement": agreement,
+        "rows": rows,
+    }
+    (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["status"] != "pending"))
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return ValidationReport(out_dir, tuple(rows), tuple(agreement), summary)
+
+
+def validate_layouts(
+    layouts: list[Layout],
+    output_dir: str | Path,
+    gpu: str,
+    device: str = "cuda",
+    layout_timeout_s: float = 300.0,
+    retry_failed: bool = False,
+    available_gpus: int | None = None,
+    calibration: Any = None,
+    write_calibration_to: str | Path | None = None,
+    run: bool = True,
+    log=print,
+) -> ValidationReport:
+    """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch."""
+    if not layouts:
+        raise ConfigError("layouts", "nothing to validate")
+    seen: dict[str, Layout] = {}
+    for lay in layouts:
+        seen.setdefault(lay.layout_id, lay)
+    layouts = list(seen.values())
+    out = Path(output_dir)
+    predictions = predictions_for(layouts, gpu, out, calibration)
+    predicted_oom = {k for k, p in predictions.items() if p.get("fits") is False}
+    if run:
+        from .launcher import run_layouts
+
+        run_layouts(
+            layouts,
+            out,
+            device=device,
+            layout_timeout_s=layout_timeout_s,
+            retry_failed=retry_failed,
+            available_gpus=available_gpus,
+            predicted_oom=predicted_oom,
+            on_job_done=lambda: build_report(layouts, out, gpu, predictions),
+            log=log,
+        )
+    report = build_report(layouts, out, gpu, predictions)
+    if write_calibration_to is not None:
+        from .calibration import write_calibration
+
+        write_calibration(list(report.rows), gpu, write_calibration_to)
+    return report
+
+
+def _attr(obj: Any, *names: str) -> Any:
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return None
+
+
+def plan_layouts(plan_result: Any, k: int, reference: Layout | None = None, **layout_options: Any) -> list[Layout]:
+    """The top-`k` feasible candidates of a plan as layouts (+ the reference layout when given).
+
+    Reads what the plan holds defensively: a list of candidates in `.candidates` / `.ranked` /
+    `.feasible` (or the result itself as a list), each with `.parallel` and `.workload` (or an
+    `.estimate` carrying them) and a model name in the result (`.model`) or the estimate.
+    """
+    cands = _attr(plan_result, "candidates", "ranked", "feasible", "top")
+    if cands is None and isinstance(plan_result, (list, tuple)):
+        cands = plan_result
+    if cands is None:
+        raise ConfigError("plan", "the plan result has no candidates list")
+    model = _attr(plan_result, "model", "model_spec")
+    chosen: list[Layout] = []
+    for cand in cands:
+        if len(chosen) >= k:
+            break
+        est = _attr(cand, "estimate")
+        fits = _attr(cand, "fits")
+        if fits is None and est is not None:
+            fits = _attr(est, "fits")
+        if fits is False:
+            continue
+        parallel = _attr(cand, "parallel") or _attr(est, "parallel")
+        workload = _attr(cand, "workload") or _attr(est, "workload")
+        spec = _attr(cand, "model") or (_attr(est, "model") if est is not None else None) or model
+        if parallel is None or workload is None or spec is None:
+            raise ConfigError("plan", "a candidate lacks parallel / workload / model")
+        name, num_layers = _model_reference(spec)
+        chosen.append(Layout.from_configs(name, parallel, workload, num_layers=num_layers, **layout_options))
+    if reference is not None:
+        chosen.append(reference)
+    return chosen
+
+
+def _model_reference(spec: Any) -> tuple[str, int | None]:
+    """(preset name or path, reduced layer count or None) for a ModelSpec or a name."""
+    if isinstance(spec, str):
+        return spec, None
+    from ..specs import load_model_spec
+
+    name = spec.name
+    try:
+        full = load_model_spec(name)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError("plan", f"model {name!r} is not a preset; validate it with --layouts") from exc
+    return name, None if full.num_layers == spec.num_layers else spec.num_layers
+
+
+def validate_plan(
+    plan_result: Any,
+    k: int,
+    output_dir: str | Path,
+    gpu: str | None = None,
+    reference: Layout | None = None,
+    steps: int = 5,
+    warmup_steps: int = 3,
+    **opts: Any,
+):
+    """`mat plan --validate K`: run the top-K feasible candidates (+ reference) and compare."""
+    if gpu is None:
+        gpu_obj = _attr(plan_result, "gpu", "gpu_spec")
+        gpu = gpu_obj if isinstance(gpu_obj, str) else _attr(gpu_obj, "name")
+    if not gpu:
+        raise ConfigError("gpu", "validate_plan needs the GPU preset the plan was made for")
+    layouts = plan_layouts(plan_result, k, reference, steps=steps, warmup_steps=warmup_steps)
+    out = Path(output_dir)
+    if out.name != "validate":
+        out = out / "validate"
+    return validate_layouts(layouts, out, gpu, **opts)

@@ -1,0 +1,170 @@
+"""`mat validate` (also `python -m megatron_autotuner.validate`, which needs neither rich nor the rest of
+the CLI): real short megatron-core runs of layouts, measured vs predicted."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "validate",
+        help="train layouts for a few real steps (megatron-core) and compare with the cost model",
+        description="Runs one layout (flags) or a batch (--layouts FILE) with torchrun on this node: warm-up steps, "
+        "then timed steps; prints measured vs predicted step time, peak memory and MFU. Results are appended as "
+        "layouts finish; a rerun skips finished layouts; OOM / NCCL failures are recorded per layout.",
+    )
+    p.add_argument("--layouts", metavar="JSON", help="batch: list of layout objects, or {defaults, layouts, gpu}")
+    p.add_argument("--model", help="preset name or HF config path (single layout)")
+    p.add_argument("--num-layers", help="reduced layer count, or max-fit / min-oom (edge of predicted memory)")
+    p.add_argument("--gpu", help="GPU preset the prediction uses (e.g. H200)")
+    p.add_argument("--num-gpus", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--vpp", type=int, default=None)
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--etp", type=int, default=None)
+    p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p")
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--micro-batch-size", type=int, default=1)
+    p.add_argument("--global-batch-size", type=int, default=None)
+    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    p.add_argument("--recompute-method", choices=["uniform", "block"], default="uniform")
+    p.add_argument("--recompute-num-layers", type=int, default=1)
+    p.add_argument("--recompute-modules", nargs="+", default=["core_attn"])
+    p.add_argument("--mode", choices=["train", "forward"], default="train")
+    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
+    p.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--te",
+        dest="use_te",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Transformer Engine layer spec (default; falls back to the local spec when TE is missing)",
+    )
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
+    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="also record a torch-profiler trace of one step")
+    p.add_argument("--output-dir", help="default outputs/<UTC timestamp>-validate/")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="per-layout time limit (hang / NCCL timeout)")
+    p.add_argument("--retry-failed", action="store_true", help="rerun layouts that failed before")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: functional tests only")
+    p.add_argument("--available-gpus", type=int, default=None, help="record layouts needing more GPUs as failed")
+    p.add_argument("--calibration", metavar="JSON", help="predict with this calibration file")
+    p.add_argument("--write-calibration", metavar="JSON", help="write a calibration file from the measured runs")
+    p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
+    p.add_argument("--dry-run", action="store_true", help="predict and print the torchrun commands; run nothing")
+    p.add_argument("--emit-slurm", metavar="FILE", help="write an sbatch script for the layouts and exit")
+    p.add_argument("--nodes", type=int, default=1, help="nodes for --emit-slurm")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for --emit-slurm")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.set_defaults(func=run)
+
+
+def _layouts(args: argparse.Namespace):
+    from .layout import Layout, load_layouts_file
+    from .predict import edge_num_layers
+
+    extra: dict = {}
+    if args.layouts:
+        layouts, extra = load_layouts_file(args.layouts)
+    else:
+        if not args.model or not args.seq_len:
+            raise ConfigError("model", "give --layouts FILE, or --model and --seq-len for one layout")
+        edge = args.num_layers if args.num_layers in ("max-fit", "min-oom") else None
+        try:
+            num_layers = None if edge or args.num_layers is None else int(args.num_layers)
+        except ValueError as exc:
+            raise ConfigError("num_layers", f"must be an integer, max-fit or min-oom, got {args.num_layers!r}") from exc
+        layout = Layout(
+            model=args.model, seq_length=args.seq_len, num_gpus=args.num_gpus, num_layers=num_layers,
+            tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp,
+            sequence_parallel=args.sequence_parallel, cp_comm_type=args.cp_comm_type,
+            micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
+            recompute=args.recompute, recompute_method=args.recompute_method,
+            recompute_num_layers=args.recompute_num_layers, recompute_modules=tuple(args.recompute_modules),
+            mode=args.mode, precision=args.precision, use_distributed_optimizer=args.distributed_optimizer,
+            overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
+            warmup_steps=args.warmup_steps, steps=args.steps, profile=args.profile, use_te=args.use_te,
+        )  # fmt: skip
+        if edge:
+            gpu = args.gpu or extra.get("gpu")
+            if not gpu:
+                raise ConfigError("gpu", f"--num-layers {edge} needs --gpu")
+            layout = layout.replace(num_layers=edge_num_layers(layout, gpu, edge), name=f"{edge}")
+        layouts = [layout]
+    for lay in layouts:
+        lay.check()
+    return layouts, args.gpu or extra.get("gpu")
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import batch, launcher, report
+
+    layouts, gpu = _layouts(args)
+    if not gpu:
+        raise ConfigError("gpu", "give --gpu (the GPU preset predictions are made for)")
+    out = Path(args.output_dir or f"outputs/{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-validate")
+    if args.emit_slurm:
+        out.mkdir(parents=True, exist_ok=True)
+        layouts_file = out / "slurm_layouts.json"
+        layouts_file.write_text(json.dumps([lay.to_dict() for lay in layouts], indent=1))
+        worlds = {lay.world_size for lay in layouts}
+        if worlds != {args.nodes * args.gpus_per_node}:
+            raise ConfigError(
+                "nodes", f"layouts use {sorted(worlds)} GPUs, the script has {args.nodes} x {args.gpus_per_node}"
+            )
+        script = launcher.slurm_script(layouts_file.resolve(), out.resolve(), args.nodes, args.gpus_per_node)
+        Path(args.emit_slurm).write_text(script)
+        print(f"wrote {args.emit_slurm} (sbatch {args.emit_slurm})")
+        return 0
+    calibration = None
+    if args.calibration:
+        from ..costmodel import load_calibration
+
+        calibration = load_calibration(args.calibration)
+    if args.dry_run:
+        preds = batch.predictions_for(layouts, gpu, out, calibration)
+        for lay in layouts:
+            cmd = launcher.torchrun_command(lay.world_size, out / "jobs" / "JOB.json", out, args.device, args.timeout_s)
+            print(f"{lay.label} ({lay.layout_id}): predicted {json.dumps(preds[lay.layout_id])}")
+            print("  " + " ".join(cmd))
+        return 0
+    rep = batch.validate_layouts(
+        layouts, out, gpu, device=args.device, layout_timeout_s=args.timeout_s, retry_failed=args.retry_failed,
+        available_gpus=args.available_gpus, calibration=calibration, write_calibration_to=args.write_calibration,
+        run=not args.report_only, log=(lambda *_: None) if args.json else print,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(rep.summary, indent=1, default=str))
+    else:
+        print(report.format_report(rep))
+        if args.write_calibration:
+            print(f"calibration: {args.write_calibration}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point without the rest of the CLI: `python -m megatron_autotuner.validate ...`."""
+    import sys
+
+    from ..errors import AutotunerError
+
+    parser = argparse.ArgumentParser(prog="python -m megatron_autotuner.validate")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run(args)
+    except AutotunerError as exc:
+        print(f"mat validate: error: {exc}", file=sys.stderr)
+        return 2

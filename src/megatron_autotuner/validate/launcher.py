@@ -1,0 +1,221 @@
+"""Launch validation layouts: one torchrun job per world size, layouts run one after another inside it.
+
+Sharing one job saves the ~20-30 s of imports and process-group start-up per layout. The launcher
+watches the layout rank 0 is on (`runs/current_layout.txt`): one that runs past `layout_timeout_s`
+(a hang: NCCL, a peer that died) gets the job killed and recorded as failed, and the job restarts
+with the layouts after it; a job that crashes is handled the same way. Layouts predicted not to fit
+run last in their job, so an OOM cannot disturb the layouts after it. Finished layouts (ok or
+failed) are skipped on rerun. Multi-node: `torchrun_command(nnodes=..., rdzv_endpoint=...)` or the
+Slurm script of `slurm_script`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .layout import Layout
+from .results import append_record, current_file, finished_layout_ids, launcher_file
+from .runner import failure_kind
+
+WORKER_MODULE = "megatron_autotuner.validate.worker"
+STARTUP_ALLOWANCE_S = 180.0  # imports + process-group start before the first layout
+
+
+@dataclass
+class LaunchReport:
+    out_dir: Path
+    total: int
+    skipped_finished: int
+    ran: int = 0
+    failed_by_launcher: list[str] = field(default_factory=list)
+
+
+def torchrun_command(
+    world_size: int,
+    job_file: Path,
+    out_dir: Path,
+    device: str = "cuda",
+    timeout_s: float = 600.0,
+    nnodes: int = 1,
+    rdzv_endpoint: str | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The torchrun command of one job: single node (`--standalone`) or a c10d rendezvous over nodes."""
+    if nnodes > 1:
+        if not rdzv_endpoint:
+            raise ValueError("multi-node runs need rdzv_endpoint (host:port of node 0)")
+        if world_size % nnodes:
+            raise ValueError(f"world size {world_size} is not divisible by {nnodes} nodes")
+        launch = [
+            f"--nnodes={nnodes}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv_endpoint}",
+            f"--nproc-per-node={world_size // nnodes}",
+        ]
+    else:
+        launch = ["--standalone", f"--nproc-per-node={world_size}"]
+    return [
+        python, "-m", "torch.distributed.run", *launch,
+        "-m", WORKER_MODULE,
+        "--layouts", str(job_file),
+        "--out-dir", str(out_dir),
+        "--device", device,
+        "--timeout-s", str(int(timeout_s)),
+    ]  # fmt: skip
+
+
+def slurm_script(
+    layouts_file: str | Path,
+    out_dir: str | Path,
+    nodes: int,
+    gpus_per_node: int,
+    job_name: str = "mat-validate",
+    time_limit: str = "00:30:00",
+    partition: str | None = None,
+    setup: str = "",
+) -> str:
+    """An sbatch script that runs the worker on `nodes` x `gpus_per_node` GPUs (torchrun per node,
+    c10d rendezvous on the first node). Every layout in the file must use nodes x gpus_per_node GPUs."""
+    world = nodes * gpus_per_node
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={gpus_per_node}",
+        "#SBATCH --exclusive",
+        f"#SBATCH --time={time_limit}",
+    ]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += [
+        "set -euo pipefail",
+        setup,
+        'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"mkdir -p {shlex.quote(str(out_dir))}",
+        "srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node="
+        + str(gpus_per_node)
+        + ' --rdzv-backend=c10d --rdzv-endpoint="$HEAD:29500" --rdzv-id=$SLURM_JOB_ID'
+        + f" -m {WORKER_MODULE} --layouts {shlex.quote(str(layouts_file))} --out-dir {shlex.quote(str(out_dir))}",
+        f"# then, on any node: mat validate --layouts {shlex.quote(str(layouts_file))} "
+        f"--output-dir {shlex.quote(str(out_dir))} --report-only   (world size {world})",
+    ]
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def order_for_job(layouts: list[Layout], predicted_oom: set[str]) -> list[Layout]:
+    """Layouts predicted to fit first, then the ones predicted to OOM (stable otherwise)."""
+    return sorted(layouts, key=lambda lay: lay.layout_id in predicted_oom)
+
+
+def run_layouts(
+    layouts: list[Layout],
+    out_dir: str | Path,
+    device: str = "cuda",
+    layout_timeout_s: float = 300.0,
+    retry_failed: bool = False,
+    available_gpus: int | None = None,
+    predicted_oom: set[str] | None = None,
+    on_job_done=None,
+    log=print,
+) -> LaunchReport:
+    """Run every unfinished layout; records land under `out_dir/runs/`."""
+    out = Path(out_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    done = finished_layout_ids(out, retry_failed)
+    pending = [lay for lay in layouts if lay.layout_id not in done]
+    report = LaunchReport(out_dir=out, total=len(layouts), skipped_finished=len(layouts) - len(pending))
+    if available_gpus is not None:
+        for lay in [lay for lay in pending if lay.world_size > available_gpus]:
+            _launcher_failure(out, lay, f"needs {lay.world_size} GPUs, {available_gpus} available", "error")
+            report.failed_by_launcher.append(lay.layout_id)
+        pending = [lay for lay in pending if lay.world_size <= available_gpus]
+    groups: dict[int, list[Layout]] = {}
+    for lay in pending:
+        groups.setdefault(lay.world_size, []).append(lay)
+    current = current_file(out)
+    for world, group in sorted(groups.items()):
+        remaining = order_for_job(group, predicted_oom or set())
+        attempt = 0
+        while remaining:
+            attempt += 1
+            stem = out / "jobs" / f"world{world}_job{attempt}"
+            while stem.with_suffix(".json").exists():
+                attempt += 1
+                stem = out / "jobs" / f"world{world}_job{attempt}"
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            job = stem.with_suffix(".json")
+            job.write_text(json.dumps([lay.to_dict() for lay in remaining], indent=1))
+            cmd = torchrun_command(world, job, out, device, timeout_s=layout_timeout_s)
+            log(f"world {world}: {len(remaining)} layout(s), job {job.name}")
+            current.unlink(missing_ok=True)
+            with open(stem.with_suffix(".log"), "w") as logf:
+                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                hung = _watch(proc, current, layout_timeout_s)
+            finished = finished_layout_ids(out, retry_failed=False)
+            unfinished = [lay for lay in remaining if lay.layout_id not in finished]
+            report.ran += len(remaining) - len(unfinished)
+            if on_job_done is not None:
+                on_job_done()
+            if not unfinished:
+                break
+            blamed_id = hung or (current.read_text().strip() if current.exists() else None)
+            blamed = next((lay for lay in unfinished if lay.layout_id == blamed_id), unfinished[0])
+            tail = stem.with_suffix(".log").read_text(errors="replace")[-2000:]
+            if hung:
+                reason = f"timed out after {layout_timeout_s:.0f} s"
+                kind = "timeout"
+            else:
+                reason = f"job exited with code {proc.returncode}"
+                kind = failure_kind(tail) if failure_kind(tail) != "error" else "error"
+            _launcher_failure(out, blamed, reason, kind, tail)
+            report.failed_by_launcher.append(blamed.layout_id)
+            log(f"[failed] {blamed.label} ({blamed.layout_id}): {reason}")
+            remaining = [lay for lay in unfinished if lay.layout_id != blamed.layout_id]
+    current.unlink(missing_ok=True)
+    return report
+
+
+def _watch(proc: subprocess.Popen, current: Path, timeout_s: float) -> str | None:
+    """Wait for the job; kill it when one layout (or start-up) runs too long. Returns the hung layout id."""
+    current_id, since = None, time.monotonic()
+    while proc.poll() is None:
+        time.sleep(0.5)
+        now_id = current.read_text().strip() if current.exists() else None
+        if now_id != current_id:
+            current_id, since = now_id, time.monotonic()
+        limit = timeout_s + (STARTUP_ALLOWANCE_S if current_id is None else 0.0)
+        if time.monotonic() - since > limit:
+            _kill(proc)
+            return current_id or "<startup>"
+    return None
+
+
+def _launcher_failure(out: Path, layout: Layout, error: str, kind: str, log_tail: str | None = None) -> None:
+    record = {
+        "layout_id": layout.layout_id,
+        "layout": layout.to_dict(),
+        "rank": None,
+        "status": "failed",
+        "failure_kind": kind,
+        "error": error,
+    }
+    if log_tail:
+        record["log_tail"] = log_tail
+    append_record(launcher_file(out), record)

@@ -1,0 +1,222 @@
+"""`Layout`: one model + parallel layout + workload that `validate` trains (or runs forward) for real.
+
+A layout names its model by preset / config path and may reduce the layer count (`num_layers`):
+the prediction it is compared with is then made for the same reduced model (`model_spec()`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..specs import ModelSpec, ParallelConfig, RecomputeConfig, Workload, load_model_spec, validate_layout
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One validation run. `global_batch_size` None means micro_batch_size x dp; sequence parallel None
+    means on when tp > 1. `warmup_steps` untimed steps come before `steps` timed ones."""
+
+    model: str
+    seq_length: int
+    num_gpus: int = 1
+    num_layers: int | None = None
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    sequence_parallel: bool | None = None
+    cp_comm_type: str = "p2p"
+    micro_batch_size: int = 1
+    global_batch_size: int | None = None
+    recompute: str = "none"
+    recompute_method: str = "uniform"
+    recompute_num_layers: int = 1
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    mode: str = "train"
+    precision: str = "bf16"
+    use_distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    warmup_steps: int = 3
+    steps: int = 5
+    profile: bool = False
+    use_te: bool = True
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if self.sequence_parallel is None:
+            object.__setattr__(self, "sequence_parallel", self.tp > 1)
+        if self.tp == 1:
+            object.__setattr__(self, "sequence_parallel", False)
+        if self.vpp == 1:
+            object.__setattr__(self, "vpp", None)
+        for key in ("warmup_steps", "steps"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
+                raise ConfigError(key, f"must be a {'non-negative' if key == 'warmup_steps' else 'positive'} integer")
+        if self.num_layers is not None and (not isinstance(self.num_layers, int) or self.num_layers < 1):
+            raise ConfigError("num_layers", f"must be a positive integer, got {self.num_layers!r}")
+        self.parallel()  # raises ConfigError on a bad split
+        self.workload()
+
+    # ------------------------------------------------------------------ derived objects
+    def model_spec(self) -> ModelSpec:
+        spec = load_model_spec(self.model)
+        return spec.with_num_layers(self.num_layers) if self.num_layers else spec
+
+    def parallel(self) -> ParallelConfig:
+        return ParallelConfig(
+            num_gpus=self.num_gpus,
+            tp=self.tp,
+            pp=self.pp,
+            cp=self.cp,
+            ep=self.ep,
+            etp=self.etp,
+            vpp=self.vpp,
+            sequence_parallel=bool(self.sequence_parallel),
+            use_distributed_optimizer=self.use_distributed_optimizer,
+            cp_comm_type=self.cp_comm_type,
+        )
+
+    def workload(self) -> Workload:
+        dp = self.num_gpus // (self.tp * self.pp * self.cp)
+        return Workload(
+            seq_length=self.seq_length,
+            micro_batch_size=self.micro_batch_size,
+            global_batch_size=self.global_batch_size or self.micro_batch_size * max(dp, 1),
+            recompute=RecomputeConfig(
+                granularity=self.recompute,
+                method=self.recompute_method,
+                num_layers=self.recompute_num_layers,
+                modules=self.recompute_modules,
+            ),
+            precision=self.precision,
+            mode=self.mode,
+        )
+
+    def check(self) -> None:
+        """Raise `ConfigError` if megatron-core would refuse the layout for this model."""
+        validate_layout(self.model_spec(), self.parallel(), self.workload())
+
+    @property
+    def world_size(self) -> int:
+        return self.num_gpus
+
+    @property
+    def num_microbatches(self) -> int:
+        w = self.workload()
+        return w.global_batch_size // (w.micro_batch_size * self.parallel().dp)
+
+    @property
+    def layout_id(self) -> str:
+        """Stable id: readable prefix + hash of every field but the label (resume keys on it)."""
+        fields = {k: v for k, v in self.to_dict().items() if k != "name"}
+        digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
+        model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
+        layers = f".L{self.num_layers}" if self.num_layers else ""
+        sizes = f"g{self.num_gpus}.tp{self.tp}.pp{self.pp}.cp{self.cp}.ep{self.ep}.s{self.seq_length}"
+        return f"{model}{layers}.{sizes}.b{self.micro_batch_size}.{self.recompute}.{self.mode}.{digest}"
+
+    @property
+    def label(self) -> str:
+        """Short human name for tables."""
+        if self.name:
+            return self.name
+        parts = [f"tp{self.tp}"]
+        if self.sequence_parallel:
+            parts.append("sp")
+        for key in ("pp", "cp", "ep"):
+            if getattr(self, key) > 1:
+                parts.append(f"{key}{getattr(self, key)}")
+        if self.vpp:
+            parts.append(f"vpp{self.vpp}")
+        parts.append(f"dp{self.parallel().dp}")
+        parts.append(f"mbs{self.micro_batch_size}")
+        if self.recompute != "none":
+            parts.append(self.recompute)
+        if self.mode != "train":
+            parts.append(self.mode)
+        return " ".join(parts)
+
+    def replace(self, **changes: Any) -> Layout:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["recompute_modules"] = list(self.recompute_modules)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Layout:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(unknown[0], f"is not a layout field (allowed: {', '.join(sorted(known))})")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError("layout", str(exc)) from exc
+
+    @classmethod
+    def from_configs(
+        cls, model: str, parallel: ParallelConfig, workload: Workload, num_layers: int | None = None, **extra: Any
+    ) -> Layout:
+        """The layout of a planned candidate (`ParallelConfig` + `Workload`)."""
+        rc = workload.recompute
+        return cls(
+            model=model,
+            num_layers=num_layers,
+            num_gpus=parallel.num_gpus,
+            tp=parallel.tp,
+            pp=parallel.pp,
+            vpp=parallel.vpp,
+            cp=parallel.cp,
+            ep=parallel.ep,
+            etp=parallel.etp,
+            sequence_parallel=parallel.sequence_parallel,
+            cp_comm_type=parallel.cp_comm_type,
+            use_distributed_optimizer=parallel.use_distributed_optimizer,
+            seq_length=workload.seq_length,
+            micro_batch_size=workload.micro_batch_size,
+            global_batch_size=workload.global_batch_size,
+            recompute=rc.granularity,
+            recompute_method=rc.method,
+            recompute_num_layers=rc.num_layers,
+            recompute_modules=rc.modules,
+            mode=workload.mode,
+            precision=workload.precision,
+            **extra,
+        )
+
+
+def load_layouts_file(path: str | Path) -> tuple[list[Layout], dict[str, Any]]:
+    """Layouts from JSON: a list of layout objects, or {"defaults": {...}, "layouts": [...]}.
+
+    Returns the layouts and the file's other top-level keys (e.g. "gpu").
+    """
+    p = Path(path)
+    try:
+        data: Any = json.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(p), f"is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    extra: dict[str, Any] = {}
+    defaults: dict[str, Any] = {}
+    if isinstance(data, dict):
+        extra = {k: v for k, v in data.items() if k not in ("layouts", "defaults")}
+        defaults = data.get("defaults") or {}
+        data = data.get("layouts")
+    if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
+        raise ConfigError(str(p), "must hold a list of layout objects (or {'defaults': {...}, 'layouts': [...]})")
+    return [Layout.from_dict({**defaults, **x}) for x in data], extra

@@ -1,0 +1,138 @@
+"""Predictions for layouts (the cost model), and measured-vs-predicted comparison rows.
+
+The cost model (`megatron_autotuner.costmodel.estimate`) is imported lazily: if it is missing or
+fails, every prediction says why (`{"error": "costmodel unavailable: ..."}`) and the measured side
+still stands. Measured MFU uses the cost model's model FLOPs per iteration (same FLOP convention)
+and the GPU preset's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import AutotunerError, ConfigError
+from ..specs import get_gpu_spec
+from ..specs.hardware import GPUSpec
+from .layout import Layout
+
+PREDICTED_KEYS = (
+    "step_time_s",
+    "tokens_per_s_per_gpu",
+    "mfu",
+    "peak_memory_gib",
+    "memory_breakdown_gib",
+    "fits",
+    "hbm_gib",
+    "model_flops_per_iteration",
+    "tokens_per_iteration",
+    "num_microbatches",
+    "notes",
+)
+
+
+def _costmodel():
+    try:
+        from ..costmodel import CostOptions, estimate
+    except Exception as exc:  # noqa: BLE001 - say clearly what is missing
+        raise AutotunerError(f"costmodel unavailable: {type(exc).__name__}: {exc}") from exc
+    return CostOptions, estimate
+
+
+def cost_options(layout: Layout, calibration: Any = None, flops_convention: str = "causal"):
+    CostOptions, _ = _costmodel()
+    return CostOptions(
+        flops_convention=flops_convention,
+        overlap_grad_reduce=layout.overlap_grad_reduce,
+        overlap_param_gather=layout.overlap_param_gather,
+        flash_attention=layout.use_te,
+        calibration=calibration,
+    )
+
+
+def estimate_layout(layout: Layout, gpu: str | GPUSpec, calibration: Any = None, flops_convention: str = "causal"):
+    """The cost model's `Estimate` for the layout (reduced model included). Raises on errors."""
+    _, estimate = _costmodel()
+    gpu_spec = get_gpu_spec(gpu) if isinstance(gpu, str) else gpu
+    return estimate(
+        layout.model_spec(),
+        layout.parallel(),
+        layout.workload(),
+        gpu_spec,
+        cost_options(layout, calibration, flops_convention),
+    )
+
+
+def predict(layout: Layout, gpu: str | GPUSpec, calibration: Any = None, flops_convention: str = "causal") -> dict:
+    """A compact prediction dict; `{"error": ...}` when the cost model cannot say."""
+    try:
+        est = estimate_layout(layout, gpu, calibration, flops_convention)
+        data = est.to_dict()
+    except (AutotunerError, ConfigError, ValueError, ZeroDivisionError) as exc:
+        return {"error": str(exc)}
+    except Exception as exc:  # noqa: BLE001 - an evolving cost model must not stop a GPU batch
+        return {"error": f"cost model failed: {type(exc).__name__}: {exc}"}
+    return {k: data.get(k) for k in PREDICTED_KEYS}
+
+
+def edge_num_layers(layout: Layout, gpu: str | GPUSpec, which: str, max_layers: int = 512) -> int:
+    """The layer count at the memory edge: 'max-fit' = most layers predicted to fit, 'min-oom' = the
+    next valid count (predicted not to fit). Counts step by pp x vpp so every stage stays even."""
+    if which not in ("max-fit", "min-oom"):
+        raise ConfigError("num_layers", f"edge must be max-fit or min-oom, got {which!r}")
+    step = layout.pp * (layout.vpp or 1)
+    if layout.recompute == "full" and layout.recompute_method == "uniform":
+        step *= layout.recompute_num_layers
+    last_fit = None
+    for n in range(step, max_layers + 1, step):
+        est = estimate_layout(layout.replace(num_layers=n), gpu)
+        if est.fits:
+            last_fit = n
+        else:
+            if which == "min-oom":
+                return n
+            if last_fit is None:
+                raise ConfigError("num_layers", f"even {n} layers are predicted not to fit")
+            return last_fit
+    raise ConfigError("num_layers", f"still predicted to fit with {max_layers} layers")
+
+
+def _rel(predicted: float | None, measured: float | None) -> float | None:
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return predicted / measured - 1.0
+
+
+def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict[str, Any], gpu: GPUSpec | None):
+    """One comparison row: measured (with derived tokens/s/GPU and MFU) vs predicted, relative errors."""
+    row: dict[str, Any] = {
+        "layout_id": layout.layout_id,
+        "label": layout.label,
+        "layout": layout.to_dict(),
+        "predicted": predicted,
+        "status": "pending",
+    }
+    if measured_row is not None:
+        for key in ("status", "failure_kind", "error", "layer_spec", "env", "per_rank", "traces", "log_tail"):
+            if key in measured_row:
+                row[key] = measured_row[key]
+    m = dict((measured_row or {}).get("measured") or {})
+    step = m.get("step_time_s")
+    workload = layout.workload()
+    if step:
+        tokens = workload.global_batch_size * workload.seq_length
+        m["tokens_per_s_per_gpu"] = tokens / step / layout.num_gpus
+        flops = predicted.get("model_flops_per_iteration")
+        if flops and gpu is not None:
+            m["mfu"] = flops / step / layout.num_gpus / (gpu.bf16_tflops * 1e12)
+    row["measured"] = m
+    fits = predicted.get("fits")
+    row["predicted_oom"] = None if fits is None else not fits
+    row["measured_oom"] = row["status"] == "failed" and row.get("failure_kind") == "oom"
+    decided = row["status"] == "ok" or row["measured_oom"]
+    row["oom_as_predicted"] = None if fits is None or not decided else row["measured_oom"] == (not fits)
+    row["error_rel"] = {
+        "step_time": _rel(predicted.get("step_time_s"), step),
+        "peak_memory": _rel(predicted.get("peak_memory_gib"), m.get("peak_gib")),
+        "mfu": _rel(predicted.get("mfu"), m.get("mfu")),
+    }
+    return row

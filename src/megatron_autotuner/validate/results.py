@@ -1,0 +1,170 @@
+"""Validation records on disk, and their aggregation over ranks.
+
+Layout of an output directory:
+    layouts.json            every layout of the batch with its prediction (written before running)
+    runs/rank_<r>.jsonl     one record per layout per rank, appended as each layout finishes
+    runs/launcher.jsonl     failures the launcher saw (timeouts, crashed jobs, too few GPUs)
+    results.jsonl           one comparison row per finished layout (measured vs predicted)
+    summary.json            rows + rank agreement + targets, rewritten after every job
+    jobs/                   torchrun job files and logs
+
+Rank record (schema_version 1): {"schema_version", "tool_version", "layout_id", "layout", "rank",
+"world_size", "env", "layer_spec", "status": ok|failed, "failure_kind": oom|nccl|timeout|error|null,
+"error", "measured": {"step_times_s", "loss", "build_s", "max_allocated_gib", "max_reserved_gib",
+"reserved_gib", "device_used_gib", "device_total_gib"}, "memory_before": {...}, "trace"}.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+from ..testbench.results import append_record, read_records
+
+LAUNCHER_FILE = "launcher.jsonl"
+
+__all__ = ["aggregate", "append_record", "current_file", "finished_layout_ids", "rank_file", "read_records"]
+
+
+def rank_file(out_dir: Path, rank: int) -> Path:
+    return Path(out_dir) / "runs" / f"rank_{rank}.jsonl"
+
+
+def launcher_file(out_dir: Path) -> Path:
+    return Path(out_dir) / "runs" / LAUNCHER_FILE
+
+
+def current_file(out_dir: Path) -> Path:
+    return Path(out_dir) / "runs" / "current_layout.txt"
+
+
+def finished_layout_ids(out_dir: Path, retry_failed: bool = False) -> set[str]:
+    """Layouts with a record on rank 0 or from the launcher: skipped on rerun (failed ones too, unless
+    `retry_failed`)."""
+    done: set[str] = set()
+    for path in (rank_file(out_dir, 0), launcher_file(out_dir)):
+        for rec in read_records(path):
+            if rec.get("status") == "ok" or (rec.get("status") == "failed" and not retry_failed):
+                done.add(rec["layout_id"])
+    if retry_failed:
+        return done
+    # a failure another rank recorded also finishes the layout (rank 0 may have died waiting for it)
+    for path in sorted((Path(out_dir) / "runs").glob("rank_*.jsonl")):
+        for rec in read_records(path):
+            if rec.get("status") == "failed":
+                done.add(rec["layout_id"])
+    return done
+
+
+def _all_rank_records(out_dir: Path) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for path in sorted((Path(out_dir) / "runs").glob("rank_*.jsonl")):
+        records.extend(read_records(path))
+    return records
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _non_torch_gib(rec: dict[str, Any]) -> float | None:
+    m = rec.get("measured", {})
+    if m.get("device_used_gib") is None or m.get("reserved_gib") is None:
+        return None
+    return m["device_used_gib"] - m["reserved_gib"]
+
+
+def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """One measured summary per layout: the latest record of every rank, plus launcher failures.
+
+    Step time = the slowest rank's median step (ranks wait for each other at every collective);
+    memory = the largest rank. `peak_gib` = max reserved + memory outside the caching allocator
+    (CUDA context, NCCL buffers: device used - reserved at the end), what `nvidia-smi` would show.
+    """
+    latest: dict[str, dict[int, dict[str, Any]]] = {}
+    for rec in _all_rank_records(out_dir):
+        latest.setdefault(rec["layout_id"], {})[rec["rank"]] = rec
+    launcher: dict[str, dict[str, Any]] = {}
+    for rec in read_records(launcher_file(out_dir)):
+        launcher[rec["layout_id"]] = rec
+    out: dict[str, dict[str, Any]] = {}
+    for layout_id in sorted(set(latest) | set(launcher)):
+        ranks = latest.get(layout_id, {})
+        world = next((r["world_size"] for r in ranks.values()), None)
+        failed = [r for r in ranks.values() if r.get("status") == "failed"]
+        failed.sort(key=lambda r: (r.get("failure_kind") != "oom", r["rank"]))
+        row: dict[str, Any] = {"layout_id": layout_id, "ranks_reported": sorted(ranks)}
+        any_rec = next(iter(ranks.values()), None) or launcher.get(layout_id)
+        row["layout"] = any_rec.get("layout") if any_rec else None
+        if failed:
+            row.update(
+                status="failed",
+                failure_kind=failed[0].get("failure_kind"),
+                error=failed[0].get("error"),
+                failed_rank=failed[0]["rank"],
+            )
+        elif world is not None and len(ranks) == world:
+            row.update(status="ok", failure_kind=None, error=None)
+        elif layout_id in launcher:
+            lrec = launcher[layout_id]
+            row.update(
+                status="failed",
+                failure_kind=lrec.get("failure_kind", "error"),
+                error=lrec.get("error"),
+                log_tail=lrec.get("log_tail"),
+            )
+        else:
+            row.update(status="incomplete", failure_kind=None, error="not every rank reported")
+        if ranks:
+            r0 = ranks.get(0) or next(iter(ranks.values()))
+            row["env"] = r0.get("env")
+            row["layer_spec"] = r0.get("layer_spec")
+            per_rank = []
+            for rank, rec in sorted(ranks.items()):
+                m = rec.get("measured", {})
+                per_rank.append(
+                    {
+                        "rank": rank,
+                        "step_time_s": _median(m.get("step_times_s") or []),
+                        "max_allocated_gib": m.get("max_allocated_gib"),
+                        "max_reserved_gib": m.get("max_reserved_gib"),
+                        "non_torch_gib": _non_torch_gib(rec),
+                        "device_used_gib": m.get("device_used_gib"),
+                        "loss": m.get("loss"),
+                    }
+                )
+            row["per_rank"] = per_rank
+            traces = [rec["trace"] for _, rec in sorted(ranks.items()) if rec.get("trace")]
+            if traces:
+                row["traces"] = traces
+            if row["status"] == "ok":
+                row["measured"] = _measured_summary(list(ranks.values()), per_rank)
+        out[layout_id] = row
+    return out
+
+
+def _max(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return max(vals) if vals else None
+
+
+def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    times = [p["step_time_s"] for p in per_rank if p["step_time_s"] is not None]
+    steps = [t for rec in records for t in rec.get("measured", {}).get("step_times_s") or []]
+    peak = [
+        p["max_reserved_gib"] + p["non_torch_gib"]
+        for p in per_rank
+        if p["max_reserved_gib"] is not None and p["non_torch_gib"] is not None
+    ]
+    return {
+        "step_time_s": max(times) if times else None,
+        "step_time_min_s": min(steps) if steps else None,
+        "step_time_max_s": max(steps) if steps else None,
+        "steps": len(records[0].get("measured", {}).get("step_times_s") or []),
+        "max_allocated_gib": _max([p["max_allocated_gib"] for p in per_rank]),
+        "max_reserved_gib": _max([p["max_reserved_gib"] for p in per_rank]),
+        "non_torch_gib": _max([p["non_torch_gib"] for p in per_rank]),
+        "peak_gib": max(peak) if peak else None,
+        "loss": next((p["loss"] for p in reversed(per_rank) if p["loss"] is not None), None),
+    }

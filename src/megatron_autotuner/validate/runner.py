@@ -1,0 +1,481 @@
+"""A real megatron-core training (or forward-only) loop for one `Layout`, on the current rank.
+
+Imports torch / megatron-core / TE inside functions only. What it builds is what Megatron-LM's
+`pretrain_gpt.py` builds: `GPTModel` chunks from the TE layer spec (the local spec when TE does not
+import, recorded as `layer_spec: local`), one chunk per virtual pipeline stage, `Float16Module` (bf16),
+megatron-core `DistributedDataParallel` (fp32 grad buffers, overlapped grad reduce / param gather) and
+the distributed optimizer from `get_megatron_optimizer`, driven by `get_forward_backward_func`
+(no-pipelining, 1F1B or interleaved 1F1B) with the model config's grad-sync / finalize hooks set as
+Megatron-LM's `train()` sets them. Data are mock tokens (fixed random ids), one CP shard per rank.
+
+On CPU (gloo, tests only) megatron-core's DDP cannot run (its buffers live on CUDA): the chunks stay
+fp32 and a plain torch AdamW steps them; everything else is the same code path.
+
+Per rank it returns the wall time of every step (CUDA-synchronised), peak allocated / reserved
+memory of the caching allocator, and device memory outside it (CUDA context, NCCL buffers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import gzip
+import inspect
+import math
+import os
+import shutil
+import time
+import traceback
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from .layout import Layout
+
+GIB = 2**30
+FAULT_ENV = "MAT_VALIDATE_FAULT"  # "NAME_OR_ID:KIND[:RANK]", KIND in oom | nccl | error | hang | crash
+
+
+@dataclass(frozen=True)
+class _Split:
+    """The fields `testbench.operators.transformer_config_kwargs` reads from a case."""
+
+    tp: int
+    cp: int
+    ep: int
+    etp: int
+    sequence_parallel: bool
+    cp_comm_type: str
+
+
+def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
+    """Megatron-LM pads the vocabulary to a multiple of `multiple` x tp (--make-vocab-size-divisible-by)."""
+    step = multiple * tp
+    return -(-vocab_size // step) * step
+
+
+def failure_kind(message: str) -> str:
+    """oom | nccl | timeout | error, from an exception message."""
+    low = message.lower()
+    if "out of memory" in low or "outofmemoryerror" in low or low.startswith("oom"):
+        return "oom"
+    if "nccl" in low or "watchdog" in low or "processgroup" in low:
+        return "nccl"
+    if "timed out" in low or "timeout" in low:
+        return "timeout"
+    return "error"
+
+
+def injected_fault(layout: Layout, rank: int) -> str | None:
+    """The fault `MAT_VALIDATE_FAULT` asks for on this layout and rank (tests of failure handling)."""
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    parts = spec.split(":")
+    if len(parts) < 2 or parts[0] not in (layout.name, layout.layout_id):
+        return None
+    if len(parts) > 2 and parts[2] != "" and int(parts[2]) != rank:
+        return None
+    return parts[1]
+
+
+def _raise_fault(kind: str) -> None:
+    import torch
+
+    if kind == "oom":
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB (injected by MAT_VALIDATE_FAULT)"
+        )
+    if kind == "nccl":
+        raise RuntimeError("NCCL error: unhandled system error (injected by MAT_VALIDATE_FAULT)")
+    if kind == "hang":
+        time.sleep(3600)
+    if kind == "crash":
+        os._exit(17)
+    raise RuntimeError(f"injected failure ({kind})")
+
+
+def _fields_kwargs(cls: type, **kwargs: Any) -> dict[str, Any]:
+    """Keep the keyword arguments the installed megatron-core's dataclass knows (versions differ)."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in kwargs.items() if k in known}
+
+
+def _call_kwargs(fn: Any, **kwargs: Any) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def init_parallel(layout: Layout, device: str, timeout_s: float) -> None:
+    from megatron.core import parallel_state
+
+    kwargs = _call_kwargs(
+        parallel_state.initialize_model_parallel,
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.parallel().etp,
+        distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+    )
+    parallel_state.initialize_model_parallel(**kwargs)
+    import torch
+
+    if device == "cuda":
+        from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+        model_parallel_cuda_manual_seed(1234)
+    else:
+        torch.manual_seed(1234)
+
+
+def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any]:
+    """TransformerConfig settings of a training run beyond the model's shape (Megatron-LM defaults)."""
+    cuda = device == "cuda"
+    training = layout.mode == "train"
+    out: dict[str, Any] = dict(
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        # TE linears accumulate wgrad into DDP's fp32 main_grad (Megatron-LM's default with TE)
+        gradient_accumulation_fusion=cuda and use_te and training,
+        deallocate_pipeline_outputs=True,
+        overlap_p2p_comm=layout.vpp is not None,
+        batch_p2p_comm=layout.vpp is None,
+        bias_dropout_fusion=cuda,
+        masked_softmax_fusion=cuda,
+        apply_rope_fusion=cuda and use_te,
+    )
+    if layout.recompute == "full":
+        out.update(
+            recompute_granularity="full",
+            recompute_method=layout.recompute_method,
+            recompute_num_layers=layout.recompute_num_layers,
+        )
+    elif layout.recompute == "selective":
+        out.update(recompute_granularity="selective", recompute_modules=list(layout.recompute_modules))
+    if layout.precision == "fp8":
+        out.update(fp8="hybrid")
+    return out
+
+
+def build_model(layout: Layout, device: str, use_te: bool):
+    """(config, model chunks) of this pipeline rank, built as Megatron-LM's model_provider does."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    from ..testbench.operators import _rope_base, build_transformer_config
+
+    spec = layout.model_spec()
+    par = layout.parallel()
+    split = _Split(par.tp, par.cp, par.ep, par.etp, par.sequence_parallel, par.cp_comm_type)
+    config = build_transformer_config(spec, split, use_te, device, config_overrides(layout, use_te, device))
+    chunks = []
+    for vp_stage in range(layout.vpp) if layout.vpp else [None]:
+        block = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=use_te, normalization=spec.normalization, vp_stage=vp_stage
+        )
+        kwargs = _call_kwargs(
+            GPTModel.__init__,
+            config=config,
+            transformer_layer_spec=block,
+            vocab_size=padded_vocab_size(spec.vocab_size, layout.tp),
+            max_sequence_length=max(spec.max_position_embeddings, layout.seq_length),
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            share_embeddings_and_output_weights=spec.tie_embeddings,
+            position_embedding_type=spec.position_embedding_type,
+            rotary_base=int(_rope_base(layout.model)),
+            vp_stage=vp_stage,
+        )
+        model = GPTModel(**kwargs)
+        for param in model.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        if device == "cuda":
+            model.cuda(__import__("torch").cuda.current_device())
+        chunks.append(model)
+    return config, chunks
+
+
+def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
+    """(model chunks, optimizer): Float16Module + DDP + distributed optimizer on CUDA; AdamW on CPU."""
+    import torch
+
+    if device != "cuda":
+        params = [p for c in chunks for p in c.parameters()]
+        return chunks, (torch.optim.AdamW(params, lr=1e-5) if layout.mode == "train" else None)
+    from megatron.core.transformer.module import Float16Module
+
+    model = [Float16Module(config, c) for c in chunks] if layout.precision in ("bf16", "fp8") else chunks
+    if layout.mode != "train":
+        return model, None
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    dist_opt = layout.use_distributed_optimizer
+    param_gather = layout.overlap_param_gather and dist_opt
+    align_param_gather = param_gather and layout.vpp is not None  # Megatron-LM: only with interleaving
+    ddp_config = DistributedDataParallelConfig(
+        **_fields_kwargs(
+            DistributedDataParallelConfig,
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=layout.overlap_grad_reduce,
+            overlap_param_gather=param_gather,
+            align_param_gather=align_param_gather,
+            use_distributed_optimizer=dist_opt,
+            check_for_nan_in_grad=False,
+            average_in_collective=False,
+        )
+    )
+    model = [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
+        for i, m in enumerate(model)
+    ]
+    opt_config = OptimizerConfig(
+        **_fields_kwargs(
+            OptimizerConfig,
+            optimizer="adam",
+            lr=1e-5,
+            min_lr=1e-6,
+            weight_decay=0.1,
+            adam_beta1=0.9,
+            adam_beta2=0.95,
+            adam_eps=1e-8,
+            clip_grad=1.0,
+            bf16=True,
+            params_dtype=torch.bfloat16,
+            use_distributed_optimizer=dist_opt,
+            overlap_param_gather=param_gather,
+        )
+    )
+    optimizer = get_megatron_optimizer(opt_config, model)
+
+    def one_or_list(funcs: list) -> Any:
+        return funcs[0] if len(funcs) == 1 else funcs
+
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    if layout.overlap_grad_reduce:
+        config.no_sync_func = one_or_list([m.no_sync for m in model])
+        config.grad_sync_func = one_or_list([m.start_grad_sync for m in model])
+    if align_param_gather:
+        config.param_sync_func = one_or_list([m.start_param_sync for m in model])
+    return model, optimizer
+
+
+def _mock_batches(layout: Layout, device: str):
+    """An endless iterator of one fixed micro-batch: this rank's CP shard of random token ids."""
+    import torch
+
+    spec = layout.model_spec()
+    s_local = layout.seq_length // layout.cp
+    gen = torch.Generator().manual_seed(4321)
+    tokens = torch.randint(0, spec.vocab_size, (layout.micro_batch_size, s_local + 1), generator=gen)
+    batch = {
+        "tokens": tokens[:, :-1].contiguous().to(device),
+        "labels": tokens[:, 1:].contiguous().to(device),
+        "loss_mask": torch.ones(layout.micro_batch_size, s_local, device=device),
+        "position_ids": torch.arange(s_local, device=device).unsqueeze(0).expand(layout.micro_batch_size, -1),
+    }
+    while True:
+        yield batch
+
+
+def _loss_func(loss_mask, output_tensor):
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    loss = (losses * mask).sum() / mask.sum()
+    return loss, {"lm loss": loss.detach()}
+
+
+def _forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    output = model(
+        input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None, labels=batch["labels"]
+    )
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+class _CpuTorch:
+    """`torch` as megatron-core's schedules see it on CPU test runs: tensors they create on "cuda" go to CPU."""
+
+    def __init__(self, torch_module: Any) -> None:
+        self._torch = torch_module
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._torch, name)
+        if name in ("zeros", "ones", "empty", "tensor", "full"):
+
+            def on_cpu(*args: Any, **kwargs: Any) -> Any:
+                if str(kwargs.get("device", "")).startswith("cuda"):
+                    kwargs["device"] = "cpu"
+                return attr(*args, **kwargs)
+
+            return on_cpu
+        return attr
+
+
+def patch_schedules_for_cpu() -> None:
+    """megatron-core's schedules allocate a few bookkeeping tensors with device="cuda"; on CPU (tests
+    only) redirect them so the real `get_forward_backward_func` code path still runs."""
+    import torch
+    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.transformer import utils as transformer_utils
+
+    if not torch.cuda.is_available() and not isinstance(schedules.torch, _CpuTorch):
+        schedules.torch = _CpuTorch(torch)
+        transformer_utils.torch = _CpuTorch(torch)  # get_default_causal_mask
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    if not torch.cuda.is_available():
+        get_cuda_rng_tracker().fork = lambda *args, **kwargs: contextlib.nullcontext()  # dropout RNG
+        # rotary tables and the local attention's global memory buffer ask for the current CUDA device
+        torch.cuda.current_device = lambda: "cpu"
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _train_step(layout: Layout, model: list, optimizer: Any, iterators: list, device: str) -> float | None:
+    """One iteration (all micro-batches + optimizer step). Returns the mean loss on the last stage."""
+    import torch
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    forward_only = layout.mode != "train"
+    if not forward_only:
+        for m in model:
+            if hasattr(m, "zero_grad_buffer"):
+                m.zero_grad_buffer()
+        optimizer.zero_grad()
+    fwd_bwd = get_forward_backward_func()
+    ctx = torch.no_grad() if forward_only else contextlib.nullcontext()
+    with ctx:
+        losses = fwd_bwd(
+            forward_step_func=_forward_step,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=model if len(model) > 1 else model[0],
+            num_microbatches=layout.num_microbatches,
+            seq_length=layout.seq_length,
+            micro_batch_size=layout.micro_batch_size,
+            decoder_seq_length=layout.seq_length,
+            forward_only=forward_only,
+        )
+    if not forward_only:
+        optimizer.step()
+    vals = [float(x["lm loss"]) for x in losses or [] if isinstance(x, dict) and "lm loss" in x]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _memory(device: str) -> dict[str, float | None]:
+    if device != "cuda":
+        return {k: None for k in ("max_allocated_gib", "max_reserved_gib", "reserved_gib", "device_used_gib")}
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "max_allocated_gib": torch.cuda.max_memory_allocated() / GIB,
+        "max_reserved_gib": torch.cuda.max_memory_reserved() / GIB,
+        "reserved_gib": torch.cuda.memory_reserved() / GIB,
+        "device_used_gib": (total - free) / GIB,
+        "device_total_gib": total / GIB,
+    }
+
+
+def _profile_step(layout: Layout, model: list, optimizer: Any, iterators: list, trace_dir: Path, rank: int) -> str:
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=False) as prof:
+        with record_function("train_step"):
+            _train_step(layout, model, optimizer, iterators, "cuda")
+        torch.cuda.synchronize()
+    raw = trace_dir / f"rank_{rank}.json"
+    prof.export_chrome_trace(str(raw))
+    gz = raw.with_suffix(".json.gz")
+    with open(raw, "rb") as src, gzip.open(gz, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return str(gz)
+
+
+def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Build, warm up, time and tear down one layout on this rank. Never raises: failures are recorded."""
+    import torch
+    from megatron.core import parallel_state
+
+    from ..testbench.operators import te_available
+
+    use_te = layout.use_te and device == "cuda" and te_available()
+    record: dict[str, Any] = {"layer_spec": "te" if use_te else "local"}
+    if layout.use_te and not use_te:
+        record["note"] = "Transformer Engine not used (not importable or CPU): megatron-core local layer spec"
+    if device == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        record["memory_before"] = _memory(device)
+    if device != "cuda":
+        patch_schedules_for_cpu()
+    model = optimizer = config = None
+    measured: dict[str, Any] = {}
+    try:
+        t0 = time.perf_counter()
+        init_parallel(layout, device, timeout_s)
+        config, chunks = build_model(layout, device, use_te)
+        model, optimizer = wrap_for_training(layout, config, chunks, device)
+        del chunks
+        iterators = [_mock_batches(layout, device) for _ in model]
+        _sync(device)
+        measured["build_s"] = time.perf_counter() - t0
+        measured["weights_allocated_gib"] = torch.cuda.memory_allocated() / GIB if device == "cuda" else None
+        fault = injected_fault(layout, rank)
+        times, loss = [], None
+        for step in range(layout.warmup_steps + layout.steps):
+            if fault and step == min(1, layout.warmup_steps + layout.steps - 1):
+                _raise_fault(fault)
+            _sync(device)
+            t = time.perf_counter()
+            loss = _train_step(layout, model, optimizer, iterators, device)
+            _sync(device)
+            if step >= layout.warmup_steps:
+                times.append(time.perf_counter() - t)
+        measured.update(step_times_s=times, loss=loss, **_memory(device))
+        if layout.profile and device == "cuda":
+            record["trace"] = _profile_step(
+                layout, model, optimizer, iterators, out_dir / "traces" / layout.layout_id, rank
+            )
+        record.update(status="ok", error=None, failure_kind=None)
+    except BaseException as exc:  # noqa: BLE001 - recorded per layout, the job goes on
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        message = f"{type(exc).__name__}: {exc}".strip()
+        first = message.splitlines()[0][:600] if message else type(exc).__name__
+        oom = isinstance(exc, torch.cuda.OutOfMemoryError)
+        record.update(
+            status="failed",
+            failure_kind="oom" if oom else failure_kind(message),
+            error=("OOM: " if oom and not first.startswith("OOM") else "") + first,
+            traceback=traceback.format_exc()[-3000:],
+        )
+        measured.update(_memory(device))
+    finally:
+        if config is not None:
+            for hook in ("no_sync_func", "grad_sync_func", "param_sync_func", "grad_scale_func"):
+                if hasattr(config, hook):
+                    setattr(config, hook, None)
+        model = optimizer = config = None
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        parallel_state.destroy_model_parallel()
+    record["measured"] = measured
+    return record

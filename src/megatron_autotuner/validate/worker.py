@@ -1,0 +1,78 @@
+"""torchrun entry point: run every layout of a job file, one after another, on this rank.
+
+    torchrun --nproc-per-node W -m megatron_autotuner.validate.worker --layouts job.json --out-dir D
+
+Per layout: initialise megatron-core model parallelism, build, warm up, time, tear down, append one
+record to D/runs/rank_<r>.jsonl (before any collective, so a rank that fails still leaves its
+message), go on. Rank 0 writes the id of the layout it is on to D/runs/current_layout.txt so the
+launcher can tell which layout hung. Process groups time out after `--timeout-s` seconds, so a
+rank left waiting by a failed peer dies instead of hanging forever.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..testbench.results import append_record
+from ..testbench.worker import environment
+from .layout import Layout
+from .results import current_file, rank_file
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--layouts", required=True, help="JSON list of layout objects (one world size)")
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: functional tests only")
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="process-group (NCCL) timeout")
+    args = parser.parse_args(argv)
+    layouts = [Layout.from_dict(x) for x in json.loads(Path(args.layouts).read_text())]
+    import torch
+
+    from .runner import run_layout
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group(
+        backend="nccl" if args.device == "cuda" else "gloo", timeout=dt.timedelta(seconds=args.timeout_s)
+    )
+    env = environment(args.device)
+    out_dir = Path(args.out_dir)
+    current = current_file(out_dir)
+    for layout in layouts:
+        if layout.world_size != world:
+            raise SystemExit(f"layout {layout.layout_id} needs {layout.world_size} ranks, job has {world}")
+        if rank == 0:
+            current.parent.mkdir(parents=True, exist_ok=True)
+            current.write_text(layout.layout_id)
+        torch.distributed.barrier()
+        record = run_layout(layout, args.device, out_dir, rank, args.timeout_s)
+        record = {
+            "layout_id": layout.layout_id,
+            "layout": layout.to_dict(),
+            "rank": rank,
+            "world_size": world,
+            "env": env,
+            **record,
+        }
+        append_record(rank_file(out_dir, rank), record)
+        if rank == 0:
+            times = record["measured"].get("step_times_s") or []
+            detail = record.get("error") or (f"{1e3 * sorted(times)[len(times) // 2]:.1f} ms/step" if times else "")
+            print(f"[{record['status']}] {layout.label} ({layout.layout_id}): {detail}", flush=True)
+    if rank == 0 and current.exists():
+        current.unlink()
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

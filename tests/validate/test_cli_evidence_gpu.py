@@ -1,0 +1,94 @@
+"""`mat validate` without running (dry run, Slurm script), committed GPU evidence, and a GPU smoke run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.cli import main
+
+EVIDENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "validation_h200_x2"
+LAYOUTS = Path(__file__).resolve().parents[2] / "benchmarks" / "validation" / "h200_x2_layouts.json"
+
+
+def test_dry_run_prints_prediction_and_command(tmp_path, capsys):
+    pytest.importorskip("megatron_autotuner.costmodel")
+    rc = main(
+        [
+            "validate",
+            "--model",
+            "Qwen3-8B",
+            "--num-layers",
+            "4",
+            "--gpu",
+            "H200",
+            "--num-gpus",
+            "2",
+            "--tp",
+            "2",
+            "--seq-len",
+            "4096",
+            "--global-batch-size",
+            "8",
+            "--dry-run",
+            "--output-dir",
+            str(tmp_path),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0 and "tp2 sp dp1 mbs1" in out and "--nproc-per-node=2" in out and '"fits": true' in out
+    doc = json.loads((tmp_path / "layouts.json").read_text())
+    assert doc["layouts"][0]["layout"]["num_layers"] == 4 and doc["layouts"][0]["predicted"]["step_time_s"] > 0
+
+
+def test_emit_slurm_and_errors(tmp_path, capsys):
+    script = tmp_path / "job.sbatch"
+    rc = main(["validate", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "16", "--tp", "8", "--seq-len",
+               "4096", "--emit-slurm", str(script), "--nodes", "2", "--gpus-per-node", "8", "--output-dir",
+               str(tmp_path)])  # fmt: skip
+    assert rc == 0 and "#SBATCH --nodes=2" in script.read_text()
+    assert main(["validate", "--gpu", "H200"]) == 2
+    assert "give --layouts FILE" in capsys.readouterr().err
+
+
+def test_benchmark_layouts_file_is_valid():
+    from megatron_autotuner.validate.layout import load_layouts_file
+
+    layouts, extra = load_layouts_file(LAYOUTS)
+    for lay in layouts:
+        lay.check()
+    assert extra["gpu"] == "H200" and len(layouts) >= 10 and {lay.num_gpus for lay in layouts} == {2}
+    assert {"Qwen3-8B", "Qwen3-30B-A3B"} == {lay.model for lay in layouts}
+    assert {4096, 8192} <= {lay.seq_length for lay in layouts} and any(lay.ep > 1 for lay in layouts)
+    assert any(lay.mode == "forward" for lay in layouts) and sum(lay.profile for lay in layouts) == 1
+    assert {"none", "selective", "full"} == {lay.recompute for lay in layouts}
+
+
+@pytest.mark.skipif(not EVIDENCE.exists(), reason="no committed validation evidence yet")
+def test_committed_evidence():
+    summary = json.loads((EVIDENCE / "x2" / "summary.json").read_text())
+    rows = summary["rows"]
+    assert sum(r["status"] == "ok" for r in rows) >= 8
+    assert any(r["status"] == "ok" and r["layout"]["ep"] > 1 for r in rows)
+    for r in rows:
+        if r["status"] == "ok":
+            assert r["measured"]["step_time_s"] > 0 and r["predicted"].get("step_time_s")
+    fit = json.loads((EVIDENCE / "edge_fit" / "summary.json").read_text())["rows"][0]
+    oom = json.loads((EVIDENCE / "edge_oom" / "summary.json").read_text())["rows"][0]
+    assert fit["predicted"]["fits"] is True and oom["predicted"]["fits"] is False
+    assert oom["status"] == "failed" and oom["failure_kind"] == "oom"
+    assert fit["status"] == "ok"
+
+
+@pytest.mark.gpu
+def test_gpu_smoke_run(tmp_path):
+    import torch
+
+    from megatron_autotuner.validate import Layout, validate_layouts
+
+    lay = Layout(model="Qwen3-0.6B", num_layers=2, seq_length=1024, warmup_steps=1, steps=2)
+    rep = validate_layouts([lay], tmp_path, "H200" if "H200" in torch.cuda.get_device_name() else "H100-SXM",
+                           layout_timeout_s=300, log=lambda *a: 0)  # fmt: skip
+    row = rep.rows[0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["measured"]["step_time_s"] > 0 and row["measured"]["max_allocated_gib"] > 0

@@ -1,0 +1,84 @@
+"""Real megatron-core 0.16 runs on CPU (gloo, local spec): training + forward-only through the real
+`get_forward_backward_func`, DP2 / TP2, resume, injected OOM / hang recorded per layout.
+
+CPU limits (megatron-core allocates on CUDA there): no pipeline parallelism, no full recompute,
+no CP (TE attention only), no megatron DDP / distributed optimizer (plain AdamW instead).
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.specs import ModelSpec
+from megatron_autotuner.validate import validate_layouts
+from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.results import rank_file, read_records
+
+pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.mcore
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = tmp_path / "tiny.json"
+    ModelSpec(name="tiny", hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
+              ffn_hidden_size=128, vocab_size=256, max_position_embeddings=128).save_json(path)  # fmt: skip
+    return str(path)
+
+
+def _lay(model, name, **kw):
+    base = dict(model=model, seq_length=32, global_batch_size=2, warmup_steps=1, steps=2, use_te=False, name=name)
+    return Layout(**{**base, **kw})
+
+
+def test_world1_train_forward_resume_and_faults(tiny, tmp_path, monkeypatch):
+    layouts = [
+        _lay(tiny, "train"),
+        _lay(tiny, "forward", mode="forward"),
+        _lay(tiny, "oom", global_batch_size=4),  # fault injection: a CUDA OOM raised in the step loop
+        _lay(tiny, "hang", micro_batch_size=2),  # fault injection: hangs -> killed after the timeout
+        _lay(tiny, "after", num_layers=1),  # runs in the restarted job
+    ]
+    monkeypatch.setenv("MAT_VALIDATE_FAULT", "oom:oom")
+    out = tmp_path / "out"
+    # first batch: everything except the hang, then the hang alone with a short timeout
+    rep = validate_layouts(layouts[:3] + layouts[4:], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0)
+    rows = {r["label"]: r for r in rep.rows}
+    assert rows["train"]["status"] == "ok" and rows["forward"]["status"] == "ok" and rows["after"]["status"] == "ok"
+    m = rows["train"]["measured"]
+    assert len(read_records(rank_file(out, 0))[0]["measured"]["step_times_s"]) == 2
+    assert m["step_time_s"] > 0 and m["tokens_per_s_per_gpu"] == pytest.approx(2 * 32 / m["step_time_s"])
+    assert rows["train"]["layer_spec"] == "local" and isinstance(m["loss"], float)
+    assert rows["oom"]["status"] == "failed" and rows["oom"]["failure_kind"] == "oom"
+    assert "out of memory" in rows["oom"]["error"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["targets"]["layouts_ok"] == 3 and summary["targets"]["layouts_failed"] == 1
+    assert len((out / "results.jsonl").read_text().splitlines()) == 4
+    # rerun: nothing runs again (no new job file)
+    jobs = sorted((out / "jobs").glob("*.json"))
+    validate_layouts(layouts[:3] + layouts[4:], out, "H200", device="cpu", log=lambda *a: 0)
+    assert sorted((out / "jobs").glob("*.json")) == jobs
+
+    monkeypatch.setenv("MAT_VALIDATE_FAULT", "hang:hang")
+    rep = validate_layouts(layouts, out, "H200", device="cpu", layout_timeout_s=8, log=lambda *a: 0)
+    hang = next(r for r in rep.rows if r["label"] == "hang")
+    assert hang["status"] == "failed" and hang["failure_kind"] == "timeout" and "timed out" in hang["error"]
+    assert sum(r["status"] == "ok" for r in rep.rows) == 3
+
+
+def test_world2_dp_and_tp(tiny, tmp_path):
+    layouts = [
+        _lay(tiny, "dp2", num_gpus=2, global_batch_size=4),
+        _lay(tiny, "tp2", num_gpus=2, tp=2, sequence_parallel=False, global_batch_size=4),
+    ]
+    rep = validate_layouts(layouts, tmp_path / "o", "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0)
+    assert [r["status"] for r in rep.rows] == ["ok", "ok"]
+    assert all(len(r["per_rank"]) == 2 for r in rep.rows)

@@ -1,0 +1,74 @@
+"""Layouts, torchrun / Slurm commands, ordering (pure Python)."""
+
+import json
+
+import pytest
+
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload
+from megatron_autotuner.validate.launcher import WORKER_MODULE, order_for_job, slurm_script, torchrun_command
+from megatron_autotuner.validate.layout import Layout, load_layouts_file
+
+
+def test_layout_defaults_ids_and_reduced_model():
+    a = Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, tp=2, num_layers=4)
+    assert a.sequence_parallel is True and a.parallel().dp == 1 and a.workload().global_batch_size == 1
+    assert a.model_spec().num_layers == 4 and a.model_spec().name == "Qwen3-8B"
+    assert a.layout_id == Layout.from_dict(json.loads(json.dumps(a.to_dict()))).layout_id
+    assert a.layout_id == a.replace(name="renamed").layout_id  # the label is not part of the id
+    assert a.layout_id != a.replace(steps=6).layout_id
+    assert a.label == "tp2 sp dp1 mbs1"
+    b = Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, global_batch_size=8)
+    assert b.num_microbatches == 4 and b.sequence_parallel is False
+
+
+def test_layout_rejects_bad_input():
+    with pytest.raises(ConfigError, match="not a layout field"):
+        Layout.from_dict({"model": "Qwen3-8B", "seq_length": 8, "tpp": 2})
+    with pytest.raises(ConfigError):
+        Layout(model="Qwen3-8B", seq_length=4096, num_gpus=3, tp=2)
+    with pytest.raises(ConfigError, match="steps"):
+        Layout(model="Qwen3-8B", seq_length=4096, steps=0)
+    with pytest.raises(ConfigError, match="pp"):
+        Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, pp=2, num_layers=3).check()
+
+
+def test_from_configs_and_file(tmp_path):
+    par = ParallelConfig(num_gpus=4, tp=2, pp=2, vpp=2, sequence_parallel=True)
+    wl = Workload(seq_length=4096, micro_batch_size=1, global_batch_size=8, recompute=RecomputeConfig("full"))
+    lay = Layout.from_configs("Qwen3-8B", par, wl, num_layers=8, steps=2)
+    assert (lay.tp, lay.pp, lay.vpp, lay.recompute, lay.steps, lay.num_layers) == (2, 2, 2, "full", 2, 8)
+    assert lay.parallel() == par and lay.workload() == wl
+    path = tmp_path / "l.json"
+    path.write_text(
+        json.dumps(
+            {
+                "gpu": "H200",
+                "defaults": {"model": "Qwen3-8B", "num_layers": 4},
+                "layouts": [{"seq_length": 4096}, {"seq_length": 8192, "num_gpus": 2}],
+            }
+        )
+    )
+    layouts, extra = load_layouts_file(path)
+    assert extra == {"gpu": "H200"} and [x.seq_length for x in layouts] == [4096, 8192]
+    path.write_text("{")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_layouts_file(path)
+
+
+def test_torchrun_and_slurm(tmp_path):
+    cmd = torchrun_command(2, tmp_path / "job.json", tmp_path, "cuda", timeout_s=90)
+    assert "--standalone" in cmd and "--nproc-per-node=2" in cmd and WORKER_MODULE in cmd
+    assert cmd[cmd.index("--timeout-s") + 1] == "90" and cmd[cmd.index("--layouts") + 1] == str(tmp_path / "job.json")
+    multi = torchrun_command(16, tmp_path / "j.json", tmp_path, nnodes=2, rdzv_endpoint="node0:29500")
+    assert "--nnodes=2" in multi and "--nproc-per-node=8" in multi and "--rdzv-endpoint=node0:29500" in multi
+    with pytest.raises(ValueError):
+        torchrun_command(16, tmp_path / "j.json", tmp_path, nnodes=2)
+    script = slurm_script("/x/l.json", "/x/out", nodes=2, gpus_per_node=8, partition="gpu")
+    assert script.startswith("#!/bin/bash") and "#SBATCH --nodes=2" in script and "#SBATCH --partition=gpu" in script
+    assert "srun torchrun --nnodes=$SLURM_NNODES --nproc-per-node=8" in script and WORKER_MODULE in script
+
+
+def test_predicted_oom_layouts_run_last():
+    a, b, c = (Layout(model="Qwen3-8B", seq_length=s) for s in (1024, 2048, 4096))
+    assert order_for_job([a, b, c], {a.layout_id}) == [b, c, a]
