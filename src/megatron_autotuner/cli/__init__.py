@@ -12,9 +12,29 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import AutotunerError
-from . import hardware_cmd, models_cmd, profile_cmd, theory_cmd, trace_cmd
+from . import (
+    estimate_cmd,
+    hardware_cmd,
+    models_cmd,
+    overlap_cmd,
+    plan_cmd,
+    profile_cmd,
+    theory_cmd,
+    trace_cmd,
+    validate_cmd,
+)
 
-COMMAND_MODULES = [models_cmd, hardware_cmd, theory_cmd, profile_cmd, trace_cmd]
+COMMAND_MODULES = [
+    models_cmd,
+    hardware_cmd,
+    theory_cmd,
+    estimate_cmd,
+    plan_cmd,
+    profile_cmd,
+    trace_cmd,
+    validate_cmd,
+    overlap_cmd,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
