@@ -23,11 +23,11 @@ $PY -c "import yaml" 2>/dev/null || { echo "pyyaml missing on this machine: brin
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 
 echo "== job 1: 2-GPU layouts"
-$VALIDATE --layouts "$HERE/h200_x2_layouts.json" --output-dir "$OUT/x2" --timeout-s 150 \
+$VALIDATE --layouts "$HERE/h200_x2_layouts.json" --output-dir "$OUT/x2" --timeout-s 90 \
   --write-calibration "$OUT/x2/calibration.json" 2>&1 | tee "$OUT/x2.txt"
 
 echo "== job 2: memory edge on 1 GPU (both GPUs, concurrently)"
-EDGE="--model Qwen3-8B --gpu H200 --num-gpus 1 --seq-len 4096 --global-batch-size 1 --warmup-steps 1 --steps 2 --timeout-s 150"
+EDGE="--model Qwen3-8B --gpu H200 --num-gpus 1 --seq-len 4096 --global-batch-size 1 --warmup-steps 1 --steps 2 --timeout-s 90"
 CUDA_VISIBLE_DEVICES=0 $VALIDATE $EDGE --num-layers max-fit --output-dir "$OUT/edge_fit" > "$OUT/edge_fit.txt" 2>&1 &
 FIT=$!
 CUDA_VISIBLE_DEVICES=1 $VALIDATE $EDGE --num-layers min-oom --output-dir "$OUT/edge_oom" > "$OUT/edge_oom.txt" 2>&1 &

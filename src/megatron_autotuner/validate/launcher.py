@@ -176,6 +176,10 @@ def run_layouts(
             if not unfinished:
                 break
             blamed_id = hung or (current.read_text().strip() if current.exists() else None)
+            if not hung and blamed_id in finished:
+                # the worker recorded this layout's failure itself and ended the job: go on with the rest
+                remaining = unfinished
+                continue
             blamed = next((lay for lay in unfinished if lay.layout_id == blamed_id), unfinished[0])
             tail = stem.with_suffix(".log").read_text(errors="replace")[-2000:]
             if hung:

@@ -132,6 +132,15 @@ def init_parallel(layout: Layout, device: str, timeout_s: float) -> None:
         torch.manual_seed(1234)
 
 
+def apex_wgrad_fusion_available() -> bool:
+    """APEX's fused_weight_gradient_mlp_cuda extension importable (needed by gradient_accumulation_fusion)."""
+    try:
+        import fused_weight_gradient_mlp_cuda  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any]:
     """TransformerConfig settings of a training run beyond the model's shape (Megatron-LM defaults)."""
     cuda = device == "cuda"
@@ -139,8 +148,9 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
     out: dict[str, Any] = dict(
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
-        # TE linears accumulate wgrad into DDP's fp32 main_grad (Megatron-LM's default with TE)
-        gradient_accumulation_fusion=cuda and use_te and training,
+        # wgrad accumulated straight into DDP's fp32 main_grad; megatron-core's own output-layer linear needs
+        # APEX's fused_weight_gradient_mlp_cuda for it, so Megatron-LM turns it off without APEX (as here)
+        gradient_accumulation_fusion=cuda and use_te and training and apex_wgrad_fusion_available(),
         deallocate_pipeline_outputs=True,
         overlap_p2p_comm=layout.vpp is not None,
         batch_p2p_comm=layout.vpp is None,

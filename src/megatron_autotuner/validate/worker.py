@@ -4,7 +4,8 @@
 
 Per layout: initialise megatron-core model parallelism, build, warm up, time, tear down, append one
 record to D/runs/rank_<r>.jsonl (before any collective, so a rank that fails still leaves its
-message), go on. Rank 0 writes the id of the layout it is on to D/runs/current_layout.txt so the
+message), go on; a failed layout ends the job at once (exit code 3) so the next ones start in fresh processes.
+Rank 0 writes the id of the layout it is on to D/runs/current_layout.txt so the
 launcher can tell which layout hung. Process groups time out after `--timeout-s` seconds, so a
 rank left waiting by a failed peer dies instead of hanging forever.
 """
@@ -67,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
             times = record["measured"].get("step_times_s") or []
             detail = record.get("error") or (f"{1e3 * sorted(times)[len(times) // 2]:.1f} ms/step" if times else "")
             print(f"[{record['status']}] {layout.label} ({layout.layout_id}): {detail}", flush=True)
+        if record["status"] != "ok":
+            # a failed layout can leave NCCL work or a peer mid-collective: end the job now (torchrun stops the
+            # other ranks) and let the launcher restart a fresh one with the layouts after it, instead of
+            # hanging until the process-group timeout
+            sys.stdout.flush()
+            os._exit(3)
     if rank == 0 and current.exists():
         current.unlink()
     torch.distributed.barrier()
