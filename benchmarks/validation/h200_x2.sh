@@ -2,10 +2,11 @@
 # Validation evidence on nvidia-h200-x2 (2x H200): real megatron-core training runs vs the cost model.
 # Run from the repository root on the GPU machine (after ../shared/gpu install):
 #     bash benchmarks/validation/h200_x2.sh
-# Writes under "$OUT" (default ./outputs/validation_h200_x2). Target wall time < 6 min:
-#   job 1 (2 GPUs, one torchrun job, 15 layouts of h200_x2_layouts.json: Qwen3-8B 4 layers at seq 4096 / 8192
+# Writes under "$OUT" (default ./outputs/validation_h200_x2). Target wall time < 8 min:
+#   job 1 (2 GPUs, a fresh torchrun job per layout (add --layouts-per-job 0 to share one: ~2.5 min, but then
+#          only the first layout's memory is comparable), 15 layouts of h200_x2_layouts.json: Qwen3-8B 4 layers at seq 4096 / 8192
 #          over DP/TP+SP/PP/VPP/CP, full + selective recompute, mbs 2, forward-only; Qwen3-30B-A3B 4 layers EP2 / DP2;
-#          one torch-profiler trace)                                                    ~2.5-3 min
+#          one torch-profiler trace)                                                    ~6 min
 #   job 2 (1 GPU each, concurrently): Qwen3-8B at the predicted memory edge, seq 4096: the most layers predicted
 #          to fit (max-fit) on GPU 0 and one step more (min-oom, predicted OOM) on GPU 1   ~1.5 min
 # Then: `mat trace summary --json` of the trace, and a calibration file from the runs.
@@ -50,8 +51,7 @@ mkdir -p "$EV"
 for d in x2 edge_fit edge_oom; do
   mkdir -p "$EV/$d"
   cp "$OUT/$d/summary.json" "$OUT/$d/results.jsonl" "$OUT/$d/layouts.json" "$EV/$d/" 2>/dev/null
-  gzip -c "$OUT/$d/runs/rank_0.jsonl" > "$EV/$d/rank_0.jsonl.gz" 2>/dev/null
-  [ -f "$OUT/$d/runs/launcher.jsonl" ] && cp "$OUT/$d/runs/launcher.jsonl" "$EV/$d/"
+  mkdir -p "$EV/$d/runs" && cp "$OUT/$d"/runs/*.jsonl "$EV/$d/runs/" 2>/dev/null  # re-aggregated by the tests
 done
 cp "$OUT/x2/calibration.json" "$OUT/trace_summary.json" "$OUT/gpus.txt" "$EV/" 2>/dev/null
 [ -n "${TRACE:-}" ] && cp "$TRACE" "$EV/trace_rank_0.json.gz"

@@ -50,7 +50,17 @@ def test_world1_train_forward_resume_and_faults(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("MAT_VALIDATE_FAULT", "oom:oom")
     out = tmp_path / "out"
     # first batch: everything except the hang, then the hang alone with a short timeout
-    rep = validate_layouts(layouts[:3] + layouts[4:], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0)
+    rep = validate_layouts(
+        layouts[:3] + layouts[4:],
+        out,
+        "H200",
+        device="cpu",
+        layout_timeout_s=60,
+        log=lambda *a: 0,
+        layouts_per_job=None,
+    )
+    # one shared job; the OOM ends it (fail fast) and "after" runs in a fresh one
+    assert len(list((out / "jobs").glob("*.json"))) == 2
     rows = {r["label"]: r for r in rep.rows}
     assert rows["train"]["status"] == "ok" and rows["forward"]["status"] == "ok" and rows["after"]["status"] == "ok"
     m = rows["train"]["measured"]
@@ -82,3 +92,4 @@ def test_world2_dp_and_tp(tiny, tmp_path):
     rep = validate_layouts(layouts, tmp_path / "o", "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0)
     assert [r["status"] for r in rep.rows] == ["ok", "ok"]
     assert all(len(r["per_rank"]) == 2 for r in rep.rows)
+    assert len(list((tmp_path / "o" / "jobs").glob("*.json"))) == 2  # default: a fresh job per layout

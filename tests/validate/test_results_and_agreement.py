@@ -56,6 +56,21 @@ def test_aggregate_ok_failed_and_launcher(tmp_path):
     assert finished_layout_ids(tmp_path, retry_failed=True) == {LAY.layout_id}
 
 
+def test_memory_left_by_earlier_layouts_is_not_counted(tmp_path):
+    # H200, one process running layouts back to back: the 2nd layout started with 15.12 GiB still allocated
+    rec = _rank_rec(LAY, 0, alloc=34.89, reserved=34.95)
+    rec["memory_before"] = {"max_allocated_gib": 15.12, "reserved_gib": 18.26}
+    append_record(rank_file(tmp_path, 0), rec)
+    append_record(rank_file(tmp_path, 1), _rank_rec(LAY, 1, alloc=10.0, reserved=11.0))
+    row = aggregate(tmp_path)[LAY.layout_id]
+    r0 = row["per_rank"][0]
+    assert r0["max_allocated_gib"] == pytest.approx(34.89 - 15.12)
+    assert r0["carried_over_reserved_gib"] == 18.26
+    # its peak cannot be compared with a prediction (NCCL communicators etc. of earlier layouts remain)
+    assert row["measured"]["memory_comparable"] is False and row["measured"]["peak_gib"] is None
+    assert row["measured"]["peak_net_gib"] == pytest.approx(max(34.95 - 18.26 + 1.5, 11.0 + 1.5))
+
+
 def test_failure_kinds():
     assert failure_kind("OutOfMemoryError: CUDA out of memory. Tried to allocate") == "oom"
     assert failure_kind("DistBackendError: NCCL error in: ProcessGroupNCCL.cpp") == "nccl"

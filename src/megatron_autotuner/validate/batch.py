@@ -97,6 +97,7 @@ def validate_layouts(
     write_calibration_to: str | Path | None = None,
     run: bool = True,
     log=print,
+    layouts_per_job: int | None = 1,
 ) -> ValidationReport:
     """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch."""
     if not layouts:
@@ -121,6 +122,7 @@ def validate_layouts(
             predicted_oom=predicted_oom,
             on_job_done=lambda: build_report(layouts, out, gpu, predictions),
             log=log,
+            layouts_per_job=layouts_per_job,
         )
     report = build_report(layouts, out, gpu, predictions)
     if write_calibration_to is not None:

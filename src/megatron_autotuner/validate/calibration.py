@@ -106,6 +106,8 @@ def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any
     layers = [{**entries[k], "time_ms": statistics.median(v), "runs": len(v)} for k, v in sorted(solved.items())]
     non_torch, frag = [], []
     for row in ok:
+        if not row["measured"].get("memory_comparable", True):
+            continue  # started in a process that still held earlier layouts' memory
         for p in row.get("per_rank") or []:
             if p.get("non_torch_gib") is not None:
                 non_torch.append(max(0.0, p["non_torch_gib"]))

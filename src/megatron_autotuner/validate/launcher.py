@@ -1,6 +1,10 @@
 """Launch validation layouts: one torchrun job per world size, layouts run one after another inside it.
 
-Sharing one job saves the ~20-30 s of imports and process-group start-up per layout. The launcher
+By default every layout gets a fresh torchrun job (`layouts_per_job=1`): on 2x H200 a process that ran
+several layouts kept ~9-15 GiB of each earlier layout's model and optimizer allocated (megatron-core /
+TE globals), which inflated later memory figures and made one layout fail for lack of memory.
+`layouts_per_job=None` shares one job (saves the ~20-30 s of imports and process-group start-up per
+layout; memory is then reported net of what was already allocated when a layout started). The launcher
 watches the layout rank 0 is on (`runs/current_layout.txt`): one that runs past `layout_timeout_s`
 (a hang: NCCL, a peer that died) gets the job killed and recorded as failed, and the job restarts
 with the layouts after it; a job that crashes is handled the same way. Layouts predicted not to fit
@@ -134,8 +138,12 @@ def run_layouts(
     predicted_oom: set[str] | None = None,
     on_job_done=None,
     log=print,
+    layouts_per_job: int | None = 1,
 ) -> LaunchReport:
-    """Run every unfinished layout; records land under `out_dir/runs/`."""
+    """Run every unfinished layout, `layouts_per_job` per torchrun job (None: all of one world size in one
+    job); records land under `out_dir/runs/`."""
+    if layouts_per_job is not None and layouts_per_job < 1:
+        raise ValueError(f"layouts_per_job must be >= 1 or None, got {layouts_per_job}")
     out = Path(out_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     done = finished_layout_ids(out, retry_failed)
@@ -161,24 +169,27 @@ def run_layouts(
                 stem = out / "jobs" / f"world{world}_job{attempt}"
             stem.parent.mkdir(parents=True, exist_ok=True)
             job = stem.with_suffix(".json")
-            job.write_text(json.dumps([lay.to_dict() for lay in remaining], indent=1))
+            batch = remaining if layouts_per_job is None else remaining[:layouts_per_job]
+            later = remaining[len(batch) :]
+            job.write_text(json.dumps([lay.to_dict() for lay in batch], indent=1))
             cmd = torchrun_command(world, job, out, device, timeout_s=layout_timeout_s)
-            log(f"world {world}: {len(remaining)} layout(s), job {job.name}")
+            log(f"world {world}: {len(batch)} layout(s), job {job.name}")
             current.unlink(missing_ok=True)
             with open(stem.with_suffix(".log"), "w") as logf:
                 proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
                 hung = _watch(proc, current, layout_timeout_s)
             finished = finished_layout_ids(out, retry_failed=False)
-            unfinished = [lay for lay in remaining if lay.layout_id not in finished]
-            report.ran += len(remaining) - len(unfinished)
+            unfinished = [lay for lay in batch if lay.layout_id not in finished]
+            report.ran += len(batch) - len(unfinished)
             if on_job_done is not None:
                 on_job_done()
             if not unfinished:
-                break
+                remaining = later
+                continue
             blamed_id = hung or (current.read_text().strip() if current.exists() else None)
             if not hung and blamed_id in finished:
                 # the worker recorded this layout's failure itself and ended the job: go on with the rest
-                remaining = unfinished
+                remaining = unfinished + later
                 continue
             blamed = next((lay for lay in unfinished if lay.layout_id == blamed_id), unfinished[0])
             tail = stem.with_suffix(".log").read_text(errors="replace")[-2000:]
@@ -191,7 +202,7 @@ def run_layouts(
             _launcher_failure(out, blamed, reason, kind, tail)
             report.failed_by_launcher.append(blamed.layout_id)
             log(f"[failed] {blamed.label} ({blamed.layout_id}): {reason}")
-            remaining = [lay for lay in unfinished if lay.layout_id != blamed.layout_id]
+            remaining = [lay for lay in unfinished if lay.layout_id != blamed.layout_id] + later
     current.unlink(missing_ok=True)
     return report
 

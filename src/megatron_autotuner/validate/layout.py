@@ -200,7 +200,8 @@ class Layout:
 
 
 def load_layouts_file(path: str | Path) -> tuple[list[Layout], dict[str, Any]]:
-    """Layouts from JSON: a list of layout objects, or {"defaults": {...}, "layouts": [...]}.
+    """Layouts from JSON: a list of layout objects, or {"defaults": {...}, "layouts": [...]}; also the
+    `layouts.json` a run writes (entries {"layout_id": ..., "layout": {...}}), to report on or rerun it.
 
     Returns the layouts and the file's other top-level keys (e.g. "gpu").
     """
@@ -219,4 +220,5 @@ def load_layouts_file(path: str | Path) -> tuple[list[Layout], dict[str, Any]]:
         data = data.get("layouts")
     if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
         raise ConfigError(str(p), "must hold a list of layout objects (or {'defaults': {...}, 'layouts': [...]})")
+    data = [x["layout"] if isinstance(x.get("layout"), dict) else x for x in data]
     return [Layout.from_dict({**defaults, **x}) for x in data], extra

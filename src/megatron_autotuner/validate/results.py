@@ -75,12 +75,25 @@ def _non_torch_gib(rec: dict[str, Any]) -> float | None:
     return m["device_used_gib"] - m["reserved_gib"]
 
 
+def _carried_over_gib(rec: dict[str, Any]) -> tuple[float, float]:
+    """(allocated, reserved) GiB already held when the layout started: what earlier layouts in the same process
+    left behind. The runner records `memory_before` after emptying the cache and resetting the peak counters, so
+    its max_allocated is the allocation at start. 0 in a fresh process."""
+    before = rec.get("memory_before") or {}
+    return before.get("max_allocated_gib") or 0.0, before.get("reserved_gib") or 0.0
+
+
+def _minus(value: float | None, carried: float) -> float | None:
+    return None if value is None else value - carried
+
+
 def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
     """One measured summary per layout: the latest record of every rank, plus launcher failures.
 
     Step time = the slowest rank's median step (ranks wait for each other at every collective);
     memory = the largest rank. `peak_gib` = max reserved + memory outside the caching allocator
     (CUDA context, NCCL buffers: device used - reserved at the end), what `nvidia-smi` would show.
+    Allocator figures are net of what was already held when the layout started (`_carried_over_gib`).
     """
     latest: dict[str, dict[int, dict[str, Any]]] = {}
     for rec in _all_rank_records(out_dir):
@@ -123,12 +136,15 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
             per_rank = []
             for rank, rec in sorted(ranks.items()):
                 m = rec.get("measured", {})
+                carried_alloc, carried_reserved = _carried_over_gib(rec)
                 per_rank.append(
                     {
                         "rank": rank,
                         "step_time_s": _median(m.get("step_times_s") or []),
-                        "max_allocated_gib": m.get("max_allocated_gib"),
-                        "max_reserved_gib": m.get("max_reserved_gib"),
+                        "max_allocated_gib": _minus(m.get("max_allocated_gib"), carried_alloc),
+                        "max_reserved_gib": _minus(m.get("max_reserved_gib"), carried_reserved),
+                        "carried_over_allocated_gib": carried_alloc,
+                        "carried_over_reserved_gib": carried_reserved,
                         "non_torch_gib": _non_torch_gib(rec),
                         "device_used_gib": m.get("device_used_gib"),
                         "loss": m.get("loss"),
@@ -157,7 +173,12 @@ def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, An
         for p in per_rank
         if p["max_reserved_gib"] is not None and p["non_torch_gib"] is not None
     ]
+    # a process that ran other layouts first still holds some of their memory, allocator blocks and NCCL
+    # communicators (H200: 9-15 GiB allocated, non-torch memory growing 1.4 -> 13.6 GiB over 8 layouts), so
+    # only a layout that started in a fresh process has a peak that can be compared with a prediction
+    fresh = all((p.get("carried_over_allocated_gib") or 0.0) < 0.01 for p in per_rank)
     return {
+        "memory_comparable": fresh,
         "step_time_s": max(times) if times else None,
         "step_time_min_s": min(steps) if steps else None,
         "step_time_max_s": max(steps) if steps else None,
@@ -165,6 +186,7 @@ def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, An
         "max_allocated_gib": _max([p["max_allocated_gib"] for p in per_rank]),
         "max_reserved_gib": _max([p["max_reserved_gib"] for p in per_rank]),
         "non_torch_gib": _max([p["non_torch_gib"] for p in per_rank]),
-        "peak_gib": max(peak) if peak else None,
+        "peak_gib": max(peak) if peak and fresh else None,
+        "peak_net_gib": max(peak) if peak and not fresh else None,
         "loss": next((p["loss"] for p in reversed(per_rank) if p["loss"] is not None), None),
     }
