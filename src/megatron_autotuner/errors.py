@@ -16,3 +16,13 @@ class ConfigError(AutotunerError, ValueError):
 
 class SpecNotFoundError(AutotunerError, LookupError):
     """A model or hardware name that is neither a preset nor a readable file."""
+
+
+def reject_unknown_fields(cls: type, data: dict, what: str) -> None:
+    """ConfigError naming the first key of `data` that dataclass `cls` has no field for, and the allowed ones."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(unknown[0], f"is not a {what} field (allowed: {', '.join(sorted(known))})")

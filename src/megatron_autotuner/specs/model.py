@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, reject_unknown_fields
 
 ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu")
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
@@ -179,10 +179,7 @@ class ModelSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(unknown[0], f"is not a ModelSpec field (allowed: {', '.join(sorted(known))})")
+        reject_unknown_fields(cls, data, "ModelSpec")
         missing = [
             f.name
             for f in dataclasses.fields(cls)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, reject_unknown_fields
 from ..specs import ModelSpec, ParallelConfig, Workload, load_model_spec
 
 # Operators the testbench can build from megatron-core modules.
@@ -94,10 +94,7 @@ class Case:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Case:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(unknown[0], f"is not a case field (allowed: {', '.join(sorted(known))})")
+        reject_unknown_fields(cls, data, "case")
         try:
             return cls(**data)
         except TypeError as exc:

@@ -13,8 +13,11 @@ On a CPU device (tests only) wall-clock time replaces CUDA events and memory is 
 
 from __future__ import annotations
 
+import gzip
+import shutil
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 from .operators import Operator
@@ -123,3 +126,14 @@ def ratios(real: dict[str, Any], estimated: dict[str, float]) -> dict[str, float
         if key in real and estimated.get(key):
             out[key] = real[key] / estimated[key]
     return out
+
+
+def export_trace_gz(prof: Any, gz_path: Path) -> Path:
+    """Write a finished `torch.profiler.profile`'s Kineto (chrome) trace to `gz_path` (.json.gz), gzipped."""
+    gz_path.parent.mkdir(parents=True, exist_ok=True)
+    raw = gz_path.with_suffix("")  # .json next to it, removed after compressing
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(gz_path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return gz_path

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import gzip
 import json
 import os
-import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 from ..specs import GPU_PRESETS
 from .cases import Case
 from .estimates import estimate_case
-from .measure import add_rates, measure_operator, ratios
+from .measure import add_rates, export_trace_gz, measure_operator, ratios
 from .results import append_record, rank_file
 
 
@@ -116,12 +114,7 @@ def _profile(op, case: Case, out_dir: Path, rank: int, steps: int) -> str:
             with record_function(f"{case.op}.bwd"):
                 op.backward(out)
             torch.cuda.synchronize()
-    raw = trace_dir / f"rank_{rank}.json"
-    prof.export_chrome_trace(str(raw))
-    gz = raw.with_suffix(".json.gz")
-    with open(raw, "rb") as src, gzip.open(gz, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
+    gz = export_trace_gz(prof, trace_dir / f"rank_{rank}.json.gz")
     return str(gz.relative_to(out_dir))
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, reject_unknown_fields
 from ..specs import ModelSpec, ParallelConfig, RecomputeConfig, Workload, load_model_spec, validate_layout
 
 
@@ -158,10 +158,7 @@ class Layout:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Layout:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(unknown[0], f"is not a layout field (allowed: {', '.join(sorted(known))})")
+        reject_unknown_fields(cls, data, "layout")
         try:
             return cls(**data)
         except TypeError as exc:

@@ -20,11 +20,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import gzip
 import inspect
 import math
 import os
-import shutil
 import time
 import traceback
 from dataclasses import dataclass
@@ -32,6 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..testbench.measure import export_trace_gz
 from .layout import Layout
 
 GIB = 2**30
@@ -407,13 +406,7 @@ def _profile_step(layout: Layout, model: list, optimizer: Any, iterators: list, 
         with record_function("train_step"):
             _train_step(layout, model, optimizer, iterators, "cuda")
         torch.cuda.synchronize()
-    raw = trace_dir / f"rank_{rank}.json"
-    prof.export_chrome_trace(str(raw))
-    gz = raw.with_suffix(".json.gz")
-    with open(raw, "rb") as src, gzip.open(gz, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    return str(gz)
+    return str(export_trace_gz(prof, trace_dir / f"rank_{rank}.json.gz"))
 
 
 def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s: float = 600.0) -> dict[str, Any]:
