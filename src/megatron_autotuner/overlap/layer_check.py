@@ -8,6 +8,12 @@ size, sequence parallel, bf16, micro-batch 1, no RoPE. Setups, in this order, `-
 `nccl` (tp_comm_overlap=False), `te_default` (tp_comm_overlap=True, initialize_ub without ub_cfgs),
 `tuned` (initialize_ub with the yaml). Userbuffers are re-initialised between setups (destroy_ub).
 Rank 0 writes medians (CUDA events) and the speedup tuned / te_default to `--out`.
+
+Order (`measure_setups`): TE asserts at construction that userbuffers exist for a module with
+overlap flags ("initialize_ub() must be called before layer construction", TE 2.x), so the overlap
+layer is built once, after the first `initialize_ub`, and reused: TE modules look their communicators
+up by name at every forward / backward (`get_ub`), so a re-initialisation with other ub_cfgs takes
+effect without rebuilding (the tuner's TE backend does the same).
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ import os
 import statistics
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+SETUPS = ("nccl", "te_default", "tuned")
 
 
 def _time(module, x, dy, warmup: int, repeats: int) -> list[float]:
@@ -44,6 +54,43 @@ def _time(module, x, dy, warmup: int, repeats: int) -> list[float]:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return times
+
+
+def measure_setups(
+    build_layer: Callable[[bool], Any],
+    init_ub: Callable[[dict | None], None],
+    destroy_ub: Callable[[], None],
+    time_layer: Callable[[Any], float],
+    tuned_cfg: dict,
+    passes: int,
+    ms: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
+    """Median ms per pass of each setup, appended to `ms` (what was measured stays there after an error).
+
+    `build_layer(overlap)` builds a layer (tp_comm_overlap on or off); `init_ub(cfg)` initialises
+    userbuffers (cfg None: TE default); `time_layer(layer)` times fwd+bwd. The overlap layer is built
+    after the first init_ub (TE refuses it before); userbuffers left initialised are destroyed on the
+    way out, also after an error."""
+    ms = {s: [] for s in SETUPS} if ms is None else ms
+    layers = {False: build_layer(False)}
+    live = False
+    try:
+        for _ in range(passes):
+            for setup in SETUPS:
+                overlap = setup != "nccl"
+                if overlap:
+                    if live:
+                        destroy_ub()
+                        live = False
+                    init_ub(tuned_cfg if setup == "tuned" else None)
+                    live = True
+                    if True not in layers:
+                        layers[True] = build_layer(True)
+                ms[setup].append(time_layer(layers[overlap]))
+    finally:
+        if live:
+            destroy_ub()
+    return ms
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,38 +124,41 @@ def main(argv: list[str] | None = None) -> int:
     model_parallel_cuda_manual_seed(1234)
     results = {"env": environment("cuda"), "tp": world, "seq_len": args.seq_len, "models": {}}
     for name, ypath in zip(args.model, args.yaml, strict=True):
-        res: dict = {"yaml": ypath, "ms": {"nccl": [], "te_default": [], "tuned": []}}
+        res: dict = {"yaml": ypath, "ms": {s: [] for s in SETUPS}}
         try:
             case = Case(model=name, op="decoder", seq_length=args.seq_len, tp=world)
             spec = case.model_spec()
             tuned = yaml.safe_load(Path(ypath).read_text())
-            layers = {}
-            for overlap in (False, True):
-                cfg = build_transformer_config(
-                    spec, case, True, "cuda", overrides={"num_layers": 1, "tp_comm_overlap": overlap}
-                )
-                layers[overlap] = build_module(layer_spec(spec, True, False), config=cfg, layer_number=1)
             x = torch.randn(
                 args.seq_len // world, 1, spec.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True
             )
             dy = torch.randn_like(x)
-            shape = [args.seq_len, spec.hidden_size]
-            for _ in range(args.passes):
-                for setup in ("nccl", "te_default", "tuned"):
-                    if setup != "nccl":
-                        if getattr(base, "_ub_communicators", None) is not None:
-                            base.destroy_ub()
-                            gc.collect()
-                        base.initialize_ub(
-                            shape=shape,
-                            tp_size=world,
-                            use_fp8=False,
-                            dtype=torch.bfloat16,
-                            ub_cfgs=tuned if setup == "tuned" else None,
-                            bootstrap_backend="nccl",
-                        )
-                    t = _time(layers[setup != "nccl"], x, dy, args.warmup, args.repeats)
-                    res["ms"][setup].append(statistics.median(t))
+
+            def build_layer(overlap: bool, spec=spec, case=case):
+                cfg = build_transformer_config(
+                    spec, case, True, "cuda", overrides={"num_layers": 1, "tp_comm_overlap": overlap}
+                )
+                return build_module(layer_spec(spec, True, False), config=cfg, layer_number=1)
+
+            def init_ub(cfg: dict | None, hidden=spec.hidden_size) -> None:
+                base.initialize_ub(
+                    shape=[args.seq_len, hidden],
+                    tp_size=world,
+                    use_fp8=False,
+                    dtype=torch.bfloat16,
+                    ub_cfgs=cfg,
+                    bootstrap_backend="nccl",
+                )
+
+            def destroy_ub() -> None:
+                base.destroy_ub()
+                gc.collect()
+                torch.cuda.synchronize()
+
+            def time_layer(layer, x=x, dy=dy) -> float:
+                return statistics.median(_time(layer, x, dy, args.warmup, args.repeats))
+
+            measure_setups(build_layer, init_ub, destroy_ub, time_layer, tuned, args.passes, res["ms"])
             med = {k: statistics.median(v) for k, v in res["ms"].items()}
             res["median_ms"] = med
             res["speedup_tuned_vs_te_default"] = med["te_default"] / med["tuned"]
