@@ -2,10 +2,18 @@
 
 The format is `costmodel.calibration`'s (kind "megatron-autotuner-calibration", schema_version 1):
 - `layers`: one entry per (model, tp, cp, ep, sequence parallel, seq, micro-batch, phase). The cost
-  model scales its decoder-layer time by entry.time_ms / its own prediction of that layer, so the
-  entry's `time_ms` is solved for: step time is affine in that scale (the decoder layers scale, the
-  rest does not), so two probe estimates (time_ms = 1 ms and 2 ms) give the line and the value that
-  makes the predicted step equal the measured one. Several runs with the same key: the median.
+  model scales its decoder-layer time by entry.time_ms / its own prediction of that layer (layer 0),
+  so the entry's `time_ms` is solved for: the value that makes the predicted step equal the measured
+  one. The predicted step is continuous and non-decreasing in time_ms but *not* affine: the
+  data-parallel gradient reduce-scatter / parameter all-gather hide under the backward / forward only
+  up to their own length (exposed = max(t - window, t * tail)), and the pipeline takes the slowest
+  stage, so the slope changes where a communication stops being exposed. A line through two small
+  probes therefore misses wherever the communication is exposed at the probes and hidden at the
+  answer (Qwen3-30B-A3B with ep=1 and DP2: 2.4 G expert gradients over DP, +82% on the round trip);
+  the solve brackets the root and refines it (Illinois false position, exact on a linear piece).
+  Several runs with the same key: the median. `model_flops`: the model FLOPs of that layer per rank
+  and micro-batch (the testbench's convention: FLOPs per token x b*s/cp tokens / tp, causal
+  attention; fwd, or fwd+bwd = 3x the weight GEMMs' forward + 3x core attention's).
 - `memory`: memory outside the caching allocator (`non_torch_gib`: CUDA context, NCCL buffers) and
   the reserved-but-unallocated fraction (`fragmentation_fraction`), medians over runs and ranks.
 - `ops`: empty (operator tables come from the testbench).
@@ -22,6 +30,8 @@ from typing import Any
 from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs import get_gpu_spec
+from ..theory.flops import layer_forward_flops_per_token, phase_flops
+from ..theory.memory import local_tokens
 from .layout import Layout
 from .predict import estimate_layout
 
@@ -46,7 +56,20 @@ def _document(
     }
 
 
-def _layer_entry(layout: Layout, time_ms: float, num_gpus: int) -> dict[str, Any]:
+def layer_model_flops(layout: Layout, convention: str = "causal") -> float:
+    """Model FLOPs of decoder layer 0 (the layer the cost model's lookup compares with) for one
+    micro-batch on one rank: fwd, or fwd + dgrad + wgrad when training."""
+    spec = layout.model_spec()
+    tokens = local_tokens(layout.workload(), layout.parallel())
+    phases = ("fwd", "dgrad", "wgrad") if layout.mode == "train" else ("fwd",)
+    total = 0.0
+    for op, per_token in layer_forward_flops_per_token(spec, 0, layout.seq_length, convention).items():
+        split = phase_flops(op, per_token * tokens / layout.tp)
+        total += sum(split[ph] for ph in phases)
+    return total
+
+
+def _layer_entry(layout: Layout, time_ms: float, num_gpus: int, model_flops: float = 0.0) -> dict[str, Any]:
     spec = layout.model_spec()
     return {
         "model": spec.name,
@@ -59,7 +82,7 @@ def _layer_entry(layout: Layout, time_ms: float, num_gpus: int) -> dict[str, Any
         "micro_batch_size": layout.micro_batch_size,
         "phase": "fwd+bwd" if layout.mode == "train" else "fwd",
         "time_ms": time_ms,
-        "model_flops": 0.0,
+        "model_flops": model_flops,
     }
 
 
@@ -69,20 +92,61 @@ def _key(entry: dict[str, Any]) -> tuple:
     )
 
 
-def solve_layer_time_ms(layout: Layout, measured_step_s: float, gpu: str, num_gpus: int) -> float | None:
-    """The layer-entry time_ms that makes the cost model predict `measured_step_s` for `layout`."""
+def solve_layer_time_ms(
+    layout: Layout, measured_step_s: float, gpu: str, num_gpus: int, rel_tol: float = 1e-9
+) -> float | None:
+    """The layer-entry time_ms that makes the cost model predict `measured_step_s` for `layout`.
+
+    None when the cost model does not use the entry for this layout, or when the measured step is
+    shorter than what the cost model predicts outside the decoder layers (no positive time fits).
+    The predicted step is non-decreasing and piecewise linear in time_ms (see the module doc), so
+    the root is bracketed, then found by Illinois false position (exact once both ends of the
+    bracket lie on the same linear piece).
+    """
     from ..costmodel import calibration_from_dict
 
-    def step_with(time_ms: float) -> float:
+    def residual(time_ms: float) -> float:
         doc = _document(gpu, "", {}, [_layer_entry(layout, time_ms, num_gpus)], None)
-        return estimate_layout(layout, gpu, calibration_from_dict(doc, "<probe>")).step_time_s
+        return estimate_layout(layout, gpu, calibration_from_dict(doc, "<probe>")).step_time_s - measured_step_s
 
-    t1, t2 = step_with(1.0), step_with(2.0)
-    slope = t2 - t1
-    if slope <= 0:
+    tol = rel_tol * measured_step_s
+    lo, hi = 1.0, 2.0
+    f_lo, f_hi = residual(lo), residual(hi)
+    if f_hi <= f_lo:
         return None  # the cost model did not use the entry for this layout
-    value = 1.0 + (measured_step_s - t1) / slope
-    return value if value > 0 else None
+    while f_lo > 0:  # bracket from below: shrink toward 0
+        if lo < 1e-9:
+            return None
+        hi, f_hi = lo, f_lo
+        lo /= 16.0
+        f_lo = residual(lo)
+    while f_hi < 0:  # ... and from above
+        if hi > 1e9:
+            return None
+        lo, f_lo = hi, f_hi
+        hi *= 4.0
+        f_hi = residual(hi)
+    for x, fx in ((lo, f_lo), (hi, f_hi)):
+        if abs(fx) <= tol:
+            return x
+    side = 0
+    x = lo
+    for _ in range(200):
+        x = hi - f_hi * (hi - lo) / (f_hi - f_lo)
+        fx = residual(x)
+        if abs(fx) <= tol or hi - lo <= 1e-12 * hi:
+            break
+        if fx < 0:
+            lo, f_lo = x, fx
+            if side == -1:
+                f_hi /= 2.0
+            side = -1
+        else:
+            hi, f_hi = x, fx
+            if side == 1:
+                f_lo /= 2.0
+            side = 1
+    return x
 
 
 def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any]:
@@ -95,7 +159,7 @@ def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any
     entries: dict[tuple, dict[str, Any]] = {}
     for row in ok:
         layout = Layout.from_dict(row["layout"])
-        probe = _layer_entry(layout, 1.0, layout.num_gpus)
+        probe = _layer_entry(layout, 1.0, layout.num_gpus, layer_model_flops(layout))
         key = _key(probe)
         num_gpus = entries.get(key, probe)["num_gpus"]
         value = solve_layer_time_ms(layout, row["measured"]["step_time_s"], gpu, num_gpus)
