@@ -22,14 +22,12 @@ record_function ranges `<op>.fwd` / `<op>.bwd`, exported by rank 0 and gzipped.
 from __future__ import annotations
 
 import gc
-import gzip
 import inspect
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
-from ..testbench.measure import _stats
+from ..testbench.measure import _stats, export_trace_gz
 
 
 def time_ops(ops: dict[str, tuple[Any, Any, Any]], warmup: int, repeats: int) -> dict[str, Any]:
@@ -85,13 +83,7 @@ def profile_ops(ops: dict[str, tuple[Any, Any, Any]], path: Path | None, rank: i
         return None
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = path.with_suffix("")  # .json
-    prof.export_chrome_trace(str(raw))
-    with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    raw.unlink()
-    return str(path)
+    return str(export_trace_gz(prof, path))
 
 
 def _kwargs_for(cls: Any, kw: dict[str, Any]) -> dict[str, Any]:

@@ -15,12 +15,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..testbench.launcher import _kill
+from ..testbench.launcher import watch_job
 from ..testbench.results import LAUNCHER_FILE, append_record
 from .jobs import CURRENT_FILE, REINIT_EXIT_CODE, all_round_records, done_id, job_finished
 
@@ -84,21 +83,8 @@ def run_job(
                 start_new_session=True,
                 env=env,
             )
-            on, since, hung = "startup", time.monotonic(), None
-            try:
-                while proc.poll() is None:
-                    time.sleep(0.2)
-                    now = current.read_text().strip() if current.exists() else "startup"
-                    if now != on:
-                        on, since = now, time.monotonic()
-                    limit = case_timeout_s + (STARTUP_ALLOWANCE_S if on == "startup" else 0.0)
-                    if time.monotonic() - since > limit:
-                        hung = on
-                        _kill(proc)
-                        break
-            finally:
-                if proc.poll() is None:  # interrupted (SIGTERM, Ctrl-C): take the job's ranks down with us
-                    _kill(proc)
+            timed_out, on_id = watch_job(proc, current, case_timeout_s, STARTUP_ALLOWANCE_S, poll_s=0.2)
+            hung = (on_id or "startup") if timed_out else None
         if job_finished(out, jid):
             break
         progressed = len(all_round_records(out)) > before

@@ -83,6 +83,37 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def watch_job(
+    proc: subprocess.Popen,
+    current_file: Path,
+    timeout_s: float,
+    startup_allowance_s: float = 0.0,
+    on_change=None,
+    poll_s: float = 0.5,
+) -> tuple[bool, str | None]:
+    """Wait for a torchrun job whose rank 0 writes the id of the item it is on to `current_file`; kill the job
+    (its whole process group) when one item runs past `timeout_s`, or start-up (no item yet) past
+    `timeout_s + startup_allowance_s`. Returns (hung, id it hung on: None at start-up). `on_change(id)` is
+    called when rank 0 moves on. An interrupt (Ctrl-C, SIGTERM) takes the job's ranks down too."""
+    current_id, since = None, time.monotonic()
+    try:
+        while proc.poll() is None:
+            time.sleep(poll_s)
+            now_id = current_file.read_text().strip() if current_file.exists() else None
+            if now_id != current_id:
+                current_id, since = now_id, time.monotonic()
+                if on_change is not None:
+                    on_change(now_id)
+            limit = timeout_s + (startup_allowance_s if current_id is None else 0.0)
+            if time.monotonic() - since > limit:
+                _kill(proc)
+                return True, current_id
+    finally:
+        if proc.poll() is None:
+            _kill(proc)
+    return False, None
+
+
 def run_cases(
     cases: list[Case],
     out_dir: str | Path,
@@ -134,18 +165,13 @@ def run_cases(
             log = open(out / "jobs" / f"world{world}_job{attempt}.log", "w")  # noqa: SIM115 - closed below
             current_file.unlink(missing_ok=True)
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            current_id, since = None, time.monotonic()
-            hung = None
-            while proc.poll() is None:
-                time.sleep(0.5)
-                now_id = current_file.read_text().strip() if current_file.exists() else None
-                if now_id != current_id:
-                    current_id, since = now_id, time.monotonic()
-                    bar.update(finished_case_ids(out, retry_failed) & {c.case_id for c in pending})
-                if time.monotonic() - since > case_timeout_s:
-                    hung = current_id
-                    _kill(proc)
-                    break
+            timed_out, hung = watch_job(
+                proc,
+                current_file,
+                case_timeout_s,
+                on_change=lambda _id: bar.update(finished_case_ids(out, retry_failed) & {c.case_id for c in pending}),
+            )
+            hung = hung if timed_out else None
             log.close()
             finished = finished_case_ids(out, retry_failed=False)
             bar.update(finished & {c.case_id for c in pending})

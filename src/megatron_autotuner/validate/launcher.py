@@ -16,15 +16,13 @@ Slurm script of `slurm_script`.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..testbench.launcher import watch_job
 from .layout import Layout
 from .results import append_record, current_file, finished_layout_ids, launcher_file
 from .runner import failure_kind
@@ -115,14 +113,6 @@ def slurm_script(
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    proc.wait()
-
-
 def order_for_job(layouts: list[Layout], predicted_oom: set[str]) -> list[Layout]:
     """Layouts predicted to fit first, then the ones predicted to OOM (stable otherwise)."""
     return sorted(layouts, key=lambda lay: lay.layout_id in predicted_oom)
@@ -177,7 +167,8 @@ def run_layouts(
             current.unlink(missing_ok=True)
             with open(stem.with_suffix(".log"), "w") as logf:
                 proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-                hung = _watch(proc, current, layout_timeout_s)
+                timed_out, on_id = watch_job(proc, current, layout_timeout_s, STARTUP_ALLOWANCE_S)
+                hung = (on_id or "<startup>") if timed_out else None
             finished = finished_layout_ids(out, retry_failed=False)
             unfinished = [lay for lay in batch if lay.layout_id not in finished]
             report.ran += len(batch) - len(unfinished)
@@ -205,21 +196,6 @@ def run_layouts(
             remaining = [lay for lay in unfinished if lay.layout_id != blamed.layout_id] + later
     current.unlink(missing_ok=True)
     return report
-
-
-def _watch(proc: subprocess.Popen, current: Path, timeout_s: float) -> str | None:
-    """Wait for the job; kill it when one layout (or start-up) runs too long. Returns the hung layout id."""
-    current_id, since = None, time.monotonic()
-    while proc.poll() is None:
-        time.sleep(0.5)
-        now_id = current.read_text().strip() if current.exists() else None
-        if now_id != current_id:
-            current_id, since = now_id, time.monotonic()
-        limit = timeout_s + (STARTUP_ALLOWANCE_S if current_id is None else 0.0)
-        if time.monotonic() - since > limit:
-            _kill(proc)
-            return current_id or "<startup>"
-    return None
 
 
 def _launcher_failure(out: Path, layout: Layout, error: str, kind: str, log_tail: str | None = None) -> None:
