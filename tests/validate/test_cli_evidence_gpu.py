@@ -49,6 +49,9 @@ def test_emit_slurm_and_errors(tmp_path, capsys):
     assert rc == 0 and "#SBATCH --nodes=2" in script.read_text()
     assert main(["validate", "--gpu", "H200"]) == 2
     assert "give --layouts FILE" in capsys.readouterr().err
+    assert main(["validate", "--model", "Qwen3-8B", "--gpu", "H200", "--layouts-per-job", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "layouts-per-job: must be >= 0" in err and len(err.strip().splitlines()) == 1
 
 
 def test_benchmark_layouts_file_is_valid():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .output import print_json
 
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "analyze":
         if not args.directory:
             raise ConfigError("directory", "mat overlap analyze needs the output directory of a run")
+        if not (Path(args.directory) / "collect").is_dir():
+            raise ConfigError("directory", f"{args.directory} has no collect/ records of a `mat overlap` run")
         report = analyze_and_report(args.directory)
     else:
         models = tuple(m for arg in args.model for m in arg.split(",") if m)

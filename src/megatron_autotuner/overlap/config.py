@@ -58,9 +58,13 @@ class OverlapTunerConfig:
                 raise ConfigError("operators", f"unknown operator {op!r}; allowed: {', '.join(OPERATORS)}")
         if self.max_tp_size < 1:
             raise ConfigError("max_tp_size", f"must be >= 1, got {self.max_tp_size}")
-        for tp in self.tp_list:
+        for tp in self.tp_sizes or ():
             if tp < 1 or tp & (tp - 1):
                 raise ConfigError("tp_sizes", f"TP sizes must be powers of two, got {tp}")
+        if not 1 <= self.min_num_sm <= self.max_num_sm:
+            raise ConfigError(
+                "min_num_sm", f"need 1 <= min_num_sm <= max_num_sm, got {self.min_num_sm} and {self.max_num_sm}"
+            )
         if not 0 <= self.overlap_threshold <= 1:
             raise ConfigError("overlap_threshold", f"must be in [0, 1], got {self.overlap_threshold}")
         if self.scaling_tolerance < 0:
