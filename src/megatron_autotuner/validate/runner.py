@@ -433,6 +433,9 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         t0 = time.perf_counter()
         init_parallel(layout, device, timeout_s)
         config, chunks = build_model(layout, device, use_te)
+        # on or off decides whether each micro-batch adds its weight gradients into main_grad in a separate
+        # fp32 kernel; the prediction models the same (`CostOptions.gradient_accumulation_fusion`)
+        record["gradient_accumulation_fusion"] = bool(getattr(config, "gradient_accumulation_fusion", False))
         model, optimizer = wrap_for_training(layout, config, chunks, device)
         del chunks
         iterators = [_mock_batches(layout, device) for _ in model]
