@@ -7,7 +7,8 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
      "layers": [{"model": "Llama-3.1-8B", "num_gpus": 2, "tp": 2, "cp": 1, "ep": 1,
                  "sequence_parallel": true, "seq_length": 8192, "micro_batch_size": 1,
                  "phase": "fwd+bwd", "time_ms": 11.9, "model_flops": 1.2e13}, ...],   (optional)
-     "memory": {"non_torch_gib": 1.2, "fragmentation_fraction": 0.04}}                 (optional)
+     "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18}}                 (optional)
+     (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory)
 
 `op` is an operator name of `theory.flops` (qkv, proj, fc1, fc2, experts_fc1, ..., logits,
 core_attention) or "gemm" for a generic matrix product; `phase` is fwd, dgrad, wgrad, bwd or
@@ -292,9 +293,14 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
         mem = data["memory"]
         if not isinstance(mem, dict):
             raise ConfigError(f"{source}: memory", "must be an object")
-        non_torch = _number(f"{source}: memory.non_torch_gib", mem.get("non_torch_gib", 1.0), allow_zero=True)
+        default = MemoryAllowance()
+        non_torch = _number(
+            f"{source}: memory.non_torch_gib", mem.get("non_torch_gib", default.non_torch_gib), allow_zero=True
+        )
         frag = _number(
-            f"{source}: memory.fragmentation_fraction", mem.get("fragmentation_fraction", 0.05), allow_zero=True
+            f"{source}: memory.fragmentation_fraction",
+            mem.get("fragmentation_fraction", default.fragmentation_fraction),
+            allow_zero=True,
         )
         if frag >= 1:
             raise ConfigError(f"{source}: memory.fragmentation_fraction", f"must be < 1, got {frag}")

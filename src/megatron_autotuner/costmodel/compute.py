@@ -126,8 +126,12 @@ def flash_attention_time_s(
     return t
 
 
-def memory_bound_time_s(num_bytes: float, gpu: GPUSpec, kernels: float = 0.0) -> float:
-    """Streaming kernels: bytes / (HBM bandwidth * HBM_EFFICIENCY) + kernels * KERNEL_OVERHEAD_S."""
+def memory_bound_time_s(
+    num_bytes: float, gpu: GPUSpec, kernels: float = 0.0, hbm_efficiency: float | None = None
+) -> float:
+    """Streaming kernels: bytes / (HBM bandwidth * efficiency) + kernels * KERNEL_OVERHEAD_S; the
+    efficiency is HBM_EFFICIENCY unless a kernel's own measured fraction is given."""
     if num_bytes <= 0:
         return kernels * d.KERNEL_OVERHEAD_S
-    return num_bytes / (gpu.hbm_gbps * 1e9 * d.HBM_EFFICIENCY) + kernels * d.KERNEL_OVERHEAD_S
+    efficiency = d.HBM_EFFICIENCY if hbm_efficiency is None else hbm_efficiency
+    return num_bytes / (gpu.hbm_gbps * 1e9 * efficiency) + kernels * d.KERNEL_OVERHEAD_S

@@ -121,6 +121,15 @@ DDP_BUCKET_PARAMS = 40_000_000
 # reading the grad once more for the global-norm clip (4).
 OPTIMIZER_BYTES_PER_PARAM = 34.0
 # Zeroing the fp32 main-grad buffer before each iteration: 4 bytes per local parameter.
+# Without gradient_accumulation_fusion (Megatron-LM's --no-gradient-accumulation-fusion; also forced off
+# when APEX's fused_weight_gradient_mlp_cuda is missing, since megatron-core's output layer needs it) every
+# micro-batch's backward writes a bf16 weight gradient and DDP's hook adds it into the fp32 main_grad:
+# read main_grad (4) + read grad (2) + write main_grad (4) = 10 bytes per local parameter per micro-batch.
+# That cast-add (`unrolled_elementwise_kernel<CUDAFunctor_add<float>, LoadWithCast<2>>`) ran at 0.54 of
+# HBM on H200: 30.9 ms over 8 micro-batches x 1.009 G local parameters in the profiled TP2 step of
+# benchmarks/results/validation_h200_x2 (traces/tp2_sp.summary.json: 280 calls = 35 parameters x 8).
+GRAD_ACCUMULATION_BYTES_PER_PARAM = 10.0
+GRAD_ACCUMULATION_HBM_EFFICIENCY = 0.54
 GRAD_ZERO_BYTES_PER_PARAM = 4.0
 
 # ---- output layer -------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ After the last micro-batch (training): data-parallel gradient reduce-scatter (fp
 all-gather (bf16) of the distributed optimizer (all-reduce without it), over dp*cp ranks for dense
 and edp ranks for expert parameters. With --overlap-grad-reduce / --overlap-param-gather they
 run under the backward / forward of one micro-batch; exposed = max(t - window, t * tail) where the
-tail is the share of the last bucket (40M parameters) that cannot overlap. Then the Adam step and
+tail is the share of the last bucket (40M parameters, or the word embedding on the
+stage that holds it: buckets do not split parameters) that cannot overlap. Then the Adam step and
 grad zeroing (memory-bound, `defaults.OPTIMIZER_BYTES_PER_PARAM`), the fp8 weight casts, and the
 tied-embedding gradient all-reduce between the first and last stage.
 
@@ -63,6 +64,9 @@ class CostOptions:
     unfused softmax); `fused_bias_activation`: fused SwiGLU / GeLU (Megatron-LM default; the
     testbench's layers ran unfused); `fused_cross_entropy`: --cross-entropy-loss-fusion (NeMo /
     Megatron-Bridge recipes; Megatron-LM's default is the unfused fp32 vocab-parallel loss);
+    `gradient_accumulation_fusion`: wgrad GEMMs accumulate straight into the fp32 main_grad
+    (Megatron-LM's default; needs APEX for megatron-core's output layer); off adds a cast-add over
+    every local parameter per micro-batch (`defaults.GRAD_ACCUMULATION_BYTES_PER_PARAM`);
     `memory_margin`: fraction of HBM kept free when deciding `fits`.
     """
 
@@ -73,6 +77,7 @@ class CostOptions:
     flash_attention: bool = True
     fused_bias_activation: bool = True
     fused_cross_entropy: bool = True
+    gradient_accumulation_fusion: bool = True
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
     memory_margin: float = 0.0
@@ -421,6 +426,16 @@ def stage_time(
                 _merge(bwd, lc.bwd.parts)
                 _merge(bwd, {"gemm": eh["bwd"], "memory_bound": 2 * norm_b})
 
+    if training and not options.gradient_accumulation_fusion:
+        local = stage_parameter_counts(model, parallel, stage, padded).total
+        accumulate = memory_bound_time_s(
+            d.GRAD_ACCUMULATION_BYTES_PER_PARAM * local,
+            gpu,
+            8 * len(layers) + 3,  # ~8 weight tensors per layer, plus embedding, final norm, output layer
+            d.GRAD_ACCUMULATION_HBM_EFFICIENCY,
+        )
+        _merge(bwd, {"memory_bound": accumulate})
+
     p2p_mb = p2p_fill = 0.0
     if pp > 1:
         stride = tp * cp * parallel.dp
@@ -450,7 +465,12 @@ def stage_time(
             grad_t += collective_time_s("all_reduce", dp_group, 4.0 * counts.dense, cluster, dense_stride)
             if counts.experts:
                 grad_t += collective_time_s("all_reduce", edp, 4.0 * counts.experts, cluster, expert_stride)
-        tail = min(1.0, bucket / max(counts.total, 1))
+        # A bucket never splits a parameter, so the last gradient bucket of the backward (and the first
+        # parameter bucket of the forward) holds at least the word embedding, on the stage that has it:
+        # 2x H200, 4-layer Qwen3-8B DP2 (benchmarks/results/validation_h200_x2): its 622 M-parameter
+        # embedding (31% of the rank's parameters) left ~16 ms of the fp32 reduce-scatter and bf16
+        # all-gather exposed in the trace, where a 40 M bucket would leave 0.3 ms.
+        tail = min(1.0, max(bucket, counts.embedding) / max(counts.total, 1))
         exposed = grad_t if not options.overlap_grad_reduce else max(grad_t - window_bwd, grad_t * tail)
         if gather_t:
             overlap_gather = options.overlap_param_gather and parallel.use_distributed_optimizer

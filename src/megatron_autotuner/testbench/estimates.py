@@ -107,7 +107,9 @@ def estimate_case(case: Case, options: ActivationOptions = ActivationOptions()) 
         logits = logits_flops_per_token(spec) * tokens / tp
         flops = {"fwd": layers + logits, "bwd": 2 * (layers + logits)}
         weights = stage_parameters(spec, parallel, 0).total
-        activations = stage_memory(spec, parallel, workload, 0, options).activations_bytes
+        stage = stage_memory(spec, parallel, workload, 0, options)
+        # what the forward leaves saved for backward: the step-peak transient logits are gone by then
+        activations = stage.activations_bytes - stage.activation_detail.get("logits_transient", 0.0)
     elif case.op in ("column_linear", "row_linear"):
         gate = 2 if spec.gated_linear_unit else 1
         out_features = gate * spec.ffn_hidden_size if case.op == "column_linear" else h

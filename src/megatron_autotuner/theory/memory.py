@@ -56,19 +56,24 @@ class MemoryAllowance:
     `non_torch_gib`: CUDA context, NCCL communicator buffers and library workspaces, outside the
     PyTorch caching allocator (invisible to torch.cuda.max_memory_allocated).
     `fragmentation_fraction`: reserved-but-unallocated memory of the caching allocator, as a
-    fraction of the allocated peak. Defaults are round, uncalibrated starting values; measured
-    runs (testbench / validate) replace them through a calibration file.
+    fraction of the activation (transient) memory: weights, gradients and optimizer state are
+    allocated once and leave no holes; the per-micro-batch tensors do. Defaults are the medians of 16
+    fresh megatron-core training runs on H200 (torch 2.11, CUDA 13.0, NCCL 2.28;
+    benchmarks/results/validation_h200_x2): 2.9 GiB outside the allocator with one NCCL group in use
+    (1.9 forward-only, up to 4.4 with EP), and 0.18 x activations reserved unallocated (0.01-0.47;
+    as a fraction of everything allocated it spread 0.3-12%). Measured runs (testbench / validate)
+    replace them through a calibration file.
     """
 
-    non_torch_gib: float = 1.0
-    fragmentation_fraction: float = 0.05
+    non_torch_gib: float = 2.9
+    fragmentation_fraction: float = 0.18
 
     def __post_init__(self) -> None:
         if self.non_torch_gib < 0 or not 0 <= self.fragmentation_fraction < 1:
             raise ConfigError("memory_allowance", "non_torch_gib must be >= 0 and fragmentation_fraction in [0, 1)")
 
-    def bytes_for(self, allocated_bytes: float) -> float:
-        return self.non_torch_gib * GIB + self.fragmentation_fraction * allocated_bytes
+    def bytes_for(self, activation_bytes: float) -> float:
+        return self.non_torch_gib * GIB + self.fragmentation_fraction * activation_bytes
 
 
 @dataclass(frozen=True)
@@ -353,6 +358,11 @@ def _stage_activations(
         # vocab_parallel_cross_entropy saves for backward (one micro-batch: the last stage runs
         # each micro-batch's backward right after its forward).
         detail["output_layer"] = 2 * e * tokens * h / x + FP32_BYTES * tokens * vocab / t
+        # not saved, but alive beside the fp32 softmax at the step's peak: the bf16 logits (forward) /
+        # their bf16 gradient (backward). Measured: 4-layer Qwen3-8B training steps on H200
+        # (benchmarks/results/validation_h200_x2) peaked above the rest of this model by 1.16-1.26 GiB at
+        # 4096 tokens, 0.58-0.71 at TP2 and 2.32-2.54 at 8192 tokens: 2 bytes x tokens x vocab / tp.
+        detail["logits_transient"] = e * tokens * vocab / t
         if model.mtp_num_layers:
             detail["mtp"] = model.mtp_num_layers * (
                 layer_activation_bytes(model, parallel, workload, model.num_layers - 1, options)
@@ -385,7 +395,6 @@ def stage_memory(
     linear_fraction = _linear_weight_fraction(model) if workload.precision == "fp8" else 0.0
     weights, grads, optimizer = _model_state_bytes(counts, parallel, workload, linear_fraction)
     activations, detail, in_flight = _stage_activations(model, parallel, workload, stage, options, padded_vocab_size)
-    allocated = weights + grads + optimizer + activations
     return StageMemory(
         stage=stage,
         parameters=counts,
@@ -395,7 +404,7 @@ def stage_memory(
         activations_bytes=activations,
         activation_detail=detail,
         in_flight_microbatches=in_flight,
-        allowance_bytes=allowance.bytes_for(allocated),
+        allowance_bytes=allowance.bytes_for(activations),
     )
 
 
