@@ -14,8 +14,16 @@ def test_small_layer_ops_measure_and_match_theory(tmp_path):
     from megatron_autotuner.testbench import launcher
 
     spec = tmp_path / "small.json"
-    ModelSpec(name="small", hidden_size=1024, num_layers=2, num_attention_heads=8, num_query_groups=4,
-              ffn_hidden_size=2816, vocab_size=32000, max_position_embeddings=4096).save_json(spec)
+    ModelSpec(
+        name="small",
+        hidden_size=1024,
+        num_layers=2,
+        num_attention_heads=8,
+        num_query_groups=4,
+        ffn_hidden_size=2816,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ).save_json(spec)
     cases, _ = expand_cases([str(spec)], ["attention", "mlp", "decoder", "lm_head"], [2048], tps=[1])
     run = launcher.run_cases(cases, tmp_path / "run", warmup=2, repeats=5, case_timeout_s=300, progress=False)
     assert run.ran == len(cases)

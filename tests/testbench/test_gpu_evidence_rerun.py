@@ -49,9 +49,10 @@ def test_fused_dense_throughput():
         # one TE decoder layer at s=8192 on one H200: > 55% of dense bf16 peak
         assert rows[(model, "decoder", 1, 8192)]["fwd_bwd_tflops"] > 0.55 * H200_BF16_DENSE_TFLOPS
         # TP=2 (sequence parallel, no overlap) helps, but is < 1.9x: communication is exposed
-        speedup = rows[(model, "decoder", 1, 8192)]["fwd_bwd_ms"]["median"] / rows[(model, "decoder", 2, 8192)][
-            "fwd_bwd_ms"
-        ]["median"]
+        speedup = (
+            rows[(model, "decoder", 1, 8192)]["fwd_bwd_ms"]["median"]
+            / rows[(model, "decoder", 2, 8192)]["fwd_bwd_ms"]["median"]
+        )
         assert 1.4 < speedup < 1.9
 
 

@@ -41,6 +41,7 @@ def test_memory_edge():
 def _ok_row(layout, step_s, alloc=10.0, reserved=11.0, non_torch=1.5):
     return {"layout_id": layout.layout_id, "layout": layout.to_dict(), "status": "ok",
             "env": {"device": "NVIDIA H200", "torch": "2.11"}, "measured": {"step_time_s": step_s},
+            "predicted": {"memory_breakdown_gib": {"activations": 4.0}},
             "per_rank": [{"rank": 0, "max_allocated_gib": alloc, "max_reserved_gib": reserved,
                           "non_torch_gib": non_torch}]}  # fmt: skip
 
@@ -54,7 +55,8 @@ def test_calibration_reproduces_measured_step(tmp_path):
     doc = write_calibration([_ok_row(LAY, measured)], "H200", path)
     assert doc["kind"] == "megatron-autotuner-calibration" and doc["ops"] == [] and len(doc["layers"]) == 1
     assert doc["layers"][0]["model"] == "Qwen3-8B" and doc["layers"][0]["phase"] == "fwd+bwd"
-    assert doc["memory"] == {"non_torch_gib": 1.5, "fragmentation_fraction": pytest.approx(0.1)}
+    # fragmentation: (reserved - allocated) / predicted activations = 1 GiB / 4 GiB
+    assert doc["memory"] == {"non_torch_gib": 1.5, "fragmentation_fraction": pytest.approx(0.25)}
     cal = load_calibration(path)
     again = estimate_layout(LAY, "H200", cal).step_time_s
     assert again == pytest.approx(measured, rel=0.01)

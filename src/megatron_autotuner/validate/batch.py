@@ -14,6 +14,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs import get_gpu_spec
 from .agreement import BEST_TOLERANCE, rank_agreement
+from .calibration import held_out_memory
 from .layout import Layout
 from .predict import compare, predict
 from .results import aggregate
@@ -31,8 +32,15 @@ class ValidationReport:
 
 
 def predictions_for(layouts: list[Layout], gpu: str, out_dir: Path, calibration: Any = None) -> dict[str, dict]:
-    """Predict every layout and write `layouts.json` (layouts + predictions), before anything runs."""
-    preds = {lay.layout_id: predict(lay, gpu, calibration) for lay in layouts}
+    """Predict every layout and write `layouts.json` (layouts + predictions). Before a run, with the
+    gradient-accumulation fusion the runner on this machine will use; once a layout has run, with what its
+    run recorded (so a report rebuilt elsewhere predicts the run that happened)."""
+    ran = aggregate(out_dir) if out_dir.exists() else {}
+    fusion = {k: row.get("gradient_accumulation_fusion") for k, row in ran.items()}
+    preds = {
+        lay.layout_id: predict(lay, gpu, calibration, gradient_accumulation_fusion=fusion.get(lay.layout_id))
+        for lay in layouts
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         "schema_version": SCHEMA_VERSION,
@@ -71,6 +79,7 @@ def build_report(layouts: list[Layout], out_dir: Path, gpu: str, predictions: di
     measured = aggregate(out_dir)
     rows = [compare(lay, measured.get(lay.layout_id), predictions.get(lay.layout_id, {}), gpu_spec) for lay in layouts]
     agreement = rank_agreement(rows)
+    held_out = held_out_memory(rows)
     summary = {
         "schema_version": SCHEMA_VERSION,
         "tool_version": __version__,
@@ -78,8 +87,11 @@ def build_report(layouts: list[Layout], out_dir: Path, gpu: str, predictions: di
         "gpu": gpu,
         "targets": targets(rows, agreement),
         "rank_agreement": agreement,
+        "memory_held_out": held_out,
         "rows": rows,
     }
+    summary["targets"]["peak_memory_held_out_within_5pct"] = sum(abs(h["error"]) <= MEMORY_TARGET for h in held_out)
+    summary["targets"]["peak_memory_held_out_compared"] = len(held_out)
     (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["status"] != "pending"))
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return ValidationReport(out_dir, tuple(rows), tuple(agreement), summary)
@@ -124,6 +136,7 @@ def validate_layouts(
             log=log,
             layouts_per_job=layouts_per_job,
         )
+        predictions = predictions_for(layouts, gpu, out, calibration)
     report = build_report(layouts, out, gpu, predictions)
     if write_calibration_to is not None:
         from .calibration import write_calibration

@@ -31,7 +31,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs import get_gpu_spec
 from ..theory.flops import layer_forward_flops_per_token, phase_flops
-from ..theory.memory import local_tokens
+from ..theory.memory import GIB, MemoryAllowance, local_tokens
 from .layout import Layout
 from .predict import estimate_layout
 
@@ -168,24 +168,58 @@ def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any
         entries.setdefault(key, probe)
         solved.setdefault(key, []).append(value)
     layers = [{**entries[k], "time_ms": statistics.median(v), "runs": len(v)} for k, v in sorted(solved.items())]
+    env = ok[0].get("env") or {}
+    versions = {k: env.get(k) for k in ("torch", "megatron_core", "transformer_engine", "cuda", "nccl")}
+    return _document(gpu, env.get("device") or "", versions, layers, memory_allowance_from_rows(ok))
+
+
+def _memory_comparable(row: dict[str, Any]) -> bool:
+    # a layout that started in a process still holding earlier layouts' memory says nothing of its own
+    return row.get("status") == "ok" and bool((row.get("measured") or {}).get("memory_comparable", True))
+
+
+def memory_allowance_from_rows(rows: list[dict[str, Any]]) -> dict[str, float] | None:
+    """Medians over runs and ranks of the memory outside the caching allocator (`non_torch_gib`) and of
+    (reserved - allocated) / predicted activations (`fragmentation_fraction`, capped at 0.9; see
+    `theory.memory.MemoryAllowance`); None without comparable runs."""
     non_torch, frag = [], []
-    for row in ok:
-        if not row["measured"].get("memory_comparable", True):
-            continue  # started in a process that still held earlier layouts' memory
+    for row in filter(_memory_comparable, rows):
+        activations_gib = ((row.get("predicted") or {}).get("memory_breakdown_gib") or {}).get("activations")
         for p in row.get("per_rank") or []:
             if p.get("non_torch_gib") is not None:
                 non_torch.append(max(0.0, p["non_torch_gib"]))
-            if p.get("max_allocated_gib") and p.get("max_reserved_gib") is not None:
-                frag.append(max(0.0, p["max_reserved_gib"] / p["max_allocated_gib"] - 1.0))
-    memory = None
-    if non_torch and frag:
-        memory = {
-            "non_torch_gib": statistics.median(non_torch),
-            "fragmentation_fraction": min(statistics.median(frag), 0.5),
-        }
-    env = ok[0].get("env") or {}
-    versions = {k: env.get(k) for k in ("torch", "megatron_core", "transformer_engine", "cuda", "nccl")}
-    return _document(gpu, env.get("device") or "", versions, layers, memory)
+            if activations_gib and p.get("max_allocated_gib") is not None and p.get("max_reserved_gib") is not None:
+                frag.append(max(0.0, p["max_reserved_gib"] - p["max_allocated_gib"]) / activations_gib)
+    if not (non_torch and frag):
+        return None
+    return {"non_torch_gib": statistics.median(non_torch), "fragmentation_fraction": min(statistics.median(frag), 0.9)}
+
+
+def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Peak memory of each comparable run predicted with the allowance calibrated from the *other* runs
+    (leave-one-out): what `mat estimate --calibration` would say for a layout it has not seen. The
+    allocator part is the cost model's (predicted total minus its own allowance)."""
+    comparable = [r for r in rows if _memory_comparable(r) and (r.get("predicted") or {}).get("memory_breakdown_gib")]
+    out = []
+    for row in comparable:
+        memory = memory_allowance_from_rows([r for r in comparable if r is not row])
+        measured = row["measured"].get("peak_gib")
+        if memory is None or not measured:
+            continue
+        breakdown = row["predicted"]["memory_breakdown_gib"]
+        allocated_gib = breakdown["total"] - breakdown.get("allowance", 0.0)
+        predicted = allocated_gib + MemoryAllowance(**memory).bytes_for(breakdown["activations"] * GIB) / GIB
+        out.append(
+            {
+                "layout_id": row["layout_id"],
+                "label": row.get("label"),
+                "measured_peak_gib": measured,
+                "predicted_peak_gib": predicted,
+                "allowance_from_others": memory,
+                "error": predicted / measured - 1.0,
+            }
+        )
+    return out
 
 
 def write_calibration(rows: list[dict[str, Any]], gpu: str, path: str | Path) -> dict[str, Any]:

@@ -38,18 +38,44 @@ def _costmodel():
     return CostOptions, estimate
 
 
-def cost_options(layout: Layout, calibration: Any = None, flops_convention: str = "causal"):
+def runner_grad_accumulation_fusion(layout: Layout) -> bool:
+    """What the runner on this machine will use (`runner.config_overrides`): on for TE training runs when
+    APEX's wgrad extension is importable, as Megatron-LM decides."""
+    from .runner import apex_wgrad_fusion_available
+
+    return layout.use_te and layout.mode == "train" and apex_wgrad_fusion_available()
+
+
+def cost_options(
+    layout: Layout,
+    calibration: Any = None,
+    flops_convention: str = "causal",
+    gradient_accumulation_fusion: bool | None = None,
+):
+    """The runner's implementation choices as cost-model options: megatron-core's unfused fp32
+    vocab-parallel loss (GPTModel's default), fused bias-activation, and gradient-accumulation fusion as
+    the run had it (None: as the runner on this machine will have it)."""
     CostOptions, _ = _costmodel()
+    if gradient_accumulation_fusion is None:
+        gradient_accumulation_fusion = runner_grad_accumulation_fusion(layout)
     return CostOptions(
         flops_convention=flops_convention,
         overlap_grad_reduce=layout.overlap_grad_reduce,
         overlap_param_gather=layout.overlap_param_gather,
         flash_attention=layout.use_te,
+        fused_cross_entropy=False,
+        gradient_accumulation_fusion=gradient_accumulation_fusion,
         calibration=calibration,
     )
 
 
-def estimate_layout(layout: Layout, gpu: str | GPUSpec, calibration: Any = None, flops_convention: str = "causal"):
+def estimate_layout(
+    layout: Layout,
+    gpu: str | GPUSpec,
+    calibration: Any = None,
+    flops_convention: str = "causal",
+    gradient_accumulation_fusion: bool | None = None,
+):
     """The cost model's `Estimate` for the layout (reduced model included). Raises on errors."""
     _, estimate = _costmodel()
     gpu_spec = get_gpu_spec(gpu) if isinstance(gpu, str) else gpu
@@ -58,20 +84,32 @@ def estimate_layout(layout: Layout, gpu: str | GPUSpec, calibration: Any = None,
         layout.parallel(),
         layout.workload(),
         gpu_spec,
-        cost_options(layout, calibration, flops_convention),
+        cost_options(layout, calibration, flops_convention, gradient_accumulation_fusion),
     )
 
 
-def predict(layout: Layout, gpu: str | GPUSpec, calibration: Any = None, flops_convention: str = "causal") -> dict:
+def predict(
+    layout: Layout,
+    gpu: str | GPUSpec,
+    calibration: Any = None,
+    flops_convention: str = "causal",
+    gradient_accumulation_fusion: bool | None = None,
+) -> dict:
     """A compact prediction dict; `{"error": ...}` when the cost model cannot say."""
     try:
-        est = estimate_layout(layout, gpu, calibration, flops_convention)
+        options = cost_options(layout, calibration, flops_convention, gradient_accumulation_fusion)
+        est = estimate_layout(layout, gpu, calibration, flops_convention, options.gradient_accumulation_fusion)
         data = est.to_dict()
     except (AutotunerError, ConfigError, ValueError, ZeroDivisionError) as exc:
         return {"error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - an evolving cost model must not stop a GPU batch
         return {"error": f"cost model failed: {type(exc).__name__}: {exc}"}
-    return {k: data.get(k) for k in PREDICTED_KEYS}
+    out = {k: data.get(k) for k in PREDICTED_KEYS}
+    out["assumed"] = {
+        "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
+        "fused_cross_entropy": options.fused_cross_entropy,
+    }
+    return out
 
 
 def edge_num_layers(layout: Layout, gpu: str | GPUSpec, which: str, max_layers: int = 512) -> int:

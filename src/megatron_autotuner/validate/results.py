@@ -133,6 +133,7 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
             r0 = ranks.get(0) or next(iter(ranks.values()))
             row["env"] = r0.get("env")
             row["layer_spec"] = r0.get("layer_spec")
+            row["gradient_accumulation_fusion"] = r0.get("gradient_accumulation_fusion")
             per_rank = []
             for rank, rec in sorted(ranks.items()):
                 m = rec.get("measured", {})
