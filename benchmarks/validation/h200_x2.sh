@@ -9,7 +9,7 @@
 #          one torch-profiler trace)                                                    ~6 min
 #   job 2 (1 GPU each, concurrently): Qwen3-8B at the predicted memory edge, seq 4096: the most layers predicted
 #          to fit (max-fit) on GPU 0 and one step more (min-oom, predicted OOM) on GPU 1   ~1.5 min
-# Then: `mat trace summary --json` of the trace, and a calibration file from the runs.
+# Then: `mat trace summary --json` of each profiled layout's rank-0 trace, and a calibration file from the runs.
 # Copy "$OUT"/{summary.json,results.jsonl,...} to benchmarks/results/validation_h200_x2/ (see the end).
 set -uo pipefail
 source /root/gpu/env.sh
@@ -36,14 +36,15 @@ OOM=$!
 wait $FIT; wait $OOM
 cat "$OUT/edge_fit.txt" "$OUT/edge_oom.txt"
 
-echo "== trace summary"
-TRACE=$(ls "$OUT"/x2/traces/*/rank_0.json.gz 2>/dev/null | head -n 1)
-if [ -n "$TRACE" ]; then
-  $PY -m megatron_autotuner.cli trace summary --json "$TRACE" > "$OUT/trace_summary.json" 2> "$OUT/trace_summary.err" \
-    && echo "trace summary: $OUT/trace_summary.json" || { echo "trace summary failed:"; tail -5 "$OUT/trace_summary.err"; }
-else
-  echo "no trace found"
-fi
+echo "== trace summaries (rank 0 of every profiled layout)"
+mkdir -p "$OUT/traces"
+for TRACE in "$OUT"/x2/traces/*/rank_0.json.gz; do
+  [ -f "$TRACE" ] || { echo "no trace found"; break; }
+  NAME=$(basename "$(dirname "$TRACE")")
+  cp "$TRACE" "$OUT/traces/$NAME.rank_0.json.gz"
+  $PY -m megatron_autotuner.cli trace summary --json "$TRACE" > "$OUT/traces/$NAME.summary.json" \
+    || echo "trace summary failed: $TRACE"
+done
 
 echo "== collect evidence (small files only) under $OUT/evidence"
 EV="$OUT/evidence"
@@ -53,7 +54,7 @@ for d in x2 edge_fit edge_oom; do
   cp "$OUT/$d/summary.json" "$OUT/$d/results.jsonl" "$OUT/$d/layouts.json" "$EV/$d/" 2>/dev/null
   mkdir -p "$EV/$d/runs" && cp "$OUT/$d"/runs/*.jsonl "$EV/$d/runs/" 2>/dev/null  # re-aggregated by the tests
 done
-cp "$OUT/x2/calibration.json" "$OUT/trace_summary.json" "$OUT/gpus.txt" "$EV/" 2>/dev/null
-[ -n "${TRACE:-}" ] && cp "$TRACE" "$EV/trace_rank_0.json.gz"
+cp "$OUT/x2/calibration.json" "$OUT/gpus.txt" "$EV/" 2>/dev/null
+cp -r "$OUT/traces" "$EV/" 2>/dev/null
 du -sh "$EV"
 echo "wall time: $(( $(date +%s) - START )) s"
