@@ -26,7 +26,10 @@ WORKER_MODULE = "megatron_autotuner.testbench.worker"
 
 
 @dataclass
-class ProfileRun:
+class LaunchReport:
+    """What one launch of a batch did (testbench cases, validation layouts): how many there were, how many
+    were already finished and skipped, how many ran, and which the launcher itself recorded as failed."""
+
     out_dir: Path
     total: int
     skipped_finished: int
@@ -125,14 +128,14 @@ def run_cases(
     device: str = "cuda",
     available_gpus: int | None = None,
     progress: bool = True,
-) -> ProfileRun:
+) -> LaunchReport:
     """Measure `cases`, writing records under `out_dir/collect/`. Returns what ran."""
     out = Path(out_dir)
     (out / "collect").mkdir(parents=True, exist_ok=True)
     (out / "cases.json").write_text(json.dumps([c.to_dict() for c in cases], indent=1))
     done = finished_case_ids(out, retry_failed)
     pending = [c for c in cases if c.case_id not in done]
-    run = ProfileRun(out_dir=out, total=len(cases), skipped_finished=len(cases) - len(pending))
+    run = LaunchReport(out_dir=out, total=len(cases), skipped_finished=len(cases) - len(pending))
     if available_gpus is not None:
         too_big = [c for c in pending if c.world_size > available_gpus]
         for c in too_big:

@@ -19,25 +19,15 @@ import json
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..testbench.launcher import watch_job
+from ..testbench.launcher import LaunchReport, watch_job
 from .layout import Layout
 from .results import append_record, current_file, finished_layout_ids, launcher_file
 from .runner import failure_kind
 
 WORKER_MODULE = "megatron_autotuner.validate.worker"
 STARTUP_ALLOWANCE_S = 180.0  # imports + process-group start before the first layout
-
-
-@dataclass
-class LaunchReport:
-    out_dir: Path
-    total: int
-    skipped_finished: int
-    ran: int = 0
-    failed_by_launcher: list[str] = field(default_factory=list)
 
 
 def torchrun_command(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import inspect
 import math
@@ -131,8 +132,10 @@ def init_parallel(layout: Layout, device: str, timeout_s: float) -> None:
         torch.manual_seed(1234)
 
 
+@functools.cache
 def apex_wgrad_fusion_available() -> bool:
-    """APEX's fused_weight_gradient_mlp_cuda extension importable (needed by gradient_accumulation_fusion)."""
+    """APEX's fused_weight_gradient_mlp_cuda extension importable (needed by gradient_accumulation_fusion).
+    Cached: a failed import is retried from scratch each time, and predictions ask in loops."""
     try:
         import fused_weight_gradient_mlp_cuda  # noqa: F401
     except ImportError:
