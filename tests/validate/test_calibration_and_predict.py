@@ -128,3 +128,17 @@ def test_layer_model_flops_match_the_testbench_convention():
         est = estimate_case(Case(model=model, op="decoder", seq_length=4096, **kw))
         assert layer_model_flops(lay) == pytest.approx(est["fwd_bwd_flops"])
         assert layer_model_flops(lay.replace(mode="forward")) == pytest.approx(est["fwd_flops"])
+
+
+def test_calibration_solves_with_the_runs_own_gradient_accumulation_fusion():
+    """A run without gradient-accumulation fusion pays the fp32 cast-add outside the decoder layers: the
+    solved layer time must not absorb it, whichever machine writes the calibration."""
+    from megatron_autotuner.costmodel import calibration_from_dict
+
+    predicted = estimate_layout(LAY, "H200", gradient_accumulation_fusion=True).step_time_s
+    rows = {fused: {**_ok_row(LAY, 1.3 * predicted), "gradient_accumulation_fusion": fused} for fused in (True, False)}
+    docs = {fused: calibration_from_rows([row], "H200") for fused, row in rows.items()}
+    assert docs[False]["layers"][0]["time_ms"] < docs[True]["layers"][0]["time_ms"]
+    for fused, doc in docs.items():
+        again = estimate_layout(LAY, "H200", calibration_from_dict(doc), gradient_accumulation_fusion=fused)
+        assert again.step_time_s == pytest.approx(1.3 * predicted, rel=0.01)

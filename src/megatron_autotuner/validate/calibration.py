@@ -93,7 +93,12 @@ def _key(entry: dict[str, Any]) -> tuple:
 
 
 def solve_layer_time_ms(
-    layout: Layout, measured_step_s: float, gpu: str, num_gpus: int, rel_tol: float = 1e-9
+    layout: Layout,
+    measured_step_s: float,
+    gpu: str,
+    num_gpus: int,
+    rel_tol: float = 1e-9,
+    gradient_accumulation_fusion: bool | None = None,
 ) -> float | None:
     """The layer-entry time_ms that makes the cost model predict `measured_step_s` for `layout`.
 
@@ -101,13 +106,16 @@ def solve_layer_time_ms(
     shorter than what the cost model predicts outside the decoder layers (no positive time fits).
     The predicted step is non-decreasing and piecewise linear in time_ms (see the module doc), so
     the root is bracketed, then found by Illinois false position (exact once both ends of the
-    bracket lie on the same linear piece).
+    bracket lie on the same linear piece). `gradient_accumulation_fusion`: as the run had it (None: as
+    the runner on this machine would), so the unfused accumulation is not solved into the layer time.
     """
     from ..costmodel import calibration_from_dict
 
     def residual(time_ms: float) -> float:
         doc = _document(gpu, "", {}, [_layer_entry(layout, time_ms, num_gpus)], None)
-        return estimate_layout(layout, gpu, calibration_from_dict(doc, "<probe>")).step_time_s - measured_step_s
+        probe = calibration_from_dict(doc, "<probe>")
+        est = estimate_layout(layout, gpu, probe, gradient_accumulation_fusion=gradient_accumulation_fusion)
+        return est.step_time_s - measured_step_s
 
     tol = rel_tol * measured_step_s
     lo, hi = 1.0, 2.0
@@ -162,7 +170,13 @@ def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any
         probe = _layer_entry(layout, 1.0, layout.num_gpus, layer_model_flops(layout))
         key = _key(probe)
         num_gpus = entries.get(key, probe)["num_gpus"]
-        value = solve_layer_time_ms(layout, row["measured"]["step_time_s"], gpu, num_gpus)
+        value = solve_layer_time_ms(
+            layout,
+            row["measured"]["step_time_s"],
+            gpu,
+            num_gpus,
+            gradient_accumulation_fusion=row.get("gradient_accumulation_fusion"),
+        )
         if value is None:
             continue
         entries.setdefault(key, probe)

@@ -69,6 +69,12 @@ def cost_options(
     )
 
 
+def _estimate(layout: Layout, gpu: str | GPUSpec, options: Any):
+    _, estimate = _costmodel()
+    gpu_spec = get_gpu_spec(gpu) if isinstance(gpu, str) else gpu
+    return estimate(layout.model_spec(), layout.parallel(), layout.workload(), gpu_spec, options)
+
+
 def estimate_layout(
     layout: Layout,
     gpu: str | GPUSpec,
@@ -77,15 +83,7 @@ def estimate_layout(
     gradient_accumulation_fusion: bool | None = None,
 ):
     """The cost model's `Estimate` for the layout (reduced model included). Raises on errors."""
-    _, estimate = _costmodel()
-    gpu_spec = get_gpu_spec(gpu) if isinstance(gpu, str) else gpu
-    return estimate(
-        layout.model_spec(),
-        layout.parallel(),
-        layout.workload(),
-        gpu_spec,
-        cost_options(layout, calibration, flops_convention, gradient_accumulation_fusion),
-    )
+    return _estimate(layout, gpu, cost_options(layout, calibration, flops_convention, gradient_accumulation_fusion))
 
 
 def predict(
@@ -98,8 +96,7 @@ def predict(
     """A compact prediction dict; `{"error": ...}` when the cost model cannot say."""
     try:
         options = cost_options(layout, calibration, flops_convention, gradient_accumulation_fusion)
-        est = estimate_layout(layout, gpu, calibration, flops_convention, options.gradient_accumulation_fusion)
-        data = est.to_dict()
+        data = _estimate(layout, gpu, options).to_dict()
     except (AutotunerError, ConfigError, ValueError, ZeroDivisionError) as exc:
         return {"error": str(exc)}
     except Exception as exc:  # noqa: BLE001 - an evolving cost model must not stop a GPU batch
@@ -150,7 +147,17 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
         "status": "pending",
     }
     if measured_row is not None:
-        for key in ("status", "failure_kind", "error", "layer_spec", "env", "per_rank", "traces", "log_tail"):
+        for key in (
+            "status",
+            "failure_kind",
+            "error",
+            "layer_spec",
+            "gradient_accumulation_fusion",
+            "env",
+            "per_rank",
+            "traces",
+            "log_tail",
+        ):
             if key in measured_row:
                 row[key] = measured_row[key]
     m = dict((measured_row or {}).get("measured") or {})
