@@ -1,6 +1,8 @@
 """`mat validate` without running (dry run, Slurm script), committed GPU evidence, and a GPU smoke run."""
 
 import json
+import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -88,12 +90,12 @@ def test_committed_evidence():
     # the runs had no APEX, so no gradient-accumulation fusion; the predictions say the same
     assert all(r["predicted"]["assumed"]["gradient_accumulation_fusion"] is False for r in rows)
     step = {r["label"]: r["error_rel"]["step_time"] for r in rows}
-    # uncalibrated step time: within 10% for at least 6 layouts (dense, 4 layers), every dense layout
-    # within 15% (all under-predicted); MoE still ~2-2.6x too fast (host-bound expert GEMMs, not modelled)
-    assert sum(abs(e) <= 0.10 for e in step.values()) >= 6
+    # uncalibrated step time: every dense layout (4 layers) within 10% (-7.4% .. +0.9%); the two
+    # host-bound MoE layouts within 30% (+28%, +13%) with the testbench's MoE host floor
     dense = {k: e for k, e in step.items() if k.startswith("8B")}
-    assert len(dense) == 13 and all(-0.15 < e < 0.0 for e in dense.values())
-    assert all(step[k] < -0.5 for k in step if k.startswith("30B"))
+    assert len(dense) == 13 and all(abs(e) <= 0.10 for e in dense.values())
+    moe = [e for k, e in step.items() if k.startswith("30B")]
+    assert len(moe) == 2 and all(abs(e) < 0.30 for e in moe)
     # peak memory with the default allowance: within 5% for at least 11 of 15, all within 10%
     mem = [r["error_rel"]["peak_memory"] for r in rows]
     assert sum(abs(e) <= 0.05 for e in mem) >= 11 and all(abs(e) < 0.10 for e in mem)
@@ -109,6 +111,82 @@ def test_committed_evidence():
     assert oom["status"] == "failed" and oom["failure_kind"] == "oom"
     assert fit["status"] == "ok" and oom["layout"]["num_layers"] == fit["layout"]["num_layers"] + 1
     assert abs(fit["error_rel"]["peak_memory"]) < 0.05  # 136.86 GiB measured vs 139.67 predicted
+
+
+def test_moe_host_floor_evidence():
+    """Six more host-bound MoE runs (Qwen3-30B-A3B shapes, 2 / 6 layers, seq 2048, EP2 / EP1, train and
+    forward-only; 2x H200, 2026-11-23), none used to set the floor (that came from the testbench's MoE
+    block). With the floor every MoE run is within 30% (steps of these runs vary by 10-40% min to max);
+    without it all eight were 35-60% too fast."""
+    from megatron_autotuner.costmodel import estimate
+    from megatron_autotuner.specs import get_gpu_spec
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import cost_options
+    from megatron_autotuner.validate.results import aggregate
+
+    rows = json.loads((EVIDENCE / "moe_host" / "summary.json").read_text())["rows"]
+    again = aggregate(EVIDENCE / "moe_host")
+    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    x2 = json.loads((EVIDENCE / "x2" / "summary.json").read_text())["rows"]
+    rows += [r for r in x2 if r["label"].startswith("30B")]
+    assert len(rows) == 8
+    h200 = get_gpu_spec("H200")
+    for r in rows:
+        if r["layout_id"] in again:
+            assert again[r["layout_id"]]["measured"]["step_time_s"] == pytest.approx(r["measured"]["step_time_s"])
+        measured = r["measured"]["step_time_s"]
+        assert abs(r["predicted"]["step_time_s"] / measured - 1) < 0.30, r["label"]
+        lay = Layout.from_dict(r["layout"])
+        options = replace(cost_options(lay, gradient_accumulation_fusion=False), moe_host_bound=False)
+        gpu_only = estimate(lay.model_spec(), lay.parallel(), lay.workload(), h200, options).step_time_s
+        assert gpu_only / measured - 1 < -0.35, r["label"]
+
+
+def test_memory_bound_defaults_match_the_traces():
+    """The memory-bound constants measured in the committed rank-0 traces of real training steps:
+    optimizer kernels, the unfused loss, the q/k-norm dgamma finalize, the fused SwiGLU backward, and
+    the 1/dp gradient scaling (present with DP2, absent with TP2)."""
+    import gzip
+
+    from megatron_autotuner.costmodel import defaults as d
+    from megatron_autotuner.specs import get_gpu_spec
+
+    hbm = get_gpu_spec("H200").hbm_gbps * 1e9
+
+    def kernels(name):
+        with gzip.open(EVIDENCE / "traces" / f"{name}.rank_0.json.gz") as f:
+            events = json.load(f)["traceEvents"]
+        return [e for e in events if e.get("cat") == "kernel"]
+
+    def total_s(ks, *parts, min_us=0.0):
+        return sum(k["dur"] for k in ks if all(p in k["name"] for p in parts) and k["dur"] >= min_us) * 1e-6
+
+    dp2, tp2 = kernels("dp2"), kernels("tp2_sp")
+    shard = 1_008_768_000  # DP2 distributed optimizer: half of the rank's 2.018 G parameters
+    opt_s = sum(total_s(dp2, k) for k in ("multi_tensor_l2norm::L2Norm", "multi_tensor_scale", "multi_tensor_adam"))
+    opt_s += total_s([k for k in dp2 if k["ts"] > max(e["ts"] for e in dp2 if "multi_tensor_adam" in e["name"])],
+                     "bfloat16_copy")  # fmt: skip
+    assert d.OPTIMIZER_BYTES_PER_PARAM * shard / opt_s / hbm == pytest.approx(d.OPTIMIZER_HBM_EFFICIENCY, rel=0.05)
+    # unfused loss, 4 micro-batches x 4096 tokens x 151936 entries: cast, max, sub, exp, sum, div; mul, cast back
+    ce = [("direct_copy", 200), ("MaxOps", 0), ("nocast<at::native::CUDAFunctor_add<float>", 0), ("exp_kernel", 0),
+          ("sum_functor", 200), ("DivFunctor", 200), ("BinaryFunctor<float, float, float, at::native::binary_internal"
+          "::MulFunctor", 200)]  # fmt: skip
+    ce_s = sum(total_s(dp2, part, min_us=m) for part, m in ce)
+    ce_s += total_s([k for k in dp2 if k["ts"] < min(e["ts"] for e in dp2 if "multi_tensor_adam" in e["name"])],
+                    "bfloat16_copy", min_us=200)  # fmt: skip
+    fraction = sum(d.CROSS_ENTROPY_BYTES["unfused"]) * 4 * 4096 * 151936 / ce_s / hbm
+    assert fraction == pytest.approx(d.CROSS_ENTROPY_HBM_EFFICIENCY["unfused"], rel=0.05)
+    for ks in (dp2, tp2):
+        fin = [k["dur"] for k in ks if "rmsnorm_bwd_finalize_general" in k["name"]]
+        assert len(fin) > 0 and statistics.mean(fin) * 1e-6 == pytest.approx(d.QK_NORM_BWD_FINALIZE_S, rel=0.06)
+    for ks, ffn in ((dp2, 12288), (tp2, 6144)):
+        swiglu = [k["dur"] * 1e-6 for k in ks if "triton_poi_fused_add_cat_mul_rsub_sigmoid_silu" in k["name"]]
+        fraction = 10 * ffn * 4096 / statistics.mean(swiglu) / hbm
+        assert fraction == pytest.approx(d.FUSED_ACTIVATION_BWD_HBM_EFFICIENCY, abs=0.05)
+    scale = "AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >"
+    fraction = d.GRAD_SCALE_BYTES_PER_PARAM * 2 * shard / total_s(dp2, scale) / hbm
+    assert fraction == pytest.approx(d.HBM_EFFICIENCY, abs=0.1)  # 0.87 measured
+    assert total_s(tp2, scale) < 1e-4
 
 
 @pytest.mark.gpu

@@ -57,6 +57,20 @@ DEFAULT_SM_COUNT = 132
 # cross-entropy and the optimizer step: 0.8, between TE RMSNorm in [M2] (0.73-0.77) and a plain
 # copy / add in [M1]/[M3] (0.89-0.91).
 HBM_EFFICIENCY = 0.8
+# Kernels measured well below that in the rank-0 traces of real megatron-core training steps on
+# H200 (TE 2.20, torch 2.11; benchmarks/results/validation_h200_x2/traces, 4-layer Qwen3-8B, DP2
+# and TP2+SP at seq 4096; the two agree within the spread given):
+# - the fused SwiGLU backward (torch-compiled, recomputes silu from its input in fp32): 10 bytes per
+#   ffn element at 2.2-2.5 TB/s, 0.45-0.52 of HBM (the forward streams at 0.9);
+# - TE's fused RoPE (q and k, [s, b, heads, d] layout): 0.30-0.35;
+# - the q / k / v split copies before q/k RMSNorm (strided reads): 0.29-0.30.
+FUSED_ACTIVATION_BWD_HBM_EFFICIENCY = 0.48
+ROPE_HBM_EFFICIENCY = 0.33
+QKV_SPLIT_COPY_HBM_EFFICIENCY = 0.3
+# TE's RMSNorm backward for a hidden size it has no tuned kernel for (q/k norm, head_dim 128) ends with
+# `rmsnorm_bwd_finalize_general_kernel`, which took 75-83 us per call whatever the rows (131 k rows
+# at TP1, 65 k at TP2): one for q and one for k per layer and micro-batch (same traces).
+QK_NORM_BWD_FINALIZE_S = 78e-6
 
 # ---- attention --------------------------------------------------------------------------------
 # cuDNN flash attention (what TE's DotProductAttention uses on Hopper), fraction of the bf16 dense
@@ -108,6 +122,18 @@ LINK_EFFICIENCY = {"nvlink": 0.8, "scale_out": 0.9}
 COLLECTIVE_BASE_LATENCY_S = 10e-6
 HOP_LATENCY_S = {"nvlink": 1e-6, "scale_out": 5e-6}
 
+# ---- host-bound MoE layers ----------------------------------------------------------------------
+# megatron-core's MoE layer run eagerly (alltoall token dispatcher without permute fusion, TE grouped
+# experts, no CUDA graphs) issues several kernels per local expert and waits on the host for the
+# routing counts, so with few tokens per expert the CPU, not the GPU, sets its pace. The testbench's
+# `moe` operator (router + dispatcher + experts of Qwen3-30B-A3B, 4096 tokens, 2x H200 host, torch 2.11,
+# megatron-core 0.19.2, TE 2.20.2; benchmarks/results/testbench_h200_x2/rerun/moe_block_summary.json)
+# took 9.14 / 9.29 ms forward at 128 / 64 local experts, flat, and 20.18 / 14.89 ms backward: 9.6 ms
+# plus 83 us per local expert, while its GPU work is 1-3 ms. A MoE layer's block never takes less.
+MOE_HOST_FLOOR_FWD_S = 9.2e-3
+MOE_HOST_FLOOR_BWD_S = 9.6e-3
+MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
+
 # ---- SM sharing while overlapping TP communication (TE userbuffers) -----------------------------
 # TE defaults: pipeline / bulk overlaps use 16 SMs for communication and set an SM margin on the
 # GEMM; ring-exchange uses copy engines and 1 SM. The GEMM then runs on (SMs - num_sm) SMs.
@@ -116,10 +142,19 @@ UB_COMM_SMS = {"pipeline": 16, "bulk": 16, "ring_exchange": 1}
 # ---- Megatron defaults that shape overlap -----------------------------------------------------
 # megatron-core DistributedDataParallelConfig: bucket_size = max(40_000_000, 1_000_000 * dp) params.
 DDP_BUCKET_PARAMS = 40_000_000
-# Adam step with the fused multi-tensor kernel, bytes per parameter of the local shard: read fp32
-# master weight, fp32 grad, m, v (16); write master, m, v (12) and the bf16 model weight (2); plus
-# reading the grad once more for the global-norm clip (4).
-OPTIMIZER_BYTES_PER_PARAM = 34.0
+# Optimizer step of megatron-core's distributed optimizer with TE's fused Adam, bytes per parameter of
+# the local shard: the global grad-norm for clipping reads the fp32 grad (4), the clip scales it in
+# place (8), Adam reads fp32 master weight, grad, m, v (16) and writes master, m, v (12), and the
+# updated master weights are copied into the bf16 model weights (4 + 2): 46. In the H200 traces above
+# these four kernels (`multi_tensor_l2norm`, `multi_tensor_scale`, `multi_tensor_adam`,
+# `bfloat16_copy`) took 1.19 + 2.23 + 8.64 + 1.42 = 13.5 ms for a 1.01 G-parameter shard: 0.72 of HBM.
+OPTIMIZER_BYTES_PER_PARAM = 46.0
+OPTIMIZER_HBM_EFFICIENCY = 0.72
+# Megatron-LM's default DDP (average_in_collective=False, per-sequence loss) multiplies every gradient
+# bucket by 1/(dp*cp) in place before its reduce-scatter, on the compute stream: read + write fp32,
+# 8 bytes per local parameter once per step when dp*cp > 1 (DP2 trace: 25 calls, 3.86 ms for
+# 2.02 G parameters, 0.87 of HBM; absent from the TP2 trace).
+GRAD_SCALE_BYTES_PER_PARAM = 8.0
 # Zeroing the fp32 main-grad buffer before each iteration: 4 bytes per local parameter.
 # Without gradient_accumulation_fusion (Megatron-LM's --no-gradient-accumulation-fusion; also forced off
 # when APEX's fused_weight_gradient_mlp_cuda is missing, since megatron-core's output layer needs it) every
@@ -128,9 +163,14 @@ OPTIMIZER_BYTES_PER_PARAM = 34.0
 # That cast-add (`unrolled_elementwise_kernel<CUDAFunctor_add<float>, LoadWithCast<2>>`) ran at 0.54 of
 # HBM on H200: 30.9 ms over 8 micro-batches x 1.009 G local parameters in the profiled TP2 step of
 # benchmarks/results/validation_h200_x2 (traces/tp2_sp.summary.json: 280 calls = 35 parameters x 8).
+# With the fusion on, the word embedding still takes this path (it is not a linear layer).
 GRAD_ACCUMULATION_BYTES_PER_PARAM = 10.0
 GRAD_ACCUMULATION_HBM_EFFICIENCY = 0.54
 GRAD_ZERO_BYTES_PER_PARAM = 4.0
+# The word embedding's backward (torch's dense embedding backward) zero-fills a bf16 gradient of the
+# whole local table (2 bytes per vocab x hidden entry) every micro-batch before scattering into it:
+# 370 us per micro-batch for 151936 x 4096 in the DP2 trace (184 us at TP2), 0.7 of HBM.
+EMBEDDING_GRAD_FILL_BYTES_PER_PARAM = 2.0
 
 # ---- output layer -------------------------------------------------------------------------------
 # Bytes streamed per local vocabulary entry per token by the vocab-parallel cross-entropy,
@@ -139,4 +179,9 @@ GRAD_ZERO_BYTES_PER_PARAM = 4.0
 # (megatron-core `vocab_parallel_cross_entropy(logits.float())`): cast to fp32 (2 + 4), max (4),
 # subtract in place (8), exp (8), sum (4), divide in place (8) forward = 38; backward the one-hot
 # subtract and the multiply by the loss gradient in place (8) and the cast back to bf16 (6) = 14.
+# The unfused loss's kernels (torch's broadcasting in-place sub / div / mul, the bf16 -> fp32 cast)
+# stream at 0.5-0.6 of HBM, exp / max / sum at 0.8-0.9: all of them together 0.62 of HBM for the
+# 52 bytes in both H200 traces above (43.3 ms for 4 micro-batches x 4096 tokens x 151936 entries at
+# TP1, 43.5 ms for 8 x 4096 x 75968 at TP2).
 CROSS_ENTROPY_BYTES = {"fused": (8.0, 6.0), "unfused": (38.0, 14.0)}
+CROSS_ENTROPY_HBM_EFFICIENCY = {"fused": HBM_EFFICIENCY, "unfused": 0.62}

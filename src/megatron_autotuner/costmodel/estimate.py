@@ -1,7 +1,8 @@
 """Step time of one training (or forward-only) iteration: stages, pipeline schedule, overlaps, MFU.
 
 Per pipeline stage and micro-batch: the sum of its layers (`layer.layer_cost`), plus the embedding
-(first stage: lookup, its TP collective, the fp32 gradient scatter-add) and the output layer
+(first stage: lookup, its TP collective, the zero-filled dense gradient and its scatter-add, and
+its main_grad accumulation, which gradient-accumulation fusion does not cover) and the output layer
 (last stage: final norm, logits GEMM in bf16, vocab-parallel cross-entropy streaming
 `defaults.CROSS_ENTROPY_BYTES` per local vocab entry per token, its TP collectives; MTP layers).
 
@@ -19,9 +20,11 @@ all-gather (bf16) of the distributed optimizer (all-reduce without it), over dp*
 and edp ranks for expert parameters. With --overlap-grad-reduce / --overlap-param-gather they
 run under the backward / forward of one micro-batch; exposed = max(t - window, t * tail) where the
 tail is the share of the last bucket (40M parameters, or the word embedding on the
-stage that holds it: buckets do not split parameters) that cannot overlap. Then the Adam step and
-grad zeroing (memory-bound, `defaults.OPTIMIZER_BYTES_PER_PARAM`), the fp8 weight casts, and the
-tied-embedding gradient all-reduce between the first and last stage.
+stage that holds it: buckets do not split parameters) that cannot overlap. Reported as
+"optimizer" (memory-bound, on the compute stream): the in-place 1/(dp*cp) gradient scaling before
+the reduce-scatter, grad-norm clipping, the Adam step and the copy into the bf16 weights
+(`defaults.OPTIMIZER_BYTES_PER_PARAM`), grad zeroing and the fp8 weight casts; exposed with the DP
+communication, the tied-embedding gradient all-reduce between the first and last stage.
 
 MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
 fp8 runs also report `mfu_fp8` against the dense fp8 peak. Model FLOPs follow the requested
@@ -67,6 +70,10 @@ class CostOptions:
     `gradient_accumulation_fusion`: wgrad GEMMs accumulate straight into the fp32 main_grad
     (Megatron-LM's default; needs APEX for megatron-core's output layer); off adds a cast-add over
     every local parameter per micro-batch (`defaults.GRAD_ACCUMULATION_BYTES_PER_PARAM`);
+    `moe_host_bound`: MoE layers run eagerly (megatron-core's alltoall dispatcher without permute
+    fusion or CUDA graphs, as the `validate` runner and the testbench do): each MoE block takes at
+    least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); tuned recipes
+    (fused permute, CUDA graphs) are not bound this way, hence off by default;
     `memory_margin`: fraction of HBM kept free when deciding `fits`.
     """
 
@@ -78,6 +85,7 @@ class CostOptions:
     fused_bias_activation: bool = True
     fused_cross_entropy: bool = True
     gradient_accumulation_fusion: bool = True
+    moe_host_bound: bool = False
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
     memory_margin: float = 0.0
@@ -355,6 +363,7 @@ def stage_time(
         cp_comm_type=parallel.cp_comm_type,
         flash_attention=options.flash_attention,
         fused_bias_activation=options.fused_bias_activation,
+        moe_host_bound=options.moe_host_bound,
         calibration=options.calibration,
     )
     scale, note = layer_calibration_scale(model, ctx, workload)
@@ -383,7 +392,16 @@ def stage_time(
             coll = "reduce_scatter" if sp else "all_reduce"
             _merge(fwd, {"tp": collective_time_s(coll, tp, e * tokens * h, cluster, 1)})
         if training:
-            _merge(bwd, {"memory_bound": memory_bound_time_s(10 * h * tokens, gpu, 1)})
+            # dense embedding backward: zero-fill the local table's bf16 gradient, scatter-add into it
+            table = padded / tp * h
+            fill = memory_bound_time_s(d.EMBEDDING_GRAD_FILL_BYTES_PER_PARAM * table, gpu, 1)
+            _merge(bwd, {"memory_bound": fill + memory_bound_time_s(10 * h * tokens, gpu, 1)})
+            if options.gradient_accumulation_fusion:
+                # not a linear layer: its gradient is still added into main_grad by DDP's hook
+                add = memory_bound_time_s(
+                    d.GRAD_ACCUMULATION_BYTES_PER_PARAM * table, gpu, 1, d.GRAD_ACCUMULATION_HBM_EFFICIENCY
+                )
+                _merge(bwd, {"memory_bound": add})
     if stage == pp - 1:
         vocab_local = padded / tp
         norm_f = memory_bound_time_s(2 * e * h * tokens / x, gpu, 1)
@@ -393,9 +411,11 @@ def stage_time(
         logits["fwd"] = gemm_time_s(tokens, vocab_local, h, gpu, "bf16", 1, "logits", "fwd", cal)
         logits["dgrad"] = gemm_time_s(tokens, h, vocab_local, gpu, "bf16", 1, "logits", "dgrad", cal)
         logits["wgrad"] = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal)
-        ce_fwd_bytes, ce_bwd_bytes = d.CROSS_ENTROPY_BYTES["fused" if options.fused_cross_entropy else "unfused"]
-        ce_f = memory_bound_time_s(ce_fwd_bytes * vocab_local * tokens, gpu, 4)
-        ce_b = memory_bound_time_s(ce_bwd_bytes * vocab_local * tokens, gpu, 2)
+        loss = "fused" if options.fused_cross_entropy else "unfused"
+        ce_fwd_bytes, ce_bwd_bytes = d.CROSS_ENTROPY_BYTES[loss]
+        ce_eff = d.CROSS_ENTROPY_HBM_EFFICIENCY[loss]
+        ce_f = memory_bound_time_s(ce_fwd_bytes * vocab_local * tokens, gpu, 4, ce_eff)
+        ce_b = memory_bound_time_s(ce_bwd_bytes * vocab_local * tokens, gpu, 2, ce_eff)
         heads = 1 + model.mtp_num_layers
         _merge(fwd, {"gemm": logits["fwd"] * heads, "memory_bound": (norm_f + ce_f) * heads})
         if training:
@@ -481,8 +501,11 @@ def stage_time(
         extra["dp"] = exposed
         distributed = parallel.use_distributed_optimizer
         shard = counts.dense / dp_group + counts.experts / edp if distributed else counts.total
-        opt = memory_bound_time_s(d.OPTIMIZER_BYTES_PER_PARAM * shard, gpu, 10)
+        opt = memory_bound_time_s(d.OPTIMIZER_BYTES_PER_PARAM * shard, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
         opt += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, gpu, 1)
+        if dp_group > 1:
+            # gradients scaled by 1/(dp*cp) in place before their reduce-scatter, on the compute stream
+            opt += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, gpu, 1)
         if workload.precision == "fp8":
             opt += memory_bound_time_s(4.0 * counts.total, gpu, 1)
         extra["optimizer"] = opt
@@ -516,10 +539,13 @@ def time_model(
     crit = stages[critical]
     compute = dict.fromkeys(COMPUTE_CLASSES, 0.0)
     comm = dict.fromkeys(COMM_DIMENSIONS, 0.0)
+    host = 0.0
     for part in (crit.fwd, crit.bwd):
         for k, val in part.items():
             if k in compute:
                 compute[k] += m * val
+            elif k == "host":
+                host += m * val
             else:
                 comm[k] = comm.get(k, 0.0) + m * val
     comm["pp"] += m * crit.p2p_per_microbatch_s + p2p_fill
@@ -528,6 +554,7 @@ def time_model(
         "compute": compute,
         "exposed_comm": comm,
         "bubble": bubble,
+        "host_bound": host,
         "optimizer": stages[extra_stage].step_extra.get("optimizer", 0.0),
         "total": step,
     }

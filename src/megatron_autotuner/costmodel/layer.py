@@ -14,7 +14,10 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
       norms 2 x 4h*T/x, residual adds 2 x 6h*T/x (+1 byte mask per element with hidden dropout),
       rope 4(a + g)d*T/tp, activation 6f*T (gated; 4f not gated),
   backward: norms 2 x 6h*T/x, residual-grad adds 2 x 6h*T/x, activation 10f*T (6f), rope again,
-  the q/k/v gradient concatenation 4(a + 2g)d*T/tp; MoE adds router softmax/top-k (fp32,
+  the q/k/v gradient concatenation 4(a + 2g)d*T/tp; with q/k norms (Qwen3) the q, k, v split
+  copies 4(a + 2g)d*T/tp forward and TE's fixed-cost dgamma finalize of both norms backward. The
+  fused SwiGLU backward, RoPE and the split copies stream below the default HBM fraction (measured
+  fractions in `defaults`). MoE adds router softmax/top-k (fp32,
   10*E*T/x each way), token permute + unpermute 8h*R (R = routed tokens on the rank) each way and
   the expert activation on R tokens. fp8 adds a cast of every TE GEMM input (fwd) and output grad
   (bwd): 4 bytes per element (read bf16, write fp8 and its transpose).
@@ -33,6 +36,9 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   a2a (Ulysses) and all-gather CP are exposed.
 - expert parallelism: dispatch + combine all-to-all of the routed tokens forward and backward,
   exposed (megatron-core's default; no EP overlap).
+- host-bound MoE (`LayerContext.moe_host_bound`, an eager megatron-core MoE block): the block's
+  GPU time is raised to the testbench-measured host floor (`defaults.MOE_HOST_FLOOR_*`); the
+  difference is reported as "host".
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ class LayerContext:
     cp_comm_type: str = "p2p"
     flash_attention: bool = True
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
+    moe_host_bound: bool = False  # eager MoE block: never faster than `defaults.MOE_HOST_FLOOR_*`
     calibration: Calibration | None = None
 
 
@@ -203,8 +210,12 @@ def _attention_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float,
     return qk + pv + soft_fwd, 2 * (qk + pv) + soft_bwd, 0.0
 
 
-def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, tuple[float, float, float]]:
-    """Memory-bound work of one layer: name -> (fwd bytes, bwd bytes, kernels per pass)."""
+MemoryBoundWork = tuple[float, float, float, float | None]
+
+
+def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, MemoryBoundWork]:
+    """Memory-bound work of one layer: name -> (fwd bytes, bwd bytes, kernels per pass, fraction of HBM
+    bandwidth those kernels reach, None for `defaults.HBM_EFFICIENCY`)."""
     e = E_BF16
     h, tp = model.hidden_size, ctx.tp
     x = tp if ctx.sequence_parallel else 1
@@ -213,28 +224,33 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     a_l = model.num_attention_heads / tp
     g_l = model.num_query_groups / tp
     dh = model.kv_channels
-    out: dict[str, tuple[float, float, float]] = {}
-    out["norm"] = (2 * 2 * e * h * tt, 2 * 3 * e * h * tt, 2)
+    out: dict[str, MemoryBoundWork] = {}
+    out["norm"] = (2 * 2 * e * h * tt, 2 * 3 * e * h * tt, 2, None)
     mask = h * tt if model.hidden_dropout > 0 else 0.0
-    out["residual"] = (2 * (3 * e * h * tt + mask), 2 * (3 * e * h * tt + mask), 2)
+    out["residual"] = (2 * (3 * e * h * tt + mask), 2 * (3 * e * h * tt + mask), 2, None)
     if model.position_embedding_type == "rope":
         if model.multi_latent_attention:
             r = model.qk_pos_emb_head_dim
             rope = 2 * e * (a_l * r + r) * t
         else:
             rope = 2 * e * (a_l + g_l) * dh * t
-        out["rope"] = (rope, rope, 1)
+        out["rope"] = (rope, rope, 1, d.ROPE_HBM_EFFICIENCY)
     if model.qk_layernorm:
         qkn = 2 * e * (a_l + g_l) * dh * t
-        out["qk_norm"] = (qkn, 1.5 * qkn, 2)
+        out["qk_norm"] = (qkn, 1.5 * qkn, 2, None)
+        if not model.multi_latent_attention:
+            # q, k and v are copied out of the fused qkv output before the q/k norms (read + write)
+            out["qkv_split_copy"] = (2 * e * (a_l + 2 * g_l) * dh * t, 0.0, 3, d.QKV_SPLIT_COPY_HBM_EFFICIENCY)
     if model.multi_latent_attention:
         lat = 2 * e * ((model.q_lora_rank or 0) + model.kv_lora_rank) * tt
-        out["latent_norm"] = (lat, 1.5 * lat, 2)
+        out["latent_norm"] = (lat, 1.5 * lat, 2, None)
     else:
-        out["qkv_grad_concat"] = (0.0, 2 * e * (a_l + 2 * g_l) * dh * t, 1)
+        out["qkv_grad_concat"] = (0.0, 2 * e * (a_l + 2 * g_l) * dh * t, 1, None)
     gated = model.gated_linear_unit
     act_fwd, act_bwd = (3 * e, 5 * e) if gated else (2 * e, 3 * e)
     dense_fwd, dense_bwd = act_fwd, act_bwd
+    act_bwd_eff = d.FUSED_ACTIVATION_BWD_HBM_EFFICIENCY if gated and ctx.fused_bias_activation else None
+    dense_bwd_eff = act_bwd_eff
     if gated and not ctx.fused_bias_activation:
         # Unfused GLU of dense MLPs / shared experts (torch ops; TE grouped experts fuse it):
         # silu(a) (read a, write) and * b (read 2, write 1) forward; backward two products
@@ -244,16 +260,18 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     if model.is_moe_layer(layer_index):
         experts = model.num_moe_experts
         routed = t * model.moe_router_topk * ctx.etp / tp
-        out["router"] = (10.0 * experts * tt, 10.0 * experts * tt, 4)
-        out["moe_permute"] = (4 * e * h * routed, 4 * e * h * routed, 4)
-        out["activation"] = (act_fwd * model.moe_ffn_hidden_size / ctx.etp * routed, 0.0, 1)
-        out["activation_bwd"] = (0.0, act_bwd * model.moe_ffn_hidden_size / ctx.etp * routed, 1)
+        out["router"] = (10.0 * experts * tt, 10.0 * experts * tt, 4, None)
+        out["moe_permute"] = (4 * e * h * routed, 4 * e * h * routed, 4, None)
+        out["activation"] = (act_fwd * model.moe_ffn_hidden_size / ctx.etp * routed, 0.0, 1, None)
+        out["activation_bwd"] = (0.0, act_bwd * model.moe_ffn_hidden_size / ctx.etp * routed, 1, act_bwd_eff)
         s = model.moe_shared_expert_intermediate_size
         if s:
-            out["shared_activation"] = (dense_fwd * s / tp * t, dense_bwd * s / tp * t, 1)
+            out["shared_activation"] = (dense_fwd * s / tp * t, 0.0, 1, None)
+            out["shared_activation_bwd"] = (0.0, dense_bwd * s / tp * t, 1, dense_bwd_eff)
     else:
         f = model.ffn_hidden_size / tp
-        out["activation"] = (dense_fwd * f * t, dense_bwd * f * t, 1)
+        out["activation"] = (dense_fwd * f * t, 0.0, 1, None)
+        out["activation_bwd"] = (0.0, dense_bwd * f * t, 1, dense_bwd_eff)
     return out
 
 
@@ -300,8 +318,10 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
     if ctx.training:
         _add(bwd, "attention", attn_bwd)
     mem = _memory_bound_bytes(model, layer_index, ctx)
-    mem_fwd = {name: memory_bound_time_s(fb, gpu, kn if fb else 0) for name, (fb, _, kn) in mem.items()}
-    mem_bwd = {name: memory_bound_time_s(bb, gpu, kn if bb else 0) for name, (_, bb, kn) in mem.items()}
+    mem_fwd = {name: memory_bound_time_s(fb, gpu, kn if fb else 0, eff) for name, (fb, _, kn, eff) in mem.items()}
+    mem_bwd = {name: memory_bound_time_s(bb, gpu, kn if bb else 0, eff) for name, (_, bb, kn, eff) in mem.items()}
+    if "qk_norm" in mem and not model.multi_latent_attention:
+        mem_bwd["qk_norm"] += 2 * d.QK_NORM_BWD_FINALIZE_S
     if ctx.precision == "fp8":
         cf, cb, count = _fp8_cast_bytes(shapes)
         mem_fwd["fp8_cast"] = memory_bound_time_s(cf, gpu, count)
@@ -392,6 +412,20 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         _add(fwd, "ep", 2 * a2a)
         if ctx.training:
             _add(bwd, "ep", 2 * a2a)
+
+    # ---- host-bound MoE block ----
+    if is_moe and ctx.moe_host_bound:
+        moe_ops = [o for o in gemm if o.startswith(("experts_", "shared_", "router"))]
+        moe_mem = ("router", "moe_permute", "activation", "activation_bwd")
+        moe_mem += ("shared_activation", "shared_activation_bwd")
+        gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
+        _add(fwd, "host", max(0.0, d.MOE_HOST_FLOOR_FWD_S - gpu_fwd))
+        if ctx.training:
+            local_experts = max(1, model.num_moe_experts // ctx.ep)
+            floor_bwd = d.MOE_HOST_FLOOR_BWD_S + local_experts * d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
+            gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
+            gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
+            _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))
 
     # ---- recompute ----
     if ctx.training:

@@ -53,8 +53,8 @@ def cost_options(
     gradient_accumulation_fusion: bool | None = None,
 ):
     """The runner's implementation choices as cost-model options: megatron-core's unfused fp32
-    vocab-parallel loss (GPTModel's default), fused bias-activation, and gradient-accumulation fusion as
-    the run had it (None: as the runner on this machine will have it)."""
+    vocab-parallel loss (GPTModel's default), fused bias-activation, an eager (host-bound) MoE block, and
+    gradient-accumulation fusion as the run had it (None: as the runner on this machine will have it)."""
     CostOptions, _ = _costmodel()
     if gradient_accumulation_fusion is None:
         gradient_accumulation_fusion = runner_grad_accumulation_fusion(layout)
@@ -65,6 +65,7 @@ def cost_options(
         flash_attention=layout.use_te,
         fused_cross_entropy=False,
         gradient_accumulation_fusion=gradient_accumulation_fusion,
+        moe_host_bound=True,
         calibration=calibration,
     )
 
@@ -105,6 +106,7 @@ def predict(
     out["assumed"] = {
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
         "fused_cross_entropy": options.fused_cross_entropy,
+        "moe_host_bound": options.moe_host_bound,
     }
     return out
 

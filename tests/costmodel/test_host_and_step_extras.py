@@ -1,0 +1,85 @@
+"""The eager-MoE host floor and the per-step memory-bound work (gradient scaling, optimizer)."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megatron_autotuner.costmodel import CostOptions, estimate
+from megatron_autotuner.costmodel import defaults as d
+from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec, load_model_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = get_gpu_spec("H200")
+MOE = replace(load_model_spec("Qwen3-30B-A3B"), num_layers=4)
+DENSE = replace(load_model_spec("Qwen3-8B"), num_layers=4)
+
+
+def _step(model, parallel, workload, **options):
+    return estimate(model, parallel, workload, H200, CostOptions(**options))
+
+
+def test_host_floor_constants_are_the_testbench_moe_block():
+    """MOE_HOST_FLOOR_* restate the committed testbench measurement of the MoE block (128 / 64 local experts)."""
+    rows = json.loads((ROOT / "benchmarks/results/testbench_h200_x2/rerun/moe_block_summary.json").read_text())["rows"]
+    by_ep = {r["ep"]: r for r in rows if r["status"] == "ok"}
+    for ep in (1, 2):
+        local = 128 // ep
+        assert by_ep[ep]["fwd_ms"] * 1e-3 == pytest.approx(d.MOE_HOST_FLOOR_FWD_S, rel=0.02)
+        bwd = d.MOE_HOST_FLOOR_BWD_S + local * d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
+        assert by_ep[ep]["bwd_ms"] * 1e-3 == pytest.approx(bwd, rel=0.02)
+
+
+@settings(max_examples=12, deadline=None)
+@given(ep=st.sampled_from([1, 2, 4, 8]), seq=st.sampled_from([1024, 4096, 16384]))
+def test_host_floor_bounds_moe_layers_only(ep, seq):
+    p = ParallelConfig(8, ep=ep)
+    w = Workload(seq, 1, 16)
+    eager = _step(MOE, p, w, moe_host_bound=True)
+    tuned = _step(MOE, p, w, moe_host_bound=False)
+    assert eager.step_time_s >= tuned.step_time_s
+    assert tuned.time.breakdown["host_bound"] == 0.0
+    # the step grows by the reported host-bound time, less DP communication the longer backward now hides
+    grown, host = eager.step_time_s - tuned.step_time_s, eager.time.breakdown["host_bound"]
+    assert host - tuned.time.breakdown["exposed_comm"]["dp"] - 1e-9 <= grown <= host + 1e-9
+    # per micro-batch, each MoE layer takes at least its floor
+    m = eager.time.num_microbatches
+    floor = d.MOE_HOST_FLOOR_FWD_S + d.MOE_HOST_FLOOR_BWD_S + 128 // ep * d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
+    assert eager.step_time_s >= m * MOE.num_layers * floor
+    # dense models are not affected
+    dense = ParallelConfig(8)
+    assert _step(DENSE, dense, w, moe_host_bound=True).step_time_s == _step(DENSE, dense, w).step_time_s
+
+
+def test_fewer_local_experts_lower_the_floor():
+    w = Workload(2048, 1, 16)
+    steps = [_step(MOE, ParallelConfig(8, ep=ep), w, moe_host_bound=True) for ep in (1, 2, 4, 8)]
+    hosts = [s.time.breakdown["host_bound"] for s in steps]
+    assert hosts == sorted(hosts, reverse=True) and hosts[-1] > 0
+
+
+def test_gradient_scaling_only_with_data_parallel_replicas():
+    """Megatron scales gradients by 1/(dp*cp) in place before the reduce-scatter: 8 B per local
+    parameter when dp*cp > 1, nothing with one replica."""
+    w = Workload(4096, 1, 8)
+    tp2 = _step(DENSE, ParallelConfig(2, tp=2, sequence_parallel=True), w)
+    dp2 = _step(DENSE, ParallelConfig(2), w)
+    cp2 = _step(DENSE, ParallelConfig(2, cp=2), w)
+
+    def parts(est):
+        return est.time.stages[0].step_extra["optimizer"]
+
+    from megatron_autotuner.costmodel.compute import memory_bound_time_s
+    from megatron_autotuner.costmodel.estimate import padded_vocab, stage_parameter_counts
+
+    for est, replicas in ((tp2, 1), (dp2, 2), (cp2, 2)):
+        counts = stage_parameter_counts(DENSE, est.parallel, 0, padded_vocab(DENSE, est.parallel.tp))
+        shard = counts.total / replicas
+        expected = memory_bound_time_s(d.OPTIMIZER_BYTES_PER_PARAM * shard, H200, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+        expected += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, H200, 1)
+        if replicas > 1:
+            expected += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, H200, 1)
+        assert parts(est) == pytest.approx(expected)
