@@ -2,13 +2,15 @@
 # Validation evidence on nvidia-h200-x2 (2x H200): real megatron-core training runs vs the cost model.
 # Run from the repository root on the GPU machine (after ../shared/gpu install):
 #     bash benchmarks/validation/h200_x2.sh
-# Writes under "$OUT" (default ./outputs/validation_h200_x2). Target wall time < 8 min:
+# Writes under "$OUT" (default ./outputs/validation_h200_x2). Target wall time < 11 min:
 #   job 1 (2 GPUs, a fresh torchrun job per layout (add --layouts-per-job 0 to share one: ~2.5 min, but then
 #          only the first layout's memory is comparable), 15 layouts of h200_x2_layouts.json: Qwen3-8B 4 layers at seq 4096 / 8192
 #          over DP/TP+SP/PP/VPP/CP, full + selective recompute, mbs 2, forward-only; Qwen3-30B-A3B 4 layers EP2 / DP2;
 #          one torch-profiler trace)                                                    ~6 min
 #   job 2 (1 GPU each, concurrently): Qwen3-8B at the predicted memory edge, seq 4096: the most layers predicted
 #          to fit (max-fit) on GPU 0 and one step more (min-oom, predicted OOM) on GPU 1   ~1.5 min
+#   job 3 (2 GPUs): 6 host-bound MoE layouts of h200_x2_moe_host_layouts.json (Qwen3-30B-A3B, 2 / 6 layers, seq 2048,
+#          EP2 / EP1 training, EP2 forward-only) that test the cost model's MoE host floor   ~3 min
 # Then: `mat trace summary --json` of each profiled layout's rank-0 trace, and a calibration file from the runs.
 # Copy "$OUT"/{summary.json,results.jsonl,...} to benchmarks/results/validation_h200_x2/ (see the end).
 set -uo pipefail
@@ -36,6 +38,10 @@ OOM=$!
 wait $FIT; wait $OOM
 cat "$OUT/edge_fit.txt" "$OUT/edge_oom.txt"
 
+echo "== job 3: host-bound MoE layouts"
+$VALIDATE --layouts "$HERE/h200_x2_moe_host_layouts.json" --output-dir "$OUT/moe_host" --timeout-s 90 \
+  2>&1 | tee "$OUT/moe_host.txt"
+
 echo "== trace summaries (rank 0 of every profiled layout)"
 mkdir -p "$OUT/traces"
 for TRACE in "$OUT"/x2/traces/*/rank_0.json.gz; do
@@ -49,7 +55,7 @@ done
 echo "== collect evidence (small files only) under $OUT/evidence"
 EV="$OUT/evidence"
 mkdir -p "$EV"
-for d in x2 edge_fit edge_oom; do
+for d in x2 edge_fit edge_oom moe_host; do
   mkdir -p "$EV/$d"
   cp "$OUT/$d/summary.json" "$OUT/$d/results.jsonl" "$OUT/$d/layouts.json" "$EV/$d/" 2>/dev/null
   mkdir -p "$EV/$d/runs" && cp "$OUT/$d"/runs/*.jsonl "$EV/$d/runs/" 2>/dev/null  # re-aggregated by the tests
