@@ -446,10 +446,10 @@ def stage_time(
                 _merge(bwd, lc.bwd.parts)
                 _merge(bwd, {"gemm": eh["bwd"], "memory_bound": 2 * norm_b})
 
+    counts = stage_parameter_counts(model, parallel, stage, padded)
     if training and not options.gradient_accumulation_fusion:
-        local = stage_parameter_counts(model, parallel, stage, padded).total
         accumulate = memory_bound_time_s(
-            d.GRAD_ACCUMULATION_BYTES_PER_PARAM * local,
+            d.GRAD_ACCUMULATION_BYTES_PER_PARAM * counts.total,
             gpu,
             8 * len(layers) + 3,  # ~8 weight tensors per layer, plus embedding, final norm, output layer
             d.GRAD_ACCUMULATION_HBM_EFFICIENCY,
@@ -468,7 +468,6 @@ def stage_time(
 
     extra: dict[str, float] = {}
     if training:
-        counts = stage_parameter_counts(model, parallel, stage, padded)
         window_bwd = sum(bwd.values())
         window_fwd = sum(fwd.values())
         dp_group, edp = parallel.dp * cp, parallel.edp

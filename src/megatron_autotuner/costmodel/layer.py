@@ -58,6 +58,7 @@ E_BF16 = 2
 COLUMN_PARALLEL = ("qkv", "q_proj", "q_up", "kv_up", "fc1", "shared_fc1")
 ROW_PARALLEL = ("proj", "fc2", "shared_fc2")
 DUPLICATED = ("q_down", "kv_down", "router")
+MOE_BLOCK_GEMM_PREFIXES = ("experts_", "shared_", "router")  # the GEMMs of a MoE block (not attention)
 CLASSES = ("gemm", "attention", "memory_bound")
 COMM_DIMS = ("tp", "cp", "ep")
 
@@ -415,7 +416,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
 
     # ---- host-bound MoE block ----
     if is_moe and ctx.moe_host_bound:
-        moe_ops = [o for o in gemm if o.startswith(("experts_", "shared_", "router"))]
+        moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
         moe_mem = ("router", "moe_permute", "activation", "activation_bwd")
         moe_mem += ("shared_activation", "shared_activation_bwd")
         gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
@@ -439,7 +440,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                 _add(rec, "gemm", gemm["fc1"]["fwd"] + gemm["fc2"]["fwd"])
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
             if "moe" in mods and is_moe:
-                _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(("experts_", "shared_", "router"))))
+                _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)))
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in ("router", "moe_permute", "activation")))
                 _add(rec, "ep", 2 * a2a)
             if "moe_act" in mods and is_moe:
