@@ -142,15 +142,7 @@ def test_tuned_never_slower_than_te_default(committed, config):
 
 def test_search_measured_far_fewer_candidates_than_a_full_sweep(committed, config):
     an = analyze_run(EV, with_traces=False)
-    space = SearchSpace(
-        tp=2,
-        tokens=config["max_token_len"],
-        min_num_sm=config["min_num_sm"],
-        max_num_sm=config["max_num_sm"],
-        num_splits=tuple(config["num_splits"]),
-        cga_sizes=tuple(config["cga_sizes"]),
-        noise_frac=config["noise_frac"],
-    )
+    space = SearchSpace.from_job(2, config["max_token_len"], config)
     grid = {sl.key: space.full_grid_size(sl) for sl in slots_for(tuple(config["operators"]))}
     assert sum(grid.values()) == 454
     totals = {}

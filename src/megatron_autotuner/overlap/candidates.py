@@ -72,6 +72,20 @@ class SearchSpace:
         if not 0 <= self.noise_frac < 0.5:
             raise ConfigError("noise_frac", f"must be in [0, 0.5), got {self.noise_frac}")
 
+    @classmethod
+    def from_job(cls, tp: int, tokens: int, space: dict) -> SearchSpace:
+        """The space a tuner job describes (`OverlapTuner.jobs()`'s "space": num_sm range, splits, CGA
+        sizes, noise fraction)."""
+        return cls(
+            tp=tp,
+            tokens=tokens,
+            min_num_sm=space["min_num_sm"],
+            max_num_sm=space["max_num_sm"],
+            num_splits=tuple(space["num_splits"]),
+            cga_sizes=tuple(space["cga_sizes"]),
+            noise_frac=space["noise_frac"],
+        )
+
     def num_sm_domain(self, cga_size: int) -> list[int]:
         """num_sm values the bracketing search may visit: multiples of cga_size in [min, max]."""
         return [n for n in range(self.min_num_sm, self.max_num_sm + 1) if n % cga_size == 0]

@@ -175,16 +175,7 @@ class Worker:
                     for label in fixed:
                         self.measure(model, label, None, tag=f"verify{p}")
                 return
-            s = job["space"]
-            space = SearchSpace(
-                tp=job["tp"],
-                tokens=job["tokens"],
-                min_num_sm=s["min_num_sm"],
-                max_num_sm=s["max_num_sm"],
-                num_splits=tuple(s["num_splits"]),
-                cga_sizes=tuple(s["cga_sizes"]),
-                noise_frac=s["noise_frac"],
-            )
+            space = SearchSpace.from_job(job["tp"], job["tokens"], job["space"])
             slots = slots_for(tuple(job["operators"]))
             planner, _ = plan_searches(slots, space)
             while (cfg := planner.next_round()) is not None:
