@@ -83,3 +83,15 @@ def test_results_resume_and_truncated_lines(tmp_path):
     assert [r["schema_version"] for r in records] == [1, 1]
     assert finished_case_ids(out) == {a.case_id, b.case_id}
     assert finished_case_ids(out, retry_failed=True) == {a.case_id}
+
+
+def test_fp8_case_sets_the_hybrid_recipe_and_needs_te():
+    from megatron_autotuner.testbench.operators import build_operator, te_available, transformer_config_kwargs
+
+    fp8 = Case(model="Llama-2-7b", op="column_linear", seq_length=4096, dtype="fp8")
+    bf16 = Case(model="Llama-2-7b", op="column_linear", seq_length=4096)
+    assert transformer_config_kwargs(fp8.model_spec(), fp8)["fp8"] == "hybrid"
+    assert "fp8" not in transformer_config_kwargs(bf16.model_spec(), bf16)
+    if not te_available():
+        with pytest.raises(ConfigError, match="^dtype: fp8 needs Transformer Engine"):
+            build_operator(fp8, "cpu")

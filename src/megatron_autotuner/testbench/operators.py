@@ -55,6 +55,10 @@ def transformer_config_kwargs(spec: ModelSpec, case: Case) -> dict[str, Any]:
         gradient_accumulation_fusion=False,  # plain .grad (no DDP main_grad buffers here)
         cp_comm_type=case.cp_comm_type if case.cp > 1 else None,
     )
+    if case.dtype == "fp8":
+        # TE delayed scaling, E4M3 forward / E5M2 backward: Megatron-LM's `--fp8-format hybrid`, the format of
+        # NVIDIA's fp8 recipes. The GEMMs run in fp8 only inside TE's fp8 autocast (see `build_operator`).
+        kwargs["fp8"] = "hybrid"
     if spec.is_moe:
         kwargs.update(
             num_moe_experts=spec.num_moe_experts,
@@ -203,14 +207,38 @@ def _rope_base(spec_name: str) -> float:
 
 
 def build_operator(case: Case, device: str = "cuda") -> Operator:
-    """Build `case.op` from megatron-core modules on the current rank (model-parallel state initialised)."""
+    """Build `case.op` from megatron-core modules on the current rank (model-parallel state initialised).
+
+    dtype fp8 runs the forward inside megatron-core's `get_fp8_context` (TE fp8 autocast), as megatron-core's
+    TransformerBlock does in training; TE's linear layers then cast their inputs and run fp8 GEMMs."""
+    from ..errors import ConfigError
+
+    use_te = case.use_te and te_available() and device == "cuda"
+    if case.dtype == "fp8" and not use_te:
+        raise ConfigError("dtype", "fp8 needs Transformer Engine on a GPU (TE layer spec); use bf16 here")
+    config = build_transformer_config(case.model_spec(), case, use_te, device)
+    operator = _build_operator(case, device, config, use_te)
+    if not config.fp8:
+        return operator
+    from dataclasses import replace
+
+    from megatron.core.fp8_utils import get_fp8_context
+
+    run_forward = operator.forward
+
+    def forward_in_fp8() -> Any:
+        with get_fp8_context(config):
+            return run_forward()
+
+    return replace(operator, forward=forward_in_fp8)
+
+
+def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Operator:
     import torch
     from megatron.core import tensor_parallel
     from megatron.core.transformer.spec_utils import build_module
 
     spec = case.model_spec()
-    use_te = case.use_te and te_available() and device == "cuda"
-    config = build_transformer_config(spec, case, use_te, device)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     layer_index = case.layer_index(spec)
     moe_layer = spec.is_moe_layer(layer_index) or case.op == "moe"

@@ -48,6 +48,7 @@ class _Split:
     etp: int
     sequence_parallel: bool
     cp_comm_type: str
+    dtype: str  # bf16 | fp8 (fp8: TE delayed scaling, hybrid format)
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
@@ -168,8 +169,6 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         )
     elif layout.recompute == "selective":
         out.update(recompute_granularity="selective", recompute_modules=list(layout.recompute_modules))
-    if layout.precision == "fp8":
-        out.update(fp8="hybrid")
     return out
 
 
@@ -183,7 +182,7 @@ def build_model(layout: Layout, device: str, use_te: bool):
 
     spec = layout.model_spec()
     par = layout.parallel()
-    split = _Split(par.tp, par.cp, par.ep, par.etp, par.sequence_parallel, par.cp_comm_type)
+    split = _Split(par.tp, par.cp, par.ep, par.etp, par.sequence_parallel, par.cp_comm_type, layout.precision)
     config = build_transformer_config(spec, split, use_te, device, config_overrides(layout, use_te, device))
     chunks = []
     for vp_stage in range(layout.vpp) if layout.vpp else [None]:
