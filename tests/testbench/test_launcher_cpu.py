@@ -11,6 +11,7 @@ from megatron_autotuner.specs import ModelSpec
 from megatron_autotuner.testbench.cases import expand_cases
 from megatron_autotuner.testbench.results import LAUNCHER_FILE, all_records, read_records
 from megatron_autotuner.testbench.summary import summary_rows
+from tests.proc_helpers import processes_mentioning
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -67,4 +68,5 @@ def test_cpu_run_resume_and_hung_case(tiny, tmp_path, monkeypatch):
     ok = [r for r in read_records(out2 / "collect" / "rank_0.jsonl") if r["status"] == "ok"]
     assert [r["case"]["op"] for r in ok] == ["mlp"]
     assert run2.failed_by_launcher == [failures[0]["case_id"]]
+    assert processes_mentioning(str(out2)) == []  # the hung rank was killed with its torchrun
     json.dumps(summary_rows(all_records(out2)))

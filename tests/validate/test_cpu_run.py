@@ -15,6 +15,7 @@ from megatron_autotuner.specs import ModelSpec
 from megatron_autotuner.validate import validate_layouts
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.results import rank_file, read_records
+from tests.proc_helpers import processes_mentioning
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -82,6 +83,7 @@ def test_world1_train_forward_resume_and_faults(tiny, tmp_path, monkeypatch):
     hang = next(r for r in rep.rows if r["label"] == "hang")
     assert hang["status"] == "failed" and hang["failure_kind"] == "timeout" and "timed out" in hang["error"]
     assert sum(r["status"] == "ok" for r in rep.rows) == 3
+    assert processes_mentioning(str(out)) == []  # the hung rank was killed with its torchrun
 
 
 def test_world2_dp_and_tp(tiny, tmp_path):

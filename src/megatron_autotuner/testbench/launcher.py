@@ -8,6 +8,7 @@ crashes is handled the same way. Finished cases (ok or failed) are skipped on re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,11 +79,36 @@ def torchrun_command(
     return cmd
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Every process below `pid`, read from Linux's /proc (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL torchrun's process group and every process below it: torchrun starts each rank in a
+    session of its own, so killing its group alone left hung ranks running (and holding their GPU)."""
+    below = descendant_pids(proc.pid)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
+    for pid in below:
+        for kill in (os.killpg, os.kill):  # a rank leads its own group: take its children too
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
     proc.wait()
 
 
