@@ -95,3 +95,31 @@ def test_fp8_case_sets_the_hybrid_recipe_and_needs_te():
     if not te_available():
         with pytest.raises(ConfigError, match="^dtype: fp8 needs Transformer Engine"):
             build_operator(fp8, "cpu")
+
+
+def test_calibration_keeps_each_precision_to_itself():
+    """Testbench records of fp8 cases calibrate fp8 GEMMs and fp8 layers only (committed H200 bf16
+    records, relabelled fp8 for the second half)."""
+    import copy
+    from pathlib import Path
+
+    from megatron_autotuner.costmodel.calibration import calibration_from_dict
+    from megatron_autotuner.testbench.calibration import calibration_from_records
+    from megatron_autotuner.testbench.results import all_records
+
+    pieces = Path(__file__).resolve().parents[2] / "benchmarks/results/testbench_h200_x2/pieces"
+    records = [r for r in all_records(pieces) if r["case"]["op"] == "column_linear" and r["case"]["tp"] == 1]
+    assert records and all(r["case"]["dtype"] == "bf16" for r in records)
+    bf16 = calibration_from_records(records)
+    assert bf16["ops"] and {o["precision"] for o in bf16["ops"]} == {"bf16"}
+    fp8_records = copy.deepcopy(records)
+    for r in fp8_records:
+        r["case"]["dtype"] = "fp8"
+    doc = calibration_from_records(fp8_records)
+    assert {o["precision"] for o in doc["ops"]} == {"fp8"}
+    cal = calibration_from_dict(doc)
+    flops = doc["ops"][0]["flops"]
+    assert cal.efficiency("fc1", "fwd", flops, "fp8") is not None
+    assert cal.efficiency("fc1", "fwd", flops, "bf16") is None
+    # the TE linear layers calibrate every GEMM of the layer: H200 column-parallel fc1 at 0.69-0.74
+    assert 0.6 < calibration_from_dict(bf16).efficiency("fc1", "dgrad", flops, "bf16") < 0.85

@@ -1,6 +1,7 @@
 """Predictions through the cost model, memory-edge layer counts, calibration files (pure Python)."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,10 @@ def test_calibration_reproduces_measured_step(tmp_path):
     again = estimate_layout(LAY, "H200", cal).step_time_s
     assert again == pytest.approx(measured, rel=0.01)
     assert json.loads(path.read_text())["gpu"] == "H200"
+    # a layer measured in bf16 says nothing of the same layer in fp8: the fp8 layout keeps its default
+    assert doc["layers"][0]["precision"] == "bf16"
+    fp8 = replace(LAY, precision="fp8")
+    assert estimate_layout(fp8, "H200", cal).step_time_s == pytest.approx(estimate_layout(fp8, "H200").step_time_s)
 
 
 def test_calibration_needs_successful_runs(tmp_path):

@@ -6,7 +6,8 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
               "tokens": 8192, "m": 8192, "n": 6144, "k": 4096, "precision": "bf16"}, ...],
      "layers": [{"model": "Llama-3.1-8B", "num_gpus": 2, "tp": 2, "cp": 1, "ep": 1,
                  "sequence_parallel": true, "seq_length": 8192, "micro_batch_size": 1,
-                 "phase": "fwd+bwd", "time_ms": 11.9, "model_flops": 1.2e13}, ...],   (optional)
+                 "phase": "fwd+bwd", "time_ms": 11.9, "model_flops": 1.2e13, "precision": "bf16"}, ...],
+                                                                                    (optional)
      "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18}}                 (optional)
      (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory)
 
@@ -88,6 +89,7 @@ class LayerMeasurement:
     phase: str
     time_ms: float
     model_flops: float
+    precision: str = "bf16"
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,6 +201,12 @@ def _integer(where: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
+def _precision(where: str, value: Any) -> str:
+    if value not in ("bf16", "fp8"):
+        raise ConfigError(where, f"must be bf16 or fp8, got {value!r}")
+    return value
+
+
 def _parse_op(where: str, row: Any) -> OpMeasurement:
     if not isinstance(row, dict):
         raise ConfigError(where, "must be an object")
@@ -215,9 +223,7 @@ def _parse_op(where: str, row: Any) -> OpMeasurement:
     if "achieved_tflops" in row:
         _number(f"{where}.achieved_tflops", row["achieved_tflops"], allow_zero=True)
     tokens = _integer(f"{where}.tokens", row.get("tokens", 0), minimum=0)
-    precision = row.get("precision", "bf16")
-    if precision not in ("bf16", "fp8"):
-        raise ConfigError(f"{where}.precision", f"must be bf16 or fp8, got {precision!r}")
+    precision = _precision(f"{where}.precision", row.get("precision", "bf16"))
     shape_keys = ("m", "n", "k", "seq_length", "heads", "head_dim", "causal")
     shape = tuple((k, row[k]) for k in shape_keys if k in row)
     for k, v in shape:
@@ -266,6 +272,7 @@ def _parse_layer(where: str, row: Any) -> LayerMeasurement:
         phase=row["phase"],
         time_ms=_number(f"{where}.time_ms", row["time_ms"]),
         model_flops=_number(f"{where}.model_flops", row["model_flops"], allow_zero=True),
+        precision=_precision(f"{where}.precision", row.get("precision", "bf16")),
     )
 
 

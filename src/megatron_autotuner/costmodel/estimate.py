@@ -316,6 +316,7 @@ def layer_calibration_scale(model: ModelSpec, ctx: LayerContext, workload: Workl
             and entry.seq_length == workload.seq_length
             and entry.micro_batch_size == workload.micro_batch_size
             and entry.phase == phase
+            and entry.precision == workload.precision
         ):
             cluster = ClusterSpec(ctx.cluster.gpu, entry.num_gpus)
             probe = LayerContext(

@@ -3,12 +3,14 @@
 Schema (kind "megatron-autotuner-calibration", schema_version 1):
 {"gpu": preset name, "device_name", "date", "versions", "source": [result dirs],
  "ops": [{"op", "phase", "flops", "time_ms", "achieved_tflops", "tokens", "tp", "cp", "ep", "seq_length",
-          "micro_batch_size", "model", shape keys}],
+          "micro_batch_size", "model", "precision", shape keys}],
  "layers": [{"model", "num_gpus", "tp", "cp", "ep", "sequence_parallel", "seq_length", "micro_batch_size",
-             "phase", "time_ms", "model_flops", "activation_bytes", "activation_estimated_bytes"}],
+             "precision", "phase", "time_ms", "model_flops", "activation_bytes", "activation_estimated_bytes"}],
  "memory": {}}
 `ops` names are the testbench operators: attention (norm + qkv + core attention + proj), mlp (norm + fc1
-+ fc2), moe, decoder, lm_head, column_linear (GEMM h -> fc1 width, with m/n/k), row_linear (GEMM ffn -> h).
++ fc2), moe, decoder, lm_head; column_linear (GEMM h -> fc1 width) and row_linear (GEMM ffn -> h) are
+written as op "gemm" with m/n/k (`testbench_op` keeps the name), so they calibrate the cost model's
+GEMMs (`costmodel.calibration`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs import load_model_spec
 from .results import all_records, latest_by_case
+
+LINEAR_OPS = ("column_linear", "row_linear")
 
 
 def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = None) -> dict[str, Any]:
@@ -39,12 +43,15 @@ def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = No
     for rec in ok:
         case, real, est = rec["case"], rec["real"], rec["estimated"]
         common = {k: case[k] for k in ("model", "tp", "cp", "ep", "seq_length", "micro_batch_size")}
+        common["precision"] = case.get("dtype", "bf16")  # fp8 cases calibrate fp8 GEMMs, never bf16 ones
         for phase, key in (("fwd", "fwd_flops"), ("bwd", "bwd_flops"), ("fwd+bwd", "fwd_bwd_flops")):
             ms = real[f"{phase.replace('+', '_')}_ms"]["median"]
             if not est.get(key) or ms <= 0:
                 continue
             entry = {
-                "op": case["op"],
+                # a TE linear layer is one GEMM per phase: it calibrates the cost model's GEMMs
+                "op": "gemm" if case["op"] in LINEAR_OPS else case["op"],
+                "testbench_op": case["op"],
                 "phase": phase,
                 "flops": est[key],
                 "time_ms": ms,
@@ -52,7 +59,7 @@ def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = No
                 "tokens": est["tokens_per_rank"],
                 **common,
             }
-            if case["op"] in ("column_linear", "row_linear"):
+            if case["op"] in LINEAR_OPS:
                 spec = load_model_spec(case["model"])
                 gate = 2 if spec.gated_linear_unit else 1
                 tokens = est["tokens_per_rank"]

@@ -83,12 +83,24 @@ def _layer_entry(layout: Layout, time_ms: float, num_gpus: int, model_flops: flo
         "phase": "fwd+bwd" if layout.mode == "train" else "fwd",
         "time_ms": time_ms,
         "model_flops": model_flops,
+        "precision": layout.precision,
     }
 
 
 def _key(entry: dict[str, Any]) -> tuple:
     return tuple(
-        entry[k] for k in ("model", "tp", "cp", "ep", "sequence_parallel", "seq_length", "micro_batch_size", "phase")
+        entry[k]
+        for k in (
+            "model",
+            "tp",
+            "cp",
+            "ep",
+            "sequence_parallel",
+            "seq_length",
+            "micro_batch_size",
+            "phase",
+            "precision",
+        )
     )
 
 
