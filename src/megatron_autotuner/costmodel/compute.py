@@ -129,9 +129,16 @@ def flash_attention_time_s(
 def memory_bound_time_s(
     num_bytes: float, gpu: GPUSpec, kernels: float = 0.0, hbm_efficiency: float | None = None
 ) -> float:
-    """Streaming kernels: bytes / (HBM bandwidth * efficiency) + kernels * KERNEL_OVERHEAD_S; the
-    efficiency is HBM_EFFICIENCY unless a kernel's own measured fraction is given."""
+    """Streaming kernels: bytes / bandwidth + kernels * KERNEL_OVERHEAD_S.
+
+    bandwidth = HBM * HBM_EFFICIENCY, or for a kernel with its own measured fraction f of the H200's
+    HBM: min(f * 4.8 TB/s * SMs / 132, HBM * HBM_EFFICIENCY) -- an SM-bound kernel keeps its absolute
+    rate per SM, and no kernel streams faster than the generic fraction of the GPU's HBM (see
+    `defaults.FRACTION_MEASURED_ON_HBM_GBPS`)."""
     if num_bytes <= 0:
         return kernels * d.KERNEL_OVERHEAD_S
-    efficiency = d.HBM_EFFICIENCY if hbm_efficiency is None else hbm_efficiency
-    return num_bytes / (gpu.hbm_gbps * 1e9 * efficiency) + kernels * d.KERNEL_OVERHEAD_S
+    bandwidth = gpu.hbm_gbps * 1e9 * d.HBM_EFFICIENCY
+    if hbm_efficiency is not None:
+        sm_bound = hbm_efficiency * d.FRACTION_MEASURED_ON_HBM_GBPS * 1e9 * sm_count(gpu) / d.FRACTION_MEASURED_ON_SMS
+        bandwidth = min(sm_bound, bandwidth)
+    return num_bytes / bandwidth + kernels * d.KERNEL_OVERHEAD_S
