@@ -8,7 +8,9 @@ calibration, nothing fitted to these rows) and convert it to that row's conventi
 
 Settings a row does not state are filled from what the source's software did, never tuned per
 row: Narayanan et al. ran Megatron-LM 2021 (unfused softmax attention, dropout 0.1, full
-recompute, no distributed optimizer); NVIDIA's recipe runs use TE / cuDNN flash attention, the
+recompute, no distributed optimizer, and its default `--DDP-impl local`, whose `train_step`
+all-reduces the fp32 gradients after `forward_backward_func` returns: no overlap with the
+backward); NVIDIA's recipe runs use TE / cuDNN flash attention, the
 distributed optimizer with grad-reduce / param-gather overlap, and sequence parallelism with
 TP communication overlap when tp > 1. An empty micro-batch or vpp is searched: the fastest
 predicted value that fits in memory is used (the sources tuned those).
@@ -117,7 +119,12 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
     mbss = [int(row["micro_batch"])] if row["micro_batch"] else [1, 2, 4, 8]
     recompute = RecomputeConfig("full") if row["recompute"] == "full" else RecomputeConfig()
     convention = CONVENTIONS[row["flops_convention"]][0]
-    options = CostOptions(flops_convention=convention, flash_attention=not narayanan, fused_cross_entropy=not narayanan)
+    options = CostOptions(
+        flops_convention=convention,
+        flash_attention=not narayanan,
+        fused_cross_entropy=not narayanan,
+        overlap_grad_reduce=not narayanan,
+    )
     out = []
     for vpp in vpps:
         for mbs in mbss:
