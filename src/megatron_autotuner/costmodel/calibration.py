@@ -301,9 +301,9 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
         if not isinstance(mem, dict):
             raise ConfigError(f"{source}: memory", "must be an object")
         default = MemoryAllowance()
-        non_torch = _number(
-            f"{source}: memory.non_torch_gib", mem.get("non_torch_gib", default.non_torch_gib), allow_zero=True
-        )
+        non_torch = None  # absent: by layout (theory.memory.default_non_torch_gib)
+        if mem.get("non_torch_gib") is not None:
+            non_torch = _number(f"{source}: memory.non_torch_gib", mem["non_torch_gib"], allow_zero=True)
         frag = _number(
             f"{source}: memory.fragmentation_fraction",
             mem.get("fragmentation_fraction", default.fragmentation_fraction),

@@ -30,8 +30,10 @@ In-flight micro-batches (1F1B, Narayanan et al. 2021): pipeline rank r keeps min
 micro-batches of its layers; interleaved with v chunks: min(m*v, 2(pp - r - 1) + (v - 1)pp + 1)
 chunk-micro-batches of L/(pp*v) layers each (megatron-core's warm-up count + 1).
 
-Not modelled, kept as a separate, named allowance to calibrate: CUDA context, NCCL buffers,
-cuBLAS/cuDNN workspaces and allocator fragmentation (`MemoryAllowance`).
+Outside the closed form, kept as a separate, named allowance that a calibration file can replace
+(`MemoryAllowance`): memory outside the caching allocator (CUDA context, kernel code, library
+workspaces, NCCL buffers: measured, by the communicators a layout uses) and allocator fragmentation
+(a measured fraction of the activations).
 """
 
 from __future__ import annotations
@@ -49,31 +51,75 @@ BF16_BYTES = 2
 FP32_BYTES = 4
 
 
+# Memory outside PyTorch's caching allocator (device used - reserved), torch 2.11, CUDA 13.0, NCCL 2.28:
+# - a base: CUDA context, the code of the kernels used, library workspaces and the default NCCL
+#   communicator; one-GPU megatron-core training runs: 2.44 GiB on H100 and 2.43 on H200
+#   (benchmarks/results/validation_h100_x1, validation_h200_x2/edge_fit), forward-only 1.61 on one H100
+#   and 1.88 with two H200s (validation_h200_x2/x2, DP2: a forward pass talks over no other group);
+# - plus each NCCL communicator a rank uses, measured one at a time on 2x H200 with NVLS off
+#   (benchmarks/validation/nccl_memory.py -> validation_h200_x2/nccl_memory_h200_x2.json): a ring
+#   collective (all-reduce, reduce-scatter / all-gather) 0.475 GiB, send / recv 0.627, all-to-all 0.568.
+NON_TORCH_BASE_GIB = {"train": 2.44, "forward": 1.61, "forward_multi_gpu": 1.88}
+NCCL_COMMUNICATOR_GIB = {"collective": 0.475, "p2p": 0.627, "all_to_all": 0.568}
+
+
+def nccl_communicators(parallel: ParallelConfig, training: bool) -> dict[str, int]:
+    """Communicators of one rank by kind, beyond the default one: TP (collective), DP x CP gradients
+    (training), PP and ring CP (send / recv), EP (all-to-all, plus the dispatcher's TP x EP all-gather
+    and, in training, the router's token-count all-reduce: 2x H200 EP2 runs used 4.38 GiB training,
+    2.98 forward-only, which these account for within 0.1)."""
+    n = {"collective": 0, "p2p": 0, "all_to_all": 0}
+    n["collective"] += parallel.tp > 1
+    n["collective"] += training and parallel.dp * parallel.cp > 1
+    n["p2p"] += parallel.pp > 1
+    n["p2p"] += parallel.cp > 1
+    if parallel.ep > 1:
+        n["all_to_all"] += 1
+        n["collective"] += 2 if training else 1
+    return n
+
+
+def default_non_torch_gib(parallel: ParallelConfig, training: bool) -> float:
+    """Base + sum of NCCL_COMMUNICATOR_GIB over `nccl_communicators` (see the constants above)."""
+    if training:
+        base = NON_TORCH_BASE_GIB["train"]
+    else:
+        base = NON_TORCH_BASE_GIB["forward_multi_gpu" if parallel.num_gpus > 1 else "forward"]
+    comms = nccl_communicators(parallel, training)
+    return base + sum(NCCL_COMMUNICATOR_GIB[k] * v for k, v in comms.items())
+
+
 @dataclass(frozen=True)
 class MemoryAllowance:
     """What the closed-form model does not compute, kept apart so it can be calibrated.
 
     `non_torch_gib`: CUDA context, NCCL communicator buffers and library workspaces, outside the
-    PyTorch caching allocator (invisible to torch.cuda.max_memory_allocated).
+    PyTorch caching allocator (invisible to torch.cuda.max_memory_allocated); None: by layout,
+    `default_non_torch_gib` (2.4-4.4 GiB in the H100 / H200 runs).
     `fragmentation_fraction`: reserved-but-unallocated memory of the caching allocator, as a
     fraction of the activation (transient) memory: weights, gradients and optimizer state are
-    allocated once and leave no holes; the per-micro-batch tensors do. Defaults are the medians of 16
+    allocated once and leave no holes; the per-micro-batch tensors do. The default is the median of 16
     fresh megatron-core training runs on H200 (torch 2.11, CUDA 13.0, NCCL 2.28;
-    benchmarks/results/validation_h200_x2): 2.9 GiB outside the allocator with one NCCL group in use
-    (1.9 forward-only, up to 4.4 with EP), and 0.18 x activations reserved unallocated (0.01-0.47;
+    benchmarks/results/validation_h200_x2): 0.18 x activations reserved unallocated (0.01-0.47;
     as a fraction of everything allocated it spread 0.3-12%). Measured runs (testbench / validate)
-    replace them through a calibration file.
+    replace both through a calibration file.
     """
 
-    non_torch_gib: float = 2.9
+    non_torch_gib: float | None = None
     fragmentation_fraction: float = 0.18
 
     def __post_init__(self) -> None:
-        if self.non_torch_gib < 0 or not 0 <= self.fragmentation_fraction < 1:
+        bad_non_torch = self.non_torch_gib is not None and self.non_torch_gib < 0
+        if bad_non_torch or not 0 <= self.fragmentation_fraction < 1:
             raise ConfigError("memory_allowance", "non_torch_gib must be >= 0 and fragmentation_fraction in [0, 1)")
 
-    def bytes_for(self, activation_bytes: float) -> float:
-        return self.non_torch_gib * GIB + self.fragmentation_fraction * activation_bytes
+    def non_torch_for(self, parallel: ParallelConfig, training: bool) -> float:
+        if self.non_torch_gib is not None:
+            return self.non_torch_gib
+        return default_non_torch_gib(parallel, training)
+
+    def bytes_for(self, activation_bytes: float, parallel: ParallelConfig, training: bool) -> float:
+        return self.non_torch_for(parallel, training) * GIB + self.fragmentation_fraction * activation_bytes
 
 
 @dataclass(frozen=True)
@@ -404,7 +450,7 @@ def stage_memory(
         activations_bytes=activations,
         activation_detail=detail,
         in_flight_microbatches=in_flight,
-        allowance_bytes=allowance.bytes_for(activations),
+        allowance_bytes=allowance.bytes_for(activations, parallel, workload.is_training),
     )
 
 

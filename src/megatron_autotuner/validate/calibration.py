@@ -234,7 +234,11 @@ def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         breakdown = row["predicted"]["memory_breakdown_gib"]
         allocated_gib = breakdown["total"] - breakdown.get("allowance", 0.0)
-        predicted = allocated_gib + MemoryAllowance(**memory).bytes_for(breakdown["activations"] * GIB) / GIB
+        layout = Layout.from_dict(row["layout"])
+        allowance = MemoryAllowance(**memory).bytes_for(
+            breakdown["activations"] * GIB, layout.parallel(), layout.mode == "train"
+        )
+        predicted = allocated_gib + allowance / GIB
         out.append(
             {
                 "layout_id": row["layout_id"],
