@@ -147,3 +147,20 @@ def test_calibration_solves_with_the_runs_own_gradient_accumulation_fusion():
     for fused, doc in docs.items():
         again = estimate_layout(LAY, "H200", calibration_from_dict(doc), gradient_accumulation_fusion=fused)
         assert again.step_time_s == pytest.approx(1.3 * predicted, rel=0.01)
+
+
+def test_bad_calibration_layer_gets_a_one_line_error_naming_the_field():
+    from megatron_autotuner.costmodel import calibration_from_dict
+    from megatron_autotuner.errors import ConfigError
+
+    layer = {"model": "Qwen3-8B", "num_gpus": 2, "tp": 2, "cp": 1, "ep": 1, "sequence_parallel": True,
+             "seq_length": 4096, "micro_batch_size": 1, "phase": "fwd+bwd", "time_ms": 10.0,
+             "model_flops": 1e12}  # fmt: skip
+    doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H200", "ops": []}
+    assert calibration_from_dict({**doc, "layers": [layer]}).layers[0].precision == "bf16"  # absent: bf16
+    bad = [({**layer, "precision": "fp4"}, "layers[0].precision: must be bf16 or fp8, got 'fp4'"),
+           ({k: v for k, v in layer.items() if k != "num_gpus"}, "layers[0].num_gpus: is required")]  # fmt: skip
+    for row, message in bad:
+        with pytest.raises(ConfigError) as err:
+            calibration_from_dict({**doc, "layers": [row]})
+        assert message in str(err.value) and "\n" not in str(err.value)

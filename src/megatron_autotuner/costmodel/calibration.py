@@ -38,6 +38,19 @@ from ..theory.memory import MemoryAllowance
 
 CALIBRATION_KIND = "megatron-autotuner-calibration"
 PHASES = ("fwd", "dgrad", "wgrad", "bwd", "fwd+bwd")
+# What identifies a measured layer (`precision` optional in files, bf16 when absent): the cost model
+# uses an entry only for a layer that matches all of them (`estimate.layer_calibration_scale`).
+LAYER_KEY_FIELDS = (
+    "model",
+    "tp",
+    "cp",
+    "ep",
+    "sequence_parallel",
+    "seq_length",
+    "micro_batch_size",
+    "phase",
+    "precision",
+)
 GEMM_OPS = frozenset(
     {
         "gemm",
@@ -238,19 +251,7 @@ def _parse_op(where: str, row: Any) -> OpMeasurement:
 def _parse_layer(where: str, row: Any) -> LayerMeasurement:
     if not isinstance(row, dict):
         raise ConfigError(where, "must be an object")
-    required = (
-        "model",
-        "num_gpus",
-        "tp",
-        "cp",
-        "ep",
-        "sequence_parallel",
-        "seq_length",
-        "micro_batch_size",
-        "phase",
-        "time_ms",
-        "model_flops",
-    )
+    required = (LAYER_KEY_FIELDS[0], "num_gpus", *LAYER_KEY_FIELDS[1:-1], "time_ms", "model_flops")
     for key in required:
         if key not in row:
             raise ConfigError(f"{where}.{key}", "is required")

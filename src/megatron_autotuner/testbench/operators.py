@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from ..errors import ConfigError
 from ..specs import ModelSpec
 from .cases import Case
 
@@ -211,8 +212,6 @@ def build_operator(case: Case, device: str = "cuda") -> Operator:
 
     dtype fp8 runs the forward inside megatron-core's `get_fp8_context` (TE fp8 autocast), as megatron-core's
     TransformerBlock does in training; TE's linear layers then cast their inputs and run fp8 GEMMs."""
-    from ..errors import ConfigError
-
     use_te = case.use_te and te_available() and device == "cuda"
     if case.dtype == "fp8" and not use_te:
         raise ConfigError("dtype", "fp8 needs Transformer Engine on a GPU (TE layer spec); use bf16 here")
@@ -220,8 +219,6 @@ def build_operator(case: Case, device: str = "cuda") -> Operator:
     operator = _build_operator(case, device, config, use_te)
     if not config.fp8:
         return operator
-    from dataclasses import replace
-
     from megatron.core.fp8_utils import get_fp8_context
 
     run_forward = operator.forward

@@ -88,20 +88,9 @@ def _layer_entry(layout: Layout, time_ms: float, num_gpus: int, model_flops: flo
 
 
 def _key(entry: dict[str, Any]) -> tuple:
-    return tuple(
-        entry[k]
-        for k in (
-            "model",
-            "tp",
-            "cp",
-            "ep",
-            "sequence_parallel",
-            "seq_length",
-            "micro_batch_size",
-            "phase",
-            "precision",
-        )
-    )
+    from ..costmodel.calibration import LAYER_KEY_FIELDS  # lazily, as every costmodel import here
+
+    return tuple(entry[k] for k in LAYER_KEY_FIELDS)
 
 
 def solve_layer_time_ms(
