@@ -28,6 +28,20 @@ def raw_gpu_events(path: Path) -> list[dict[str, Any]]:
     return [e for e in raw(path)["traceEvents"] if e.get("ph") == "X" and e.get("cat") in GPU_CATS]
 
 
+# megatron-core's distributed optimizer step with TE fused Adam: grad-norm, clip scaling, Adam
+OPTIMIZER_KERNELS = ("multi_tensor_l2norm::L2Norm", "multi_tensor_scale", "multi_tensor_adam")
+
+
+def raw_kernels(path: Path) -> list[dict[str, Any]]:
+    """The kernel events of a trace, as recorded."""
+    return [e for e in raw(path)["traceEvents"] if e.get("cat") == "kernel"]
+
+
+def kernel_seconds(kernels: list[dict[str, Any]], *parts: str, min_us: float = 0.0) -> float:
+    """Total time of the kernels whose name holds every one of `parts` (and that ran >= min_us)."""
+    return sum(k["dur"] for k in kernels if all(p in k["name"] for p in parts) and k["dur"] >= min_us) * 1e-6
+
+
 def naive_kind(name: str) -> str:
     """comm / compute / neither, by the plainest reading of the kernel families in README.md."""
     if name.startswith(("ncclDevKernel", "kuserbuffers", "void userbuffers", "Memcpy PtoP")):

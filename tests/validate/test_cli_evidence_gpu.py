@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from megatron_autotuner.cli import main
+from tests.trace.helpers import OPTIMIZER_KERNELS, kernel_seconds, raw_kernels
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "validation_h200_x2"
 LAYOUTS = Path(__file__).resolve().parents[2] / "benchmarks" / "validation" / "h200_x2_layouts.json"
@@ -176,34 +177,24 @@ def test_memory_bound_defaults_match_the_traces():
     """The memory-bound constants measured in the committed rank-0 traces of real training steps:
     optimizer kernels, the unfused loss, the q/k-norm dgamma finalize, the fused SwiGLU backward, and
     the 1/dp gradient scaling (present with DP2, absent with TP2)."""
-    import gzip
-
     from megatron_autotuner.costmodel import defaults as d
     from megatron_autotuner.specs import get_gpu_spec
 
     hbm = get_gpu_spec("H200").hbm_gbps * 1e9
 
-    def kernels(name):
-        with gzip.open(EVIDENCE / "traces" / f"{name}.rank_0.json.gz") as f:
-            events = json.load(f)["traceEvents"]
-        return [e for e in events if e.get("cat") == "kernel"]
-
-    def total_s(ks, *parts, min_us=0.0):
-        return sum(k["dur"] for k in ks if all(p in k["name"] for p in parts) and k["dur"] >= min_us) * 1e-6
-
-    dp2, tp2 = kernels("dp2"), kernels("tp2_sp")
+    dp2, tp2 = (raw_kernels(EVIDENCE / "traces" / f"{name}.rank_0.json.gz") for name in ("dp2", "tp2_sp"))
     shard = 1_008_768_000  # DP2 distributed optimizer: half of the rank's 2.018 G parameters
-    opt_s = sum(total_s(dp2, k) for k in ("multi_tensor_l2norm::L2Norm", "multi_tensor_scale", "multi_tensor_adam"))
-    opt_s += total_s([k for k in dp2 if k["ts"] > max(e["ts"] for e in dp2 if "multi_tensor_adam" in e["name"])],
-                     "bfloat16_copy")  # fmt: skip
+    opt_s = sum(kernel_seconds(dp2, k) for k in OPTIMIZER_KERNELS)
+    after_adam = [k for k in dp2 if k["ts"] > max(e["ts"] for e in dp2 if "multi_tensor_adam" in e["name"])]
+    opt_s += kernel_seconds(after_adam, "bfloat16_copy")
     assert d.OPTIMIZER_BYTES_PER_PARAM * shard / opt_s / hbm == pytest.approx(d.OPTIMIZER_HBM_EFFICIENCY, rel=0.05)
     # unfused loss, 4 micro-batches x 4096 tokens x 151936 entries: cast, max, sub, exp, sum, div; mul, cast back
     ce = [("direct_copy", 200), ("MaxOps", 0), ("nocast<at::native::CUDAFunctor_add<float>", 0), ("exp_kernel", 0),
           ("sum_functor", 200), ("DivFunctor", 200), ("BinaryFunctor<float, float, float, at::native::binary_internal"
           "::MulFunctor", 200)]  # fmt: skip
-    ce_s = sum(total_s(dp2, part, min_us=m) for part, m in ce)
-    ce_s += total_s([k for k in dp2 if k["ts"] < min(e["ts"] for e in dp2 if "multi_tensor_adam" in e["name"])],
-                    "bfloat16_copy", min_us=200)  # fmt: skip
+    ce_s = sum(kernel_seconds(dp2, part, min_us=m) for part, m in ce)
+    before_adam = [k for k in dp2 if k["ts"] < min(e["ts"] for e in dp2 if "multi_tensor_adam" in e["name"])]
+    ce_s += kernel_seconds(before_adam, "bfloat16_copy", min_us=200)
     fraction = sum(d.CROSS_ENTROPY_BYTES["unfused"]) * 4 * 4096 * 151936 / ce_s / hbm
     assert fraction == pytest.approx(d.CROSS_ENTROPY_HBM_EFFICIENCY["unfused"], rel=0.05)
     for ks in (dp2, tp2):
@@ -214,9 +205,9 @@ def test_memory_bound_defaults_match_the_traces():
         fraction = 10 * ffn * 4096 / statistics.mean(swiglu) / hbm
         assert fraction == pytest.approx(d.FUSED_ACTIVATION_BWD_HBM_EFFICIENCY, abs=0.05)
     scale = "AUnaryFunctor<float, float, float, at::native::binary_internal::MulFunctor<float> >"
-    fraction = d.GRAD_SCALE_BYTES_PER_PARAM * 2 * shard / total_s(dp2, scale) / hbm
+    fraction = d.GRAD_SCALE_BYTES_PER_PARAM * 2 * shard / kernel_seconds(dp2, scale) / hbm
     assert fraction == pytest.approx(d.HBM_EFFICIENCY, abs=0.1)  # 0.87 measured
-    assert total_s(tp2, scale) < 1e-4
+    assert kernel_seconds(tp2, scale) < 1e-4
 
 
 def test_memory_outside_the_allocator_by_communicator():

@@ -1,7 +1,6 @@
 """Committed 1x H100 evidence (benchmarks/results/validation_h100_x1, README there): real training
 steps re-aggregated from their per-rank records and re-predicted by the current cost model."""
 
-import gzip
 import json
 import statistics
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
 from megatron_autotuner.validate.results import aggregate, read_records
+from tests.trace.helpers import OPTIMIZER_KERNELS, kernel_seconds, raw_kernels
 
 pytest.importorskip("megatron_autotuner.costmodel")
 
@@ -84,12 +84,7 @@ def test_memory_bound_kernels_keep_their_h200_rate_on_h100():
     from megatron_autotuner.specs import get_gpu_spec
 
     h100 = get_gpu_spec("H100-SXM")
-    with gzip.open(EVIDENCE / "traces" / "l3_8b_s8192_bf16.rank_0.json.gz") as f:
-        kernels = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
-
-    def total_s(part):
-        return sum(k["dur"] for k in kernels if part in k["name"]) * 1e-6
-
+    kernels = raw_kernels(EVIDENCE / "traces" / "l3_8b_s8192_bf16.rank_0.json.gz")
     swiglu = [k["dur"] * 1e-6 for k in kernels if "triton_poi_fused_add_cat_mul_rsub_sigmoid_silu" in k["name"]]
     swiglu_bytes = 10 * 14336 * 8192  # Llama-3.1-8B ffn, seq 8192, micro-batch 1
     predicted = memory_bound_time_s(swiglu_bytes, h100, 0, d.FUSED_ACTIVATION_BWD_HBM_EFFICIENCY)
@@ -98,6 +93,6 @@ def test_memory_bound_kernels_keep_their_h200_rate_on_h100():
     assert swiglu_bytes / (0.48 * h100.hbm_gbps * 1e9) > 1.3 * statistics.mean(swiglu)
     # optimizer of the 4-layer model (1.92 G parameters, one rank): l2norm, scale, adam
     params = 4 * 218_112_000 + 2 * 128256 * 4096 + 4096
-    opt_s = sum(total_s(k) for k in ("multi_tensor_l2norm::L2Norm", "multi_tensor_scale", "multi_tensor_adam"))
+    opt_s = sum(kernel_seconds(kernels, k) for k in OPTIMIZER_KERNELS)
     opt_bytes = (d.OPTIMIZER_BYTES_PER_PARAM - 6) * params  # without the bf16 copy-back (not matched here)
     assert opt_s == pytest.approx(memory_bound_time_s(opt_bytes, h100, 0, d.OPTIMIZER_HBM_EFFICIENCY), rel=0.10)
