@@ -42,7 +42,10 @@ def test_cluster_links():
     cluster = ClusterSpec(get_gpu_spec("H100-SXM"), 64)
     assert cluster.num_nodes == 8
     assert cluster.link_gbps(8) == 450.0
-    assert cluster.link_gbps(8, stride=2) == 50.0
+    # 4 members per node -> 4 rings on 4 NICs; one member per node -> one NIC.
+    assert cluster.link_gbps(8, stride=2) == 200.0
+    assert cluster.link_gbps(8, stride=8) == 50.0
+    assert cluster.link_gbps(64) == 400.0  # 8 NICs of a node (< NVLink 450)
 
 
 def test_parallel_derived_sizes():

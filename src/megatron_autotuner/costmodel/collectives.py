@@ -6,7 +6,8 @@
 wire_bytes per rank follow NCCL's ring bus-bandwidth factors (`theory.comm.wire_factor`):
 all-gather / reduce-scatter (n-1)/n, all-reduce 2(n-1)/n, send/recv 1; steps = n-1 (2(n-1) for
 all-reduce, 1 for send/recv). The link is NVLink when the group's span (n x stride, Megatron
-orders ranks tp-fastest) fits in one node, else the scale-out network (`ClusterSpec.link_gbps`).
+orders ranks tp-fastest) fits in one node, else the scale-out network (`ClusterSpec.link_gbps`: a
+group with k members per node rings over k NICs at once).
 All-to-all across nodes is bounded by whichever of the two links carries its share longer: of the
 (n-1)/n of the message that leaves a rank, the peers in other nodes receive (n - n_node)/n over
 the network and the peers in the same node (n_node - 1)/n over NVLink.

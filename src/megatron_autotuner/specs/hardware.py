@@ -170,13 +170,20 @@ class ClusterSpec:
         return -(-self.num_gpus // self.gpu.gpus_per_node)
 
     def link_gbps(self, group_size: int, stride: int = 1) -> float:
-        """Per-GPU bandwidth of a communication group of `group_size` ranks spaced `stride` apart.
+        """Per-GPU bus bandwidth of a ring collective over `group_size` ranks spaced `stride` apart.
 
         Megatron orders ranks tp-fastest, so a group whose span (group_size x stride) fits in one
-        node talks over NVLink; any larger group crosses the scale-out network.
+        node talks over NVLink. A larger group crosses the scale-out network, one NIC per GPU: its
+        k = gpus_per_node / stride members in each node (the node's other `stride` groups run at the
+        same time on the other NICs) carry k parallel rings (NCCL channels), one NIC each, so the
+        bus bandwidth is min(k x NIC, NVLink). NCCL measures 192 GB/s all-reduce bus bandwidth across
+        DGX A100 nodes with 8 x 200 Gb/s NICs (NVIDIA/nccl#812, k = 8); a group with one member per
+        node (k = 1) gets one NIC.
         """
         if group_size <= 1:
             return float("inf")
-        if group_size * stride <= self.gpu.gpus_per_node:
+        per_node = self.gpu.gpus_per_node
+        if group_size * stride <= per_node:
             return self.gpu.nvlink_gbps
-        return self.gpu.scale_out_gbps
+        members_per_node = max(1, min(group_size, per_node // max(stride, 1)))
+        return min(members_per_node * self.gpu.scale_out_gbps, self.gpu.nvlink_gbps)
