@@ -9,30 +9,23 @@
 #   3. two 4-layer training runs of 150 / 200 timed steps (h100_sustained_layouts.json)          ~4 min
 # with nvidia-smi sampling SM clock / power / temperature every 500 ms throughout (gpu_samples.csv).
 # Copy "$OUT"/evidence to benchmarks/results/validation_h100_x1/sustained/.
-set -uo pipefail
-source /root/gpu/env.sh
 OUT="${OUT:-$PWD/outputs/h100_sustained}"
+source "$(dirname "$0")/common.sh"
 EV="$OUT/evidence"
 mkdir -p "$EV"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PY:-python}"
-HERE="$(dirname "$0")"
-START=$(date +%s)
 nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu --format=csv,nounits -lms 500 > "$EV/gpu_samples.csv" &
 SMI=$!
 echo "== 1: sustained GEMM"
 $PY "$HERE/sustained_gemm.py" --seconds 90 --out "$EV/sustained_gemm.json"
-echo "== 2: testbench cases ($(( $(date +%s) - START )) s)"
-$PY -m megatron_autotuner.cli profile --case-file "$HERE/../testbench/h100_x1_cases.json" --repeats 10 --warmup 3 \
+echo "== 2: testbench cases ($(elapsed))"
+$MAT profile --case-file "$HERE/../testbench/h100_x1_cases.json" --repeats 10 --warmup 3 \
   --case-timeout 240 --output-dir "$OUT/testbench" --json > "$EV/testbench_summary.json"
-echo "testbench rc=$? ($(( $(date +%s) - START )) s)"
+echo "testbench rc=$? ($(elapsed))"
 echo "== 3: long training runs"
-$PY -m megatron_autotuner.validate --layouts "$HERE/h100_sustained_layouts.json" --output-dir "$OUT/long" --timeout-s 300 \
+$VALIDATE --layouts "$HERE/h100_sustained_layouts.json" --output-dir "$OUT/long" --timeout-s 300 \
   2>&1 | tail -20
-mkdir -p "$EV/long/runs"
-cp "$OUT/long/summary.json" "$OUT/long/results.jsonl" "$OUT/long/layouts.json" "$EV/long/" 2>/dev/null
-cp "$OUT"/long/runs/*.jsonl "$EV/long/runs/" 2>/dev/null
+copy_runs "$OUT/long" "$EV/long"
 kill $SMI
 gzip -f "$EV/gpu_samples.csv"
 du -sh "$EV"
-echo "wall time: $(( $(date +%s) - START )) s"
+echo "wall time: $(elapsed)"

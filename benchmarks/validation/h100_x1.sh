@@ -10,41 +10,28 @@
 #   3. real training steps on 1 GPU (h100_x1_layouts.json): Llama-2-7b / Llama-3.1-8B / Qwen3-8B, 4 layers,
 #      bf16 and fp8, one forward-only; two torch-profiler traces                                          ~4 min
 # Copy "$OUT"/evidence to benchmarks/results/validation_h100_x1/.
-set -uo pipefail
-source /root/gpu/env.sh
 OUT="${OUT:-$PWD/outputs/h100_x1}"
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PY:-python}"
-MAT="$PY -m megatron_autotuner.cli"
-HERE="$(dirname "$0")"
-START=$(date +%s)
+source "$(dirname "$0")/common.sh"
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpus.txt"
 
 echo "== 1: GEMM / attention / HBM sweep"
 timeout 300 $PY -m megatron_autotuner.costmodel.measure_defaults "$OUT/defaults_h100.json" 2>"$OUT/defaults.err"
-echo "defaults rc=$? ($(( $(date +%s) - START )) s)"
+echo "defaults rc=$? ($(elapsed))"
 
 echo "== 2: testbench cases"
 $MAT profile --case-file "$HERE/../testbench/h100_x1_cases.json" --repeats 10 --warmup 3 --case-timeout 240 \
   --output-dir "$OUT/testbench" --json > "$OUT/testbench_summary.json"
-echo "testbench rc=$? ($(( $(date +%s) - START )) s)"
+echo "testbench rc=$? ($(elapsed))"
 
 echo "== 3: training steps"
-$PY -m megatron_autotuner.validate --layouts "$HERE/h100_x1_layouts.json" --output-dir "$OUT/x1" --timeout-s 120 \
+$VALIDATE --layouts "$HERE/h100_x1_layouts.json" --output-dir "$OUT/x1" --timeout-s 120 \
   2>&1 | tee "$OUT/x1.txt"
-echo "validate ($(( $(date +%s) - START )) s)"
+echo "validate ($(elapsed))"
 
 EV="$OUT/evidence"
-mkdir -p "$EV/x1/runs" "$EV/traces"
+mkdir -p "$EV"
 cp "$OUT/gpus.txt" "$OUT/defaults_h100.json" "$OUT/testbench_summary.json" "$EV/" 2>/dev/null
-cp "$OUT/x1/summary.json" "$OUT/x1/results.jsonl" "$OUT/x1/layouts.json" "$EV/x1/" 2>/dev/null
-cp "$OUT"/x1/runs/*.jsonl "$EV/x1/runs/" 2>/dev/null
-for TRACE in "$OUT"/x1/traces/*/rank_0.json.gz; do
-  [ -f "$TRACE" ] || { echo "no trace found"; break; }
-  NAME=$(basename "$(dirname "$TRACE")")
-  cp "$TRACE" "$EV/traces/$NAME.rank_0.json.gz"
-  $MAT trace summary --json "$TRACE" > "$EV/traces/$NAME.summary.json" || echo "trace summary failed: $TRACE"
-done
+copy_runs "$OUT/x1" "$EV/x1"
+copy_traces "$OUT/x1" "$EV/traces"
 du -sh "$EV"
-echo "wall time: $(( $(date +%s) - START )) s"
+echo "wall time: $(elapsed)"

@@ -12,16 +12,9 @@
 #   job 3 (2 GPUs): 6 host-bound MoE layouts of h200_x2_moe_host_layouts.json (Qwen3-30B-A3B, 2 / 6 layers, seq 2048,
 #          EP2 / EP1 training, EP2 forward-only) that test the cost model's MoE host floor   ~3 min
 # Then: `mat trace summary --json` of each profiled layout's rank-0 trace, and a calibration file from the runs.
-# Copy "$OUT"/{summary.json,results.jsonl,...} to benchmarks/results/validation_h200_x2/ (see the end).
-set -uo pipefail
-source /root/gpu/env.sh
+# Copy "$OUT"/evidence to benchmarks/results/validation_h200_x2/.
 OUT="${OUT:-$PWD/outputs/validation_h200_x2}"
-mkdir -p "$OUT"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-PY="${PY:-python}"
-VALIDATE="$PY -m megatron_autotuner.validate"
-HERE="$(dirname "$0")"
-START=$(date +%s)
+source "$(dirname "$0")/common.sh"
 $PY -c "import yaml" 2>/dev/null || { echo "pyyaml missing on this machine: bring its wheel (.gpu/extra)"; exit 3; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 
@@ -42,25 +35,12 @@ echo "== job 3: host-bound MoE layouts"
 $VALIDATE --layouts "$HERE/h200_x2_moe_host_layouts.json" --output-dir "$OUT/moe_host" --timeout-s 90 \
   2>&1 | tee "$OUT/moe_host.txt"
 
-echo "== trace summaries (rank 0 of every profiled layout)"
-mkdir -p "$OUT/traces"
-for TRACE in "$OUT"/x2/traces/*/rank_0.json.gz; do
-  [ -f "$TRACE" ] || { echo "no trace found"; break; }
-  NAME=$(basename "$(dirname "$TRACE")")
-  cp "$TRACE" "$OUT/traces/$NAME.rank_0.json.gz"
-  $PY -m megatron_autotuner.cli trace summary --json "$TRACE" > "$OUT/traces/$NAME.summary.json" \
-    || echo "trace summary failed: $TRACE"
-done
-
 echo "== collect evidence (small files only) under $OUT/evidence"
 EV="$OUT/evidence"
-mkdir -p "$EV"
 for d in x2 edge_fit edge_oom moe_host; do
-  mkdir -p "$EV/$d"
-  cp "$OUT/$d/summary.json" "$OUT/$d/results.jsonl" "$OUT/$d/layouts.json" "$EV/$d/" 2>/dev/null
-  mkdir -p "$EV/$d/runs" && cp "$OUT/$d"/runs/*.jsonl "$EV/$d/runs/" 2>/dev/null  # re-aggregated by the tests
+  copy_runs "$OUT/$d" "$EV/$d"
 done
+copy_traces "$OUT/x2" "$EV/traces"
 cp "$OUT/x2/calibration.json" "$OUT/gpus.txt" "$EV/" 2>/dev/null
-cp -r "$OUT/traces" "$EV/" 2>/dev/null
 du -sh "$EV"
-echo "wall time: $(( $(date +%s) - START )) s"
+echo "wall time: $(elapsed)"

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Sourced (never run) by the GPU evidence scripts of this folder, after they set OUT:
+#     OUT="${OUT:-$PWD/outputs/NAME}"; source "$(dirname "$0")/common.sh"
+# Sets the GPU machine's environment (../shared/gpu: /root/gpu/env.sh keeps NVLink multicast off), PYTHONPATH to
+# this checkout, PY / MAT / VALIDATE / HERE / START, and the helpers that copy small evidence files out of "$OUT".
+set -uo pipefail
+source /root/gpu/env.sh
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+PY="${PY:-python}"
+MAT="$PY -m megatron_autotuner.cli"
+VALIDATE="$PY -m megatron_autotuner.validate"
+HERE="$(dirname "${BASH_SOURCE[1]}")"
+START=$(date +%s)
+
+# Seconds since the calling script started.
+elapsed() { echo "$(( $(date +%s) - START )) s"; }
+
+# copy_runs SRC DEST: a validate output folder's summary, results and layouts, and the per-rank records the CPU
+# tests re-aggregate (SRC/runs/*.jsonl).
+copy_runs() {
+  mkdir -p "$2/runs"
+  cp "$1/summary.json" "$1/results.jsonl" "$1/layouts.json" "$2/" 2>/dev/null
+  cp "$1"/runs/*.jsonl "$2/runs/" 2>/dev/null
+}
+
+# copy_traces SRC DEST: the rank-0 torch-profiler trace of every profiled layout under SRC/traces/, with its
+# `mat trace summary --json`, as DEST/NAME.rank_0.json.gz and DEST/NAME.summary.json.
+copy_traces() {
+  mkdir -p "$2"
+  local trace name
+  for trace in "$1"/traces/*/rank_0.json.gz; do
+    [ -f "$trace" ] || { echo "no trace found under $1/traces"; return; }
+    name=$(basename "$(dirname "$trace")")
+    cp "$trace" "$2/$name.rank_0.json.gz"
+    $MAT trace summary --json "$trace" > "$2/$name.summary.json" || echo "trace summary failed: $trace"
+  done
+}
