@@ -95,3 +95,20 @@ def test_world2_dp_and_tp(tiny, tmp_path):
     assert [r["status"] for r in rep.rows] == ["ok", "ok"]
     assert all(len(r["per_rank"]) == 2 for r in rep.rows)
     assert len(list((tmp_path / "o" / "jobs").glob("*.json"))) == 2  # default: a fresh job per layout
+
+
+def test_expandable_segments_run_in_their_own_job(tiny, tmp_path, monkeypatch):
+    """A process has one caching allocator: layouts that want expandable segments get their own job, whose
+    worker sets PYTORCH_CUDA_ALLOC_CONF before CUDA starts (and keeps the user's other settings)."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    layouts = [_lay(tiny, "default"), _lay(tiny, "expandable", expandable_segments=True)]
+    out = tmp_path / "out"
+    rep = validate_layouts(
+        layouts, out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, layouts_per_job=None
+    )
+    assert [r["status"] for r in rep.rows] == ["ok", "ok"]
+    assert len(list((out / "jobs").glob("*.json"))) == 2
+    conf = {
+        r["layout"]["expandable_segments"]: r["env"]["pytorch_cuda_alloc_conf"] for r in read_records(rank_file(out, 0))
+    }
+    assert conf == {False: "max_split_size_mb:512", True: "max_split_size_mb:512,expandable_segments:True"}

@@ -219,7 +219,12 @@ def validate_plan(
         gpu = gpu_obj if isinstance(gpu_obj, str) else _attr(gpu_obj, "name")
     if not gpu:
         raise ConfigError("gpu", "validate_plan needs the GPU preset the plan was made for")
-    layouts = plan_layouts(plan_result, k, reference, steps=steps, warmup_steps=warmup_steps)
+    # run with the allocator the plan's memory figures assumed
+    options = _attr(plan_result, "options")
+    expandable = bool(options is not None and _attr(options, "expandable_segments"))
+    layouts = plan_layouts(
+        plan_result, k, reference, steps=steps, warmup_steps=warmup_steps, expandable_segments=expandable
+    )
     out = Path(output_dir)
     if out.name != "validate":
         out = out / "validate"

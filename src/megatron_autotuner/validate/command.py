@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=True,
         help="Transformer Engine layer spec (default; falls back to the local spec when TE is missing)",
     )
+    p.add_argument(
+        "--expandable-segments",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (with --layouts: for every layout)",
+    )
     p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="also record a torch-profiler trace of one step")
@@ -109,6 +115,8 @@ def _layouts(args: argparse.Namespace):
                 raise ConfigError("gpu", f"--num-layers {edge} needs --gpu")
             layout = layout.replace(num_layers=edge_num_layers(layout, gpu, edge), name=f"{edge}")
         layouts = [layout]
+    if args.expandable_segments is not None:
+        layouts = [lay.replace(expandable_segments=args.expandable_segments) for lay in layouts]
     for lay in layouts:
         lay.check()
     return layouts, args.gpu or extra.get("gpu")
@@ -132,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "nodes", f"layouts use {sorted(worlds)} GPUs, the script has {args.nodes} x {args.gpus_per_node}"
             )
+        if len({lay.expandable_segments for lay in layouts}) > 1:
+            raise ConfigError("expandable_segments", "one Slurm job runs one allocator setting: split the layouts")
         script = launcher.slurm_script(layouts_file.resolve(), out.resolve(), args.nodes, args.gpus_per_node)
         Path(args.emit_slurm).write_text(script)
         print(f"wrote {args.emit_slurm} (sbatch {args.emit_slurm})")

@@ -134,11 +134,12 @@ def run_layouts(
             _launcher_failure(out, lay, f"needs {lay.world_size} GPUs, {available_gpus} available", "error")
             report.failed_by_launcher.append(lay.layout_id)
         pending = [lay for lay in pending if lay.world_size <= available_gpus]
-    groups: dict[int, list[Layout]] = {}
+    # one job runs layouts of one world size and one allocator setting (a process has one allocator)
+    groups: dict[tuple[int, bool], list[Layout]] = {}
     for lay in pending:
-        groups.setdefault(lay.world_size, []).append(lay)
+        groups.setdefault((lay.world_size, lay.expandable_segments), []).append(lay)
     current = current_file(out)
-    for world, group in sorted(groups.items()):
+    for (world, _), group in sorted(groups.items()):
         remaining = order_for_job(group, predicted_oom or set())
         attempt = 0
         while remaining:

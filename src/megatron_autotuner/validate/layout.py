@@ -23,6 +23,10 @@ class Layout:
     """One validation run. `global_batch_size` None means micro_batch_size x dp; sequence parallel None
     means on when tp > 1. `warmup_steps` untimed steps come before `steps` timed ones."""
 
+    # Fields added after evidence was committed: they enter `layout_id` only when set, so the ids of earlier
+    # runs (which could not set them) stay the same.
+    ID_FIELDS_ONLY_WHEN_SET = ("expandable_segments",)
+
     model: str
     seq_length: int
     num_gpus: int = 1
@@ -50,6 +54,9 @@ class Layout:
     steps: int = 5
     profile: bool = False
     use_te: bool = True
+    # PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
+    # set by the worker before CUDA starts): a segment grows in place instead of a new one being reserved.
+    expandable_segments: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -120,7 +127,9 @@ class Layout:
     @property
     def layout_id(self) -> str:
         """Stable id: readable prefix + hash of every field but the label (resume keys on it)."""
-        fields = {k: v for k, v in self.to_dict().items() if k != "name"}
+        fields = {
+            k: v for k, v in self.to_dict().items() if k != "name" and not (k in self.ID_FIELDS_ONLY_WHEN_SET and not v)
+        }
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
         layers = f".L{self.num_layers}" if self.num_layers else ""
@@ -146,6 +155,8 @@ class Layout:
             parts.append(self.recompute)
         if self.mode != "train":
             parts.append(self.mode)
+        if self.expandable_segments:
+            parts.append("expandable")
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Layout:

@@ -24,6 +24,20 @@ from ..testbench.worker import environment
 from .layout import Layout
 from .results import current_file, rank_file
 
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def set_allocator_config(layouts: list[Layout]) -> None:
+    """Add `expandable_segments:True` to PYTORCH_CUDA_ALLOC_CONF when the job's layouts ask for it (before CUDA
+    starts: the caching allocator reads it once). One process has one allocator, so a job's layouts must agree."""
+    wanted = {lay.expandable_segments for lay in layouts}
+    if len(wanted) > 1:
+        raise SystemExit("layouts of one job disagree on expandable_segments: run them in separate jobs")
+    if True in wanted:
+        current = os.environ.get(ALLOC_CONF_ENV, "")
+        parts = [x for x in current.split(",") if x and not x.startswith("expandable_segments")]
+        os.environ[ALLOC_CONF_ENV] = ",".join([*parts, "expandable_segments:True"])
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -33,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="process-group (NCCL) timeout")
     args = parser.parse_args(argv)
     layouts = [Layout.from_dict(x) for x in json.loads(Path(args.layouts).read_text())]
+    set_allocator_config(layouts)
     import torch
 
     from .runner import run_layout
@@ -45,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         backend="nccl" if args.device == "cuda" else "gloo", timeout=dt.timedelta(seconds=args.timeout_s)
     )
     env = environment(args.device)
+    env["pytorch_cuda_alloc_conf"] = os.environ.get(ALLOC_CONF_ENV, "")
     out_dir = Path(args.out_dir)
     current = current_file(out_dir)
     for layout in layouts:
