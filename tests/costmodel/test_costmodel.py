@@ -147,3 +147,24 @@ def test_measured_h200_layers_within_10_percent():
     good = [r for r in result if abs(r["error"]) <= 0.10]
     assert len(good) >= 6
     assert len({(r["model"], r["tp"], r["seq_length"]) for r in good}) >= 6
+
+
+def test_expandable_segments_shrink_only_the_fragmentation_allowance(capsys):
+    """`--expandable-segments` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) changes the reserved-but-
+    unallocated allowance from 0.18 to 0.034 x activations and nothing else."""
+    from megatron_autotuner.cli import main
+    from megatron_autotuner.theory.memory import EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION, MemoryAllowance
+
+    args = ["estimate", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "2", "--seq-len", "8192"]
+    args += ["--global-batch-size", "4", "--micro-batch-size", "1", "--tp", "2", "--sp", "--json"]
+    out = {}
+    for flag in ([], ["--expandable-segments"]):
+        assert main(args + flag) == 0
+        out[bool(flag)] = json.loads(capsys.readouterr().out)
+    default, expandable = out[False], out[True]
+    assert expandable["step_time_s"] == default["step_time_s"]
+    act = default["memory_breakdown_gib"]["activations"]
+    saved = default["memory_breakdown_gib"]["allowance"] - expandable["memory_breakdown_gib"]["allowance"]
+    fractions = MemoryAllowance().fragmentation_fraction - EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION
+    assert saved == pytest.approx(fractions * act) and saved > 0
+    assert default["peak_memory_gib"] - expandable["peak_memory_gib"] == pytest.approx(saved)

@@ -13,6 +13,7 @@ from megatron_autotuner.theory.memory import (
     in_flight_microbatches,
     layer_activation_bytes,
     memory_per_stage,
+    mlp_activation_bytes,
     stage_memory,
 )
 
@@ -190,3 +191,31 @@ def test_memory_never_grows_when_a_parallel_dimension_grows(dim, base, recompute
     # (EP: all-to-all + 2 collectives, the most): a small model may grow by those, never more
     most = NCCL_COMMUNICATOR_GIB["all_to_all"] + 2 * NCCL_COMMUNICATOR_GIB["collective"]
     assert total_after <= total_before + most * GIB + 1e-3
+
+
+def test_moe_routed_copy_saves_probability_not_expert_output():
+    """Per token an MoE block keeps its norm input and input (2h each), the fp32 router probabilities and, per
+    routed copy, the expert input (2h), fc1 output, fc2 input and one fp32 probability (megatron-core applies
+    the probabilities in the experts' activation), not the expert output."""
+    model = load_model_spec("Qwen3-30B-A3B")
+    parallel = ParallelConfig(num_gpus=2, ep=2)
+    tokens = 4096
+    mlp = sum(mlp_activation_bytes(model, parallel, Workload(tokens, 1, 2), 0).values()) / tokens
+    h, f, k, e = model.hidden_size, model.moe_ffn_hidden_size, model.moe_router_topk, model.num_moe_experts
+    assert mlp == 2 * h + 2 * h + 4 * e + k * (2 * h + 2 * 2 * f + 2 * f + 4)
+
+
+def test_full_recompute_peak_on_the_last_stage_is_the_larger_of_loss_and_recompute():
+    """The loss's fp32 softmax and bf16 logits are freed before the first recomputed layer: the last stage's
+    activations are the checkpoints plus the larger of the two working sets, never their sum."""
+    model = load_model_spec("Qwen3-30B-A3B").with_num_layers(4)
+    parallel = ParallelConfig(num_gpus=2, ep=2)
+    full = Workload(8192, 4, 16, RecomputeConfig("full"))
+    detail = memory_per_stage(model, parallel, full)[-1].activation_detail
+    loss = detail["output_layer"] + detail["logits_transient"]
+    assert detail["recompute_working_set"] == 0.0  # 32k tokens x 151936 vocab outweigh one recomputed layer
+    assert loss / GIB > 25
+    short = Workload(256, 1, 2, RecomputeConfig("full"))
+    small = memory_per_stage(model.replace(vocab_size=1024), parallel, short)[-1].activation_detail
+    layer = max(layer_activation_bytes(model.replace(vocab_size=1024), parallel, short, i) for i in range(4))
+    assert small["recompute_working_set"] == pytest.approx(layer - small["output_layer"] - small["logits_transient"])

@@ -39,6 +39,11 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--calibration", help="calibration JSON from the testbench (mat profile ... / calibration)")
     g.add_argument("--memory-margin", type=float, default=0.0, help="fraction of HBM kept free when judging fit")
     g.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: predict its smaller reserved-but-unallocated memory",
+    )
+    g.add_argument(
         "--tp-comm-overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -49,7 +54,10 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
 def cost_options_from_args(args: argparse.Namespace) -> CostOptions:
     calibration = load_calibration(args.calibration) if getattr(args, "calibration", None) else None
     return CostOptions(
-        flops_convention=args.flops_convention, calibration=calibration, memory_margin=args.memory_margin
+        flops_convention=args.flops_convention,
+        calibration=calibration,
+        memory_margin=args.memory_margin,
+        expandable_segments=getattr(args, "expandable_segments", False),
     )
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 
-from ..costmodel import CostOptions, load_calibration
 from ..errors import AutotunerError, ConfigError
 from ..report import output_dir_for, write_plan_report
 from ..search import plan
+from .estimate_cmd import cost_options_from_args
 from .layout_args import add_gpu_arguments, add_model_arguments, gpu_from_args, model_from_args
 from .output import console, make_table, print_json
 
@@ -29,6 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
     p.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
     p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
+    p.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: predict its smaller reserved-but-unallocated memory",
+    )
     p.add_argument("--calibration", help="calibration JSON from the testbench")
     p.add_argument("--top", type=int, default=5, help="layouts to show and export (default 5)")
     p.add_argument("--output-dir", help="report directory (default outputs/<UTC timestamp>-plan/)")
@@ -54,10 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("num_gpus", "seq_len", "global_batch_size"):
         if getattr(args, name) < 1:
             raise ConfigError(name, f"must be a positive integer, got {getattr(args, name)}")
-    calibration = load_calibration(args.calibration) if args.calibration else None
-    options = CostOptions(
-        flops_convention=args.flops_convention, calibration=calibration, memory_margin=args.memory_margin
-    )
+    options = cost_options_from_args(args)
     result = plan(
         model,
         gpu,

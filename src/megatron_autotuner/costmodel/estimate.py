@@ -74,6 +74,8 @@ class CostOptions:
     fusion or CUDA graphs, as the `validate` runner and the testbench do): each MoE block takes at
     least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); tuned recipes
     (fused permute, CUDA graphs) are not bound this way, hence off by default;
+    `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far
+    less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`);
     `memory_margin`: fraction of HBM kept free when deciding `fits`.
     """
 
@@ -88,6 +90,7 @@ class CostOptions:
     moe_host_bound: bool = False
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
+    expandable_segments: bool = False
     memory_margin: float = 0.0
 
     def __post_init__(self) -> None:
@@ -102,7 +105,7 @@ class CostOptions:
             return self.allowance
         if self.calibration is not None and self.calibration.memory is not None:
             return self.calibration.memory
-        return MemoryAllowance()
+        return MemoryAllowance.for_allocator(self.expandable_segments)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ where t = tp and x = tp with sequence parallelism, else 1. For GPT (4h MLP, drop
 attention) this is exactly Table 2: sbh(34 + 5as/h) with no parallelism, sbh(10 + 24/t + 5as/(ht))
 with TP, and so on. MoE layers: router input and fp32 router probabilities, and per rank
 `T*k*etp/tp` routed token copies (balanced routing, dropless) through the experts
-(input 2h, fc1 out, fc2 input, expert output 2h for the probability-weighted unpermute).
+(input 2h, fc1 out, fc2 input, and the fp32 probability the weighted activation saves).
 
 In-flight micro-batches (1F1B, Narayanan et al. 2021): pipeline rank r keeps min(pp - r, m)
 micro-batches of its layers; interleaved with v chunks: min(m*v, 2(pp - r - 1) + (v - 1)pp + 1)
@@ -89,6 +89,13 @@ def default_non_torch_gib(parallel: ParallelConfig, training: bool) -> float:
     return base + sum(NCCL_COMMUNICATOR_GIB[k] * v for k, v in comms.items())
 
 
+# Reserved-but-unallocated memory with expandable segments, as a fraction of the activations: the median over
+# the 23 layouts (46 ranks) of benchmarks/results/validation_h200_x2/expandable (2x H200, torch 2.11; Qwen3-8B and
+# Qwen3-30B-A3B shapes over DP / TP+SP / PP / VPP / CP / EP, recompute, forward-only): 0.034 (0.002-0.45; the
+# same layouts with the default allocator: 0.21, 0.01-0.54, up to 18 GiB).
+EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION = 0.034
+
+
 @dataclass(frozen=True)
 class MemoryAllowance:
     """What the closed-form model does not compute, kept apart so it can be calibrated.
@@ -101,8 +108,10 @@ class MemoryAllowance:
     allocated once and leave no holes; the per-micro-batch tensors do. The default is the median of 16
     fresh megatron-core training runs on H200 (torch 2.11, CUDA 13.0, NCCL 2.28;
     benchmarks/results/validation_h200_x2): 0.18 x activations reserved unallocated (0.01-0.47;
-    as a fraction of everything allocated it spread 0.3-12%). Measured runs (testbench / validate)
-    replace both through a calibration file.
+    as a fraction of everything allocated it spread 0.3-12%). With expandable segments
+    (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) a segment grows in place and far less is left
+    unused: `EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION` (`for_allocator`). Measured runs (testbench /
+    validate) replace both through a calibration file.
     """
 
     non_torch_gib: float | None = None
@@ -112,6 +121,13 @@ class MemoryAllowance:
         bad_non_torch = self.non_torch_gib is not None and self.non_torch_gib < 0
         if bad_non_torch or not 0 <= self.fragmentation_fraction < 1:
             raise ConfigError("memory_allowance", "non_torch_gib must be >= 0 and fragmentation_fraction in [0, 1)")
+
+    @classmethod
+    def for_allocator(cls, expandable_segments: bool) -> MemoryAllowance:
+        """The default allowance for PyTorch's caching allocator, with or without expandable segments."""
+        if expandable_segments:
+            return cls(fragmentation_fraction=EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION)
+        return cls()
 
     def non_torch_for(self, parallel: ParallelConfig, training: bool) -> float:
         if self.non_torch_gib is not None:
@@ -226,7 +242,13 @@ def mlp_activation_bytes(
             parts["experts_fc1_output"] = e * routed * gate * f / parallel.etp
             if not rc.recomputes("moe_act"):
                 parts["experts_fc2_input"] = e * routed * f / parallel.etp
-            parts["experts_output"] = e * routed * h
+            # The probabilities scale the activation output inside the experts (megatron-core's
+            # `activation_func_with_probs`; the alltoall dispatcher unpermutes without probs), so what is
+            # saved for their gradient is one fp32 prob per routed copy, not the expert output (2h).
+            # Measured: 4-layer Qwen3-30B-A3B at 32k tokens per micro-batch allocated 3.6 GiB (~29 KB per
+            # token and MoE layer, ~8 x 2h) less than counting the expert output predicted
+            # (benchmarks/results/validation_h200_x2/expandable/moe).
+            parts["experts_probs"] = FP32_BYTES * routed
             fs = model.moe_shared_expert_intermediate_size
             if fs and not rc.recomputes("shared_experts"):
                 parts["shared_fc1_output"] = e * tokens * gate * fs / t
@@ -409,6 +431,14 @@ def _stage_activations(
         # (benchmarks/results/validation_h200_x2) peaked above the rest of this model by 1.16-1.26 GiB at
         # 4096 tokens, 0.58-0.71 at TP2 and 2.32-2.54 at 8192 tokens: 2 bytes x tokens x vocab / tp.
         detail["logits_transient"] = e * tokens * vocab / t
+        if transient:
+            # The loss's tensors are freed by the output layer's backward, before any decoder layer is
+            # recomputed: the two peaks come one after the other, and the larger one counts. Measured:
+            # 4-layer Qwen3-30B-A3B, full recompute, 32k tokens per micro-batch: 28.85 GiB of activations at
+            # the peak = checkpoints + output layer + logits (28.6), not + the recomputed layer (4.5 more)
+            # (benchmarks/results/validation_h200_x2/expandable/moe).
+            loss_peak = detail["output_layer"] + detail["logits_transient"]
+            detail["recompute_working_set"] = max(0.0, transient - loss_peak)
         if model.mtp_num_layers:
             detail["mtp"] = model.mtp_num_layers * (
                 layer_activation_bytes(model, parallel, workload, model.num_layers - 1, options)

@@ -212,12 +212,18 @@ def memory_allowance_from_rows(rows: list[dict[str, Any]]) -> dict[str, float] |
 
 def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Peak memory of each comparable run predicted with the allowance calibrated from the *other* runs
-    (leave-one-out): what `mat estimate --calibration` would say for a layout it has not seen. The
-    allocator part is the cost model's (predicted total minus its own allowance)."""
+    (leave-one-out, among runs with the same allocator setting): what `mat estimate --calibration` would say
+    for a layout it has not seen. The allocator part is the cost model's (predicted total minus its own
+    allowance)."""
     comparable = [r for r in rows if _memory_comparable(r) and (r.get("predicted") or {}).get("memory_breakdown_gib")]
+
+    def expandable(row: dict[str, Any]) -> bool:
+        return bool(row["layout"].get("expandable_segments", False))
+
     out = []
     for row in comparable:
-        memory = memory_allowance_from_rows([r for r in comparable if r is not row])
+        others = [r for r in comparable if r is not row and expandable(r) == expandable(row)]
+        memory = memory_allowance_from_rows(others)
         measured = row["measured"].get("peak_gib")
         if memory is None or not measured:
             continue

@@ -66,6 +66,7 @@ def cost_options(
         fused_cross_entropy=False,
         gradient_accumulation_fusion=gradient_accumulation_fusion,
         moe_host_bound=True,
+        expandable_segments=layout.expandable_segments,
         calibration=calibration,
     )
 
@@ -107,6 +108,7 @@ def predict(
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
         "fused_cross_entropy": options.fused_cross_entropy,
         "moe_host_bound": options.moe_host_bound,
+        "expandable_segments": options.expandable_segments,
     }
     return out
 
