@@ -55,6 +55,14 @@ def test_emit_slurm_and_errors(tmp_path, capsys):
     assert main(["validate", "--model", "Qwen3-8B", "--gpu", "H200", "--layouts-per-job", "-1"]) == 2
     err = capsys.readouterr().err
     assert "layouts-per-job: must be >= 0" in err and len(err.strip().splitlines()) == 1
+    # one Slurm job has one caching allocator: a file mixing allocator settings is refused in one line
+    mixed = tmp_path / "mixed.json"
+    base = {"model": "Qwen3-8B", "num_gpus": 16, "tp": 8, "seq_length": 4096}
+    mixed.write_text(json.dumps([base, {**base, "expandable_segments": True}]))
+    rc = main(["validate", "--layouts", str(mixed), "--gpu", "H200", "--emit-slurm", str(script), "--nodes", "2",
+               "--gpus-per-node", "8", "--output-dir", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert rc == 2 and "expandable_segments: one Slurm job" in err and len(err.strip().splitlines()) == 1
 
 
 def test_benchmark_layouts_file_is_valid():

@@ -38,16 +38,21 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost model")
     g.add_argument("--calibration", help="calibration JSON from the testbench (mat profile ... / calibration)")
     g.add_argument("--memory-margin", type=float, default=0.0, help="fraction of HBM kept free when judging fit")
-    g.add_argument(
-        "--expandable-segments",
-        action="store_true",
-        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: predict its smaller reserved-but-unallocated memory",
-    )
+    add_expandable_segments_argument(g)
     g.add_argument(
         "--tp-comm-overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="TE userbuffers TP overlap (default: on with sequence parallelism)",
+    )
+
+
+def add_expandable_segments_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--expandable-segments` of `mat estimate` and `mat plan` (read by `cost_options_from_args`)."""
+    p.add_argument(
+        "--expandable-segments",
+        action="store_true",
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: predict its smaller reserved-but-unallocated memory",
     )
 
 

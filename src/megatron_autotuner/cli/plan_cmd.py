@@ -8,7 +8,7 @@ import importlib
 from ..errors import AutotunerError, ConfigError
 from ..report import output_dir_for, write_plan_report
 from ..search import plan
-from .estimate_cmd import cost_options_from_args
+from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args
 from .layout_args import add_gpu_arguments, add_model_arguments, gpu_from_args, model_from_args
 from .output import console, make_table, print_json
 
@@ -29,11 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
     p.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
     p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
-    p.add_argument(
-        "--expandable-segments",
-        action="store_true",
-        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: predict its smaller reserved-but-unallocated memory",
-    )
+    add_expandable_segments_argument(p)
     p.add_argument("--calibration", help="calibration JSON from the testbench")
     p.add_argument("--top", type=int, default=5, help="layouts to show and export (default 5)")
     p.add_argument("--output-dir", help="report directory (default outputs/<UTC timestamp>-plan/)")
