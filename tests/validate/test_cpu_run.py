@@ -101,7 +101,7 @@ def test_expandable_segments_run_in_their_own_job(tiny, tmp_path, monkeypatch):
     """A process has one caching allocator: layouts that want expandable segments get their own job, whose
     worker sets PYTORCH_CUDA_ALLOC_CONF before CUDA starts (and keeps the user's other settings)."""
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
-    layouts = [_lay(tiny, "default"), _lay(tiny, "expandable", expandable_segments=True)]
+    layouts = [_lay(tiny, "default"), _lay(tiny, "expandable", expandable_segments=True, memory_history=True)]
     out = tmp_path / "out"
     rep = validate_layouts(
         layouts, out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, layouts_per_job=None
@@ -112,3 +112,6 @@ def test_expandable_segments_run_in_their_own_job(tiny, tmp_path, monkeypatch):
         r["layout"]["expandable_segments"]: r["env"]["pytorch_cuda_alloc_conf"] for r in read_records(rank_file(out, 0))
     }
     assert conf == {False: "max_split_size_mb:512", True: "max_split_size_mb:512,expandable_segments:True"}
+    # the allocator history needs CUDA: on CPU the layout still runs, with a note instead of a snapshot
+    expandable = next(r for r in read_records(rank_file(out, 0)) if r["layout"]["memory_history"])
+    assert "memory history needs CUDA" in expandable["note"] and "memory_history" not in expandable

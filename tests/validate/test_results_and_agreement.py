@@ -129,3 +129,32 @@ def test_compare_row_derives_rates_and_oom():
     assert oom["measured_oom"] and oom["oom_as_predicted"] is True
     other = compare(LAY, {"status": "failed", "failure_kind": "nccl", "error": "x"}, pred, gpu)
     assert other["oom_as_predicted"] is None
+
+
+def test_memory_history_runs_compare_memory_not_time(tmp_path):
+    """Recording the allocator's history slows the steps: such a run is compared on memory (peak, and the
+    allocator's max allocated against the prediction without its allowance), never on time or rank agreement."""
+    from megatron_autotuner.validate.batch import targets
+
+    gpu = get_gpu_spec("H200")
+    lay = LAY.replace(memory_history=True)
+    assert lay.layout_id != LAY.layout_id and LAY.replace(memory_history=False).layout_id == LAY.layout_id
+    for rank in (0, 1):
+        rec = _rank_rec(lay, rank, alloc=18.0, reserved=19.0)
+        rec["measured"]["memory_history"] = True
+        append_record(rank_file(tmp_path, rank), rec)
+    measured = aggregate(tmp_path)[lay.layout_id]
+    assert measured["measured"]["memory_history"] is True
+    pred = {
+        "step_time_s": 0.22, "peak_memory_gib": 21.0, "fits": True, "mfu": 0.5, "model_flops_per_iteration": 2.0e14,
+        "tokens_per_s_per_gpu": 1.0, "memory_breakdown_gib": {"allowance": 1.0, "total": 21.0},
+    }  # fmt: skip
+    row = compare(lay, measured, pred, gpu)
+    assert row["error_rel"]["step_time"] is None and row["error_rel"]["mfu"] is None
+    assert row["error_rel"]["peak_memory"] == pytest.approx(21.0 / 20.5 - 1)  # 19 reserved + 1.5 outside torch
+    assert row["error_rel"]["allocated_memory"] == pytest.approx(20.0 / 18.0 - 1)
+    timed = compare(LAY, {"status": "ok", "measured": {"step_time_s": 0.2, "peak_gib": 20.5}}, pred, gpu)
+    assert rank_agreement([row, timed]) == []  # one timed layout left in the group
+    t = targets([row, timed], [])
+    assert t["step_time_compared"] == 1 and t["allocated_memory_compared"] == 1
+    assert t["allocated_memory_within_5pct"] == 0 and t["peak_memory_within_5pct"] == 2

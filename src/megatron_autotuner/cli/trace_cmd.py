@@ -67,6 +67,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument("--json", action="store_true", help="print what was merged as JSON")
     m.set_defaults(func=run_merge)
 
+    h = sub.add_parser(
+        "memory",
+        help="where reserved-but-unallocated memory came from, from a CUDA allocator history",
+        description=(
+            "Replay a torch.cuda.memory._snapshot() pickle (.pickle or .pickle.gz, recorded with "
+            "_record_memory_history; `mat validate --memory-history` writes one per rank): peak held and reserved "
+            "bytes, and the requests that grew the reservation while enough reserved memory was free but in pieces."
+        ),
+    )
+    h.add_argument("snapshot", metavar="SNAPSHOT", help="memory snapshot pickle (.pickle or .pickle.gz)")
+    h.add_argument("--device", type=int, default=None, help="CUDA device index (default: the one with most events)")
+    h.add_argument("--top", type=int, default=10, help="growths and allocations to list (default 10)")
+    h.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    h.set_defaults(func=run_memory)
+
 
 def _no_subcommand(args: argparse.Namespace) -> int:
     args._trace_parser.print_help()
@@ -215,4 +230,43 @@ def run_merge(args: argparse.Namespace) -> int:
     rows = [[f"rank {r.rank}", r.path, r.events, r.gpu_events, r.shift_us] for r in result.ranks]
     out = console()
     out.print(make_table(f"Merged into {result.out}", ["process", "source", "events", "GPU events", "shift us"], rows))
+    return 0
+
+
+def run_memory(args: argparse.Namespace) -> int:
+    from ..trace.memory_history import load_snapshot, replay_history
+
+    if args.top < 1:
+        raise ConfigError("top", f"must be >= 1, got {args.top}")
+    history = replay_history(load_snapshot(args.snapshot), device=args.device, top=args.top).to_dict()
+    if args.json:
+        print_json(_envelope({"snapshot": args.snapshot, **history}))
+        return 0
+    gib = 1024**3
+    out = console()
+    out.print(
+        f"[bold]{args.snapshot}[/bold]  device {history['device']}  {history['events']} events  "
+        f"peak held {history['peak_held_bytes'] / gib:.2f} GiB  "
+        f"peak reserved {history['peak_reserved_bytes'] / gib:.2f} GiB"
+        f"  reserved-unallocated at peak {history['reserved_unallocated_at_peak_bytes'] / gib:.2f} GiB  "
+        f"growth beyond need {history['excess_growth_bytes'] / gib:.2f} GiB over {history['growth_events']} growths"
+    )
+    rows = [
+        [
+            g["index"],
+            g["request_bytes"] / gib,
+            g["free_before_bytes"] / gib,
+            g["growth_bytes"] / gib,
+            g["excess_bytes"] / gib,
+            "\n".join(g["frames"][:2]) or "-",
+        ]
+        for g in history["largest_excess_growths"]
+    ]
+    largest = history["largest_allocations"]
+    headers = ["event", "request GiB", "free before GiB", "grew GiB", "beyond need GiB", "requested at"]
+    out.print(make_table("Reservation growths beyond need", headers, rows))
+    rows = [[a["index"], a["size_bytes"] / gib, "\n".join(a["frames"][:2]) or "-"] for a in largest]
+    out.print(make_table("Largest allocations", ["event", "GiB", "requested at"], rows))
+    for note in history["notes"]:
+        out.print(f"[yellow]{note}[/yellow]")
     return 0

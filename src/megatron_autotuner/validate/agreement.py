@@ -60,6 +60,8 @@ def rank_agreement(rows: list[dict[str, Any]], tolerance: float = BEST_TOLERANCE
         m, p = row.get("measured") or {}, row.get("predicted") or {}
         if row.get("status") != "ok" or not m.get("tokens_per_s_per_gpu") or not p.get("tokens_per_s_per_gpu"):
             continue
+        if m.get("memory_history"):  # steps slowed by recording the allocator's history
+            continue
         groups.setdefault(group_key(row["layout"]), []).append(row)
     out = []
     for key, members in sorted(groups.items()):

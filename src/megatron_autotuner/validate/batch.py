@@ -58,6 +58,7 @@ def targets(rows: list[dict[str, Any]], agreement: list[dict[str, Any]]) -> dict
     """Which of the issue's targets hold: step time within 10%, memory within 5%, best within 3%."""
     ok = [r for r in rows if r["status"] == "ok" and r["error_rel"]["step_time"] is not None]
     mem = [r for r in rows if r["status"] == "ok" and r["error_rel"]["peak_memory"] is not None]
+    allocated = [e for r in mem if (e := r["error_rel"].get("allocated_memory")) is not None]
     return {
         "layouts_ok": sum(r["status"] == "ok" for r in rows),
         "layouts_failed": sum(r["status"] == "failed" for r in rows),
@@ -65,6 +66,8 @@ def targets(rows: list[dict[str, Any]], agreement: list[dict[str, Any]]) -> dict
         "step_time_compared": len(ok),
         "peak_memory_within_5pct": sum(abs(r["error_rel"]["peak_memory"]) <= MEMORY_TARGET for r in mem),
         "peak_memory_compared": len(mem),
+        "allocated_memory_within_5pct": sum(abs(e) <= MEMORY_TARGET for e in allocated),
+        "allocated_memory_compared": len(allocated),
         "oom_as_predicted": sum(bool(r.get("oom_as_predicted")) for r in rows),
         "oom_compared": sum(r.get("oom_as_predicted") is not None for r in rows),
         "predicted_best_within_3pct": sum(a["predicted_best_ok"] for a in agreement),

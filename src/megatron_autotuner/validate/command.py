@@ -60,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
     p.add_argument("--warmup-steps", type=int, default=3)
     p.add_argument("--profile", action="store_true", help="also record a torch-profiler trace of one step")
+    p.add_argument(
+        "--memory-history",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record the CUDA allocator's history (memory/<layout>/rank_R.pickle.gz for pytorch.org/memory_viz, and "
+        "where reserved-but-unallocated memory came from; slows the timed steps; with --layouts: every layout)",
+    )
     p.add_argument("--output-dir", help="default outputs/<UTC timestamp>-validate/")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per-layout time limit (hang / NCCL timeout)")
     p.add_argument("--retry-failed", action="store_true", help="rerun layouts that failed before")
@@ -115,8 +122,9 @@ def _layouts(args: argparse.Namespace):
                 raise ConfigError("gpu", f"--num-layers {edge} needs --gpu")
             layout = layout.replace(num_layers=edge_num_layers(layout, gpu, edge), name=f"{edge}")
         layouts = [layout]
-    if args.expandable_segments is not None:
-        layouts = [lay.replace(expandable_segments=args.expandable_segments) for lay in layouts]
+    for key in ("expandable_segments", "memory_history"):
+        if getattr(args, key) is not None:
+            layouts = [lay.replace(**{key: getattr(args, key)}) for lay in layouts]
     for lay in layouts:
         lay.check()
     return layouts, args.gpu or extra.get("gpu")

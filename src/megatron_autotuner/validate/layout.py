@@ -25,7 +25,7 @@ class Layout:
 
     # Fields added after evidence was committed: they enter `layout_id` only when set, so the ids of earlier
     # runs (which could not set them) stay the same.
-    ID_FIELDS_ONLY_WHEN_SET = ("expandable_segments",)
+    ID_FIELDS_ONLY_WHEN_SET = ("expandable_segments", "memory_history")
 
     model: str
     seq_length: int
@@ -57,6 +57,9 @@ class Layout:
     # PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
     # set by the worker before CUDA starts): a segment grows in place instead of a new one being reserved.
     expandable_segments: bool = False
+    # record the caching allocator's history (torch.cuda.memory._record_memory_history) from before the build to
+    # the last step; writes memory/<layout_id>/rank_R.pickle.gz + its replay (`trace.memory_history`). Slows steps.
+    memory_history: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:

@@ -179,9 +179,17 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
     row["measured_oom"] = row["status"] == "failed" and row.get("failure_kind") == "oom"
     decided = row["status"] == "ok" or row["measured_oom"]
     row["oom_as_predicted"] = None if fits is None or not decided else row["measured_oom"] == (not fits)
+    timed = not m.get("memory_history")
+    breakdown = predicted.get("memory_breakdown_gib") or {}
+    allocated = (
+        predicted["peak_memory_gib"] - breakdown.get("allowance", 0.0) if predicted.get("peak_memory_gib") else None
+    )
     row["error_rel"] = {
-        "step_time": _rel(predicted.get("step_time_s"), step),
+        "step_time": _rel(predicted.get("step_time_s"), step) if timed else None,
         "peak_memory": _rel(predicted.get("peak_memory_gib"), m.get("peak_gib")),
-        "mfu": _rel(predicted.get("mfu"), m.get("mfu")),
+        # the allocator's own peak (torch.cuda.max_memory_allocated) against the prediction without its allowance
+        # (memory outside the allocator and reserved-but-unallocated): tensors alone
+        "allocated_memory": _rel(allocated, m.get("max_allocated_gib")) if m.get("peak_gib") else None,
+        "mfu": _rel(predicted.get("mfu"), m.get("mfu")) if timed else None,
     }
     return row

@@ -74,7 +74,9 @@ def format_report(report: Any) -> str:
     t = report.summary["targets"]
     tail = (
         f"targets: step time within 10% {t['step_time_within_10pct']}/{t['step_time_compared']}, "
-        f"peak memory within 5% {t['peak_memory_within_5pct']}/{t['peak_memory_compared']}, "
+        f"peak memory within 5% {t['peak_memory_within_5pct']}/{t['peak_memory_compared']} "
+        f"(allocator's max allocated {t.get('allocated_memory_within_5pct', '-')}/"
+        f"{t.get('allocated_memory_compared', '-')}), "
         f"OOM as predicted {t['oom_as_predicted']}/{t['oom_compared']}, "
         f"predicted best within 3% {t['predicted_best_within_3pct']}/{t['groups']}"
     )

@@ -22,6 +22,7 @@ import dataclasses
 import functools
 import gc
 import inspect
+import json
 import math
 import os
 import time
@@ -411,6 +412,38 @@ def _profile_step(layout: Layout, model: list, optimizer: Any, iterators: list, 
     return str(export_trace_gz(prof, trace_dir / f"rank_{rank}.json.gz"))
 
 
+# allocator events kept while `Layout.memory_history` records (a 4-layer model's 8 steps make ~10^5)
+MEMORY_HISTORY_MAX_ENTRIES = 2_000_000
+
+
+def _start_memory_history() -> None:
+    import torch
+
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="alloc", stacks="python", max_entries=MEMORY_HISTORY_MAX_ENTRIES
+    )
+
+
+def _dump_memory_history(directory: Path, rank: int) -> dict[str, Any]:
+    """Stop recording; write the snapshot (pytorch.org/memory_viz opens it) and its replay summary."""
+    import gzip
+    import pickle
+
+    import torch
+
+    from ..trace.memory_history import replay_history
+
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"rank_{rank}.pickle.gz"
+    with gzip.open(path, "wb", compresslevel=6) as f:
+        pickle.dump(snapshot, f)
+    summary = replay_history(snapshot, device=torch.cuda.current_device()).to_dict()
+    (directory / f"rank_{rank}.history.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return {"snapshot": str(path), "summary": summary}
+
+
 def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s: float = 600.0) -> dict[str, Any]:
     """Build, warm up, time and tear down one layout on this rank. Never raises: failures are recorded."""
     import torch
@@ -427,6 +460,10 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         record["memory_before"] = _memory(device)
+        if layout.memory_history:
+            _start_memory_history()
+    elif layout.memory_history:
+        record["note"] = "; ".join(filter(None, [record.get("note"), "memory history needs CUDA: not recorded"]))
     if device != "cuda":
         patch_schedules_for_cpu()
     model = optimizer = config = None
@@ -445,7 +482,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         measured["build_s"] = time.perf_counter() - t0
         measured["weights_allocated_gib"] = torch.cuda.memory_allocated() / GIB if device == "cuda" else None
         fault = injected_fault(layout, rank)
-        times, loss = [], None
+        times, loss, reserved_by_step = [], None, []
         for step in range(layout.warmup_steps + layout.steps):
             if fault and step == min(1, layout.warmup_steps + layout.steps - 1):
                 _raise_fault(fault)
@@ -455,7 +492,14 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             _sync(device)
             if step >= layout.warmup_steps:
                 times.append(time.perf_counter() - t)
+            if device == "cuda":
+                reserved_by_step.append(torch.cuda.max_memory_reserved() / GIB)
         measured.update(step_times_s=times, loss=loss, **_memory(device))
+        # the running peak after each step (warm-up included): the step in which the reservation stopped growing
+        measured["max_reserved_gib_by_step"] = reserved_by_step or None
+        if layout.memory_history and device == "cuda":
+            measured["memory_history"] = True  # recording slowed the timed steps
+            record["memory_history"] = _dump_memory_history(out_dir / "memory" / layout.layout_id, rank)
         if layout.profile and device == "cuda":
             record["trace"] = _profile_step(
                 layout, model, optimizer, iterators, out_dir / "traces" / layout.layout_id, rank
@@ -474,6 +518,11 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             traceback=traceback.format_exc()[-3000:],
         )
         measured.update(_memory(device))
+        if layout.memory_history and device == "cuda":
+            try:  # the history up to the failure (an OOM's `oom` event included) is what explains it
+                record["memory_history"] = _dump_memory_history(out_dir / "memory" / layout.layout_id, rank)
+            except Exception as dump_exc:  # noqa: BLE001 - the failure above is what gets recorded
+                record["memory_history_error"] = f"{type(dump_exc).__name__}: {dump_exc}"[:300]
     finally:
         if config is not None:
             for hook in ("no_sync_func", "grad_sync_func", "param_sync_func", "grad_scale_func"):

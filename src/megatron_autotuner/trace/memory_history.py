@@ -1,0 +1,268 @@
+"""Where reserved-but-unallocated memory comes from: replay a CUDA caching-allocator history.
+
+Input: the dictionary of `torch.cuda.memory._snapshot()` taken while `_record_memory_history(enabled="all")`
+was on (pickled, optionally gzipped; the same file pytorch.org/memory_viz opens). Its `device_traces[d]`
+lists the allocator's actions in order: `alloc` / `free_requested` / `free_completed` of blocks, and
+`segment_alloc` / `segment_map` (cudaMalloc, or a page mapping that grows an expandable segment) /
+`segment_free` / `segment_unmap` of reserved memory (PyTorch's `torch.cuda.memory._snapshot` docstring).
+
+Replaying it gives, at every point, the bytes held by blocks (allocated until `free_completed`) and the
+bytes reserved. A reservation that grows by `g` bytes for a request of `r` bytes while `f` reserved bytes
+were free could, with perfect packing, have grown by only max(0, r - f): the rest,
+
+    excess = g - max(0, r - f),
+
+was needed because the free bytes were in pieces (or in another stream's or the small-block pool). The
+requests with the largest excess are where the peak's reserved-unallocated memory came from.
+
+Pure Python (standard library); the pickle is read with an unpickler that only builds plain containers.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from .errors import TraceError
+
+GROWTH_ACTIONS = ("segment_alloc", "segment_map")
+SHRINK_ACTIONS = ("segment_free", "segment_unmap")
+# frames from these files say nothing about which model code asked for the memory
+_INTERNAL_FRAME_PARTS = (
+    "torch/cuda/memory.py",
+    "torch/utils/",
+    "torch/autograd/function.py",
+    "torch/_dynamo/",
+    "torch/nn/modules/module.py",
+    "<frozen ",
+)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """A snapshot holds only dicts, lists, strings and numbers: refuse anything that names a class."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"memory snapshot refers to {module}.{name}: not a plain snapshot")
+
+
+def load_snapshot(path: str | Path) -> dict[str, Any]:
+    """Read a `torch.cuda.memory._snapshot()` pickle (`.pickle` or `.pickle.gz`)."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise TraceError(p, f"cannot be read ({exc.strerror or exc})") from exc
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    try:
+        data = _PlainUnpickler(io.BytesIO(raw)).load()
+    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+        raise TraceError(p, f"not a torch memory snapshot pickle ({exc})") from exc
+    if not isinstance(data, dict) or "device_traces" not in data:
+        raise TraceError(p, "not a torch memory snapshot (no 'device_traces'; record with _record_memory_history)")
+    return data
+
+
+def _frames(entry: dict[str, Any], limit: int = 4) -> list[str]:
+    """The innermost Python frames of an event's stack (C++ frames and torch plumbing left out), paths
+    shortened to what follows `site-packages/`."""
+    out = []
+    for fr in entry.get("frames") or []:
+        filename = str(fr.get("filename", ""))
+        if not filename.endswith(".py") or any(part in filename for part in _INTERNAL_FRAME_PARTS):
+            continue
+        filename = filename.rsplit("site-packages/", 1)[-1]
+        out.append(f"{filename}:{fr.get('line', '?')} {fr.get('name', '')}")
+        if len(out) == limit:
+            break
+    return out
+
+
+def _state_at_snapshot(snapshot: dict[str, Any], device: int) -> tuple[int, int] | None:
+    """(held, reserved) bytes when the snapshot was taken, from its `segments`; None when it has none."""
+    segments = [seg for seg in snapshot.get("segments") or [] if int(seg.get("device", device)) == device]
+    if not segments:
+        return None
+    held = sum(int(seg.get("active_size", seg.get("allocated_size", 0))) for seg in segments)
+    return held, sum(int(seg.get("total_size", 0)) for seg in segments)
+
+
+@dataclass(frozen=True)
+class Growth:
+    """One reservation growth and the request that caused it (bytes)."""
+
+    index: int
+    action: str
+    growth_bytes: int
+    request_bytes: int
+    free_before_bytes: int
+    held_before_bytes: int
+    reserved_after_bytes: int
+    frames: tuple[str, ...]
+
+    @property
+    def excess_bytes(self) -> int:
+        """Growth beyond what the request needed had the free reserved bytes been one piece."""
+        return max(0, self.growth_bytes - max(0, self.request_bytes - self.free_before_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "action": self.action,
+            "growth_bytes": self.growth_bytes,
+            "request_bytes": self.request_bytes,
+            "free_before_bytes": self.free_before_bytes,
+            "held_before_bytes": self.held_before_bytes,
+            "reserved_after_bytes": self.reserved_after_bytes,
+            "excess_bytes": self.excess_bytes,
+            "frames": list(self.frames),
+        }
+
+
+@dataclass(frozen=True)
+class Allocation:
+    index: int
+    size_bytes: int
+    frames: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "size_bytes": self.size_bytes, "frames": list(self.frames)}
+
+
+@dataclass(frozen=True)
+class MemoryHistory:
+    """Replay of one device's allocator history.
+
+    `initial_reserved_bytes` / `initial_held_bytes`: what existed before the first recorded event (inferred so
+    that neither count goes negative: the history may start late or its ring buffer may have wrapped).
+    """
+
+    device: int
+    events: int
+    initial_reserved_bytes: int
+    initial_held_bytes: int
+    peak_held_bytes: int
+    peak_reserved_bytes: int
+    held_at_peak_reserved_bytes: int
+    growths: tuple[Growth, ...]
+    largest_allocations: tuple[Allocation, ...]
+    top: int = 10
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def excess_growth_bytes(self) -> int:
+        return sum(g.excess_bytes for g in self.growths)
+
+    @property
+    def reserved_unallocated_at_peak_bytes(self) -> int:
+        """Peak reserved minus peak held: what `max_memory_reserved - max_memory_allocated` reports."""
+        return self.peak_reserved_bytes - self.peak_held_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        worst = sorted(self.growths, key=lambda g: -g.excess_bytes)[: self.top]
+        return {
+            "device": self.device,
+            "events": self.events,
+            "initial_reserved_bytes": self.initial_reserved_bytes,
+            "initial_held_bytes": self.initial_held_bytes,
+            "peak_held_bytes": self.peak_held_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "held_at_peak_reserved_bytes": self.held_at_peak_reserved_bytes,
+            "reserved_unallocated_at_peak_bytes": self.reserved_unallocated_at_peak_bytes,
+            "growth_events": len(self.growths),
+            "growth_bytes": sum(g.growth_bytes for g in self.growths),
+            "excess_growth_bytes": self.excess_growth_bytes,
+            "largest_excess_growths": [g.to_dict() for g in worst if g.excess_bytes > 0],
+            "largest_allocations": [a.to_dict() for a in self.largest_allocations],
+            "notes": list(self.notes),
+        }
+
+
+def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int = 10) -> MemoryHistory:
+    """Replay `snapshot["device_traces"][device]` (default: the device with the most events)."""
+    traces = snapshot.get("device_traces") or []
+    if not traces or not any(traces):
+        raise TraceError("memory snapshot", "has no allocator history: record it with _record_memory_history()")
+    if device is None:
+        device = max(range(len(traces)), key=lambda d: len(traces[d] or []))
+    if not 0 <= device < len(traces):
+        raise ConfigError("device", f"{device} is not in the snapshot (devices 0..{len(traces) - 1})")
+    trace = traces[device] or []
+    held = reserved = 0
+    min_held = min_reserved = 0
+    live: dict[int, int] = {}
+    # first pass: how low would the counts go from zero? that much existed before the history began
+    for e in trace:
+        action, size = e.get("action"), int(e.get("size", 0))
+        if action == "alloc":
+            live[e.get("addr")] = size
+            held += size
+        elif action == "free_completed":
+            held -= live.pop(e.get("addr"), size)
+        elif action in GROWTH_ACTIONS:
+            reserved += size
+        elif action in SHRINK_ACTIONS:
+            reserved -= size
+        min_held, min_reserved = min(min_held, held), min(min_reserved, reserved)
+    initial_held, initial_reserved = -min_held, -min_reserved
+    final = _state_at_snapshot(snapshot, device)
+    if final is not None:  # what the segments held at the end, less what the history added
+        initial_held = max(initial_held, final[0] - held)
+        initial_reserved = max(initial_reserved, final[1] - reserved)
+    notes = []
+    if initial_held or initial_reserved:
+        notes.append(
+            "the history starts after memory was already held or reserved (recording started late or its ring "
+            "buffer wrapped): counts start from what the snapshot's segments imply"
+        )
+    held, reserved = initial_held, initial_reserved
+    peak_held, peak_reserved, held_at_peak = held, reserved, held
+    live.clear()
+    growths: list[Growth] = []
+    allocations: list[Allocation] = []
+    pending: list[tuple[int, str, int, int, int]] = []  # growths waiting for the request that caused them
+    for i, e in enumerate(trace):
+        action, size = e.get("action"), int(e.get("size", 0))
+        if action in GROWTH_ACTIONS:
+            pending.append((i, action, size, reserved - held, held))
+            reserved += size
+            if reserved > peak_reserved:
+                peak_reserved, held_at_peak = reserved, held
+        elif action in SHRINK_ACTIONS:
+            reserved -= size
+        elif action == "alloc":
+            frames = tuple(_frames(e))
+            for index, act, grown, free_before, held_before in pending:
+                growths.append(Growth(index, act, grown, size, free_before, held_before, reserved, frames))
+            pending.clear()
+            live[e.get("addr")] = size
+            held += size
+            peak_held = max(peak_held, held)
+            if reserved == peak_reserved:
+                held_at_peak = max(held_at_peak, held)
+            allocations.append(Allocation(i, size, frames))
+            if len(allocations) > 4 * top:
+                allocations = sorted(allocations, key=lambda a: -a.size_bytes)[:top]
+        elif action == "free_completed":
+            held -= live.pop(e.get("addr"), size)
+    for index, act, grown, free_before, held_before in pending:  # growth with no request after it (OOM)
+        growths.append(Growth(index, act, grown, 0, free_before, held_before, reserved, ()))
+    largest = tuple(sorted(allocations, key=lambda a: -a.size_bytes)[:top])
+    return MemoryHistory(
+        device=device,
+        events=len(trace),
+        initial_reserved_bytes=initial_reserved,
+        initial_held_bytes=initial_held,
+        peak_held_bytes=peak_held,
+        peak_reserved_bytes=peak_reserved,
+        held_at_peak_reserved_bytes=held_at_peak,
+        growths=tuple(growths),
+        largest_allocations=largest,
+        top=top,
+        notes=tuple(notes),
+    )
