@@ -98,3 +98,18 @@ def test_peak_memory_with_expandable_segments():
     # the same layouts with the default allocator: fragmentation is what misses
     default = _runs("moe_gpu")
     assert statistics.median(max(_gaps_gib(r)) for r in default) > 10
+
+
+def test_allocated_peak_within_5pct_for_every_run_with_either_allocator():
+    """What the allocator handed out (torch.cuda.max_memory_allocated, max over ranks) against the prediction
+    without its allowance: within 5% for all 46 comparable runs (15 + 8 with the default allocator, 15 + 8 with
+    expandable segments). What misses the 5% target for the device peak is memory reserved but never allocated."""
+    rows = [r for sub in ("x2", "moe_gpu", "expandable/dense", "expandable/moe") for r in _runs(sub)]
+    assert len(rows) == 46
+    for r in rows:
+        breakdown = r["predicted"]["memory_breakdown_gib"]
+        allocated = breakdown["total"] - breakdown["allowance"]
+        assert abs(allocated / r["measured"]["max_allocated_gib"] - 1) <= 0.05, r["lay"].label
+    for sub in ("x2", "moe_gpu", "expandable/dense", "expandable/moe"):
+        t = json.loads((EVIDENCE / sub / "summary.json").read_text())["targets"]
+        assert t["allocated_memory_within_5pct"] == t["allocated_memory_compared"] == t["peak_memory_compared"]
