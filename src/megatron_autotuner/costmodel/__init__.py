@@ -4,7 +4,14 @@ alpha-beta model, and the pipeline schedule, giving step time, throughput, MFU a
 Pure Python; no torch. `measure_defaults` (run on a GPU) re-measures the default tables.
 """
 
-from .calibration import Calibration, LayerMeasurement, OpMeasurement, calibration_from_dict, load_calibration
+from .calibration import (
+    Calibration,
+    LayerMeasurement,
+    MemoryCalibration,
+    OpMeasurement,
+    calibration_from_dict,
+    load_calibration,
+)
 from .collectives import collective_time_s, p2p_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 from .estimate import CostOptions, Estimate, StageTime, TimeResult, estimate, time_model
@@ -12,6 +19,7 @@ from .layer import LayerContext, LayerCost, layer_cost
 
 __all__ = [
     "Calibration",
+    "MemoryCalibration",
     "CostOptions",
     "Estimate",
     "LayerContext",

@@ -8,8 +8,12 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
                  "sequence_parallel": true, "seq_length": 8192, "micro_batch_size": 1,
                  "phase": "fwd+bwd", "time_ms": 11.9, "model_flops": 1.2e13, "precision": "bf16"}, ...],
                                                                                     (optional)
-     "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18}}                 (optional)
-     (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory)
+     "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18,
+                "expandable_segments": false}}                                        (optional)
+     (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory;
+     expandable_segments: the allocator setting of the runs it came from, absent = any. `memory` may
+     also be a list of such objects, one per setting: a prediction uses the block of its own setting,
+     else the one without a setting, else the cost model's default for its setting.)
 
 `op` is an operator name of `theory.flops` (qkv, proj, fc1, fc2, experts_fc1, ..., logits,
 core_attention) or "gemm" for a generic matrix product; `phase` is fwd, dgrad, wgrad, bwd or
@@ -105,6 +109,23 @@ class LayerMeasurement:
     precision: str = "bf16"
 
 
+@dataclass(frozen=True)
+class MemoryCalibration:
+    """A measured memory allowance and the allocator setting of the runs it came from (None: unstated)."""
+
+    allowance: MemoryAllowance
+    expandable_segments: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "non_torch_gib": self.allowance.non_torch_gib,
+            "fragmentation_fraction": self.allowance.fragmentation_fraction,
+        }
+        if self.expandable_segments is not None:
+            out["expandable_segments"] = self.expandable_segments
+        return out
+
+
 @dataclass(frozen=True, eq=False)
 class Calibration:
     """A loaded calibration file. Hashes by identity so cached cost functions can take it."""
@@ -115,7 +136,7 @@ class Calibration:
     versions: tuple[tuple[str, str], ...] = ()
     ops: tuple[OpMeasurement, ...] = ()
     layers: tuple[LayerMeasurement, ...] = ()
-    memory: MemoryAllowance | None = None
+    memory: tuple[MemoryCalibration, ...] = ()
     source: str = ""
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -167,8 +188,15 @@ class Calibration:
                     return _interpolate(table, math.log(max(flops, 1.0)))
         return None
 
-    def allowance(self) -> MemoryAllowance | None:
-        return self.memory
+    def memory_for(self, expandable_segments: bool) -> MemoryAllowance | None:
+        """The measured allowance for runs with this allocator setting: the block measured with it, else a
+        block that states no setting, else None (a fraction measured with one setting says nothing of the
+        other: 0.18 vs 0.034 x activations on H200)."""
+        for wanted in (expandable_segments, None):
+            for block in self.memory:
+                if block.expandable_segments is wanted:
+                    return block.allowance
+        return None
 
     def to_summary(self) -> dict[str, Any]:
         return {
@@ -178,12 +206,7 @@ class Calibration:
             "date": self.date,
             "ops": len(self.ops),
             "layers": len(self.layers),
-            "memory": None
-            if self.memory is None
-            else {
-                "non_torch_gib": self.memory.non_torch_gib,
-                "fragmentation_fraction": self.memory.fragmentation_fraction,
-            },
+            "memory": [block.to_dict() for block in self.memory],
         }
 
 
@@ -277,6 +300,40 @@ def _parse_layer(where: str, row: Any) -> LayerMeasurement:
     )
 
 
+def _parse_memory_block(where: str, mem: Any) -> MemoryCalibration:
+    if not isinstance(mem, dict):
+        raise ConfigError(where, "must be an object")
+    default = MemoryAllowance()
+    non_torch = None  # absent: by layout (theory.memory.default_non_torch_gib)
+    if mem.get("non_torch_gib") is not None:
+        non_torch = _number(f"{where}.non_torch_gib", mem["non_torch_gib"], allow_zero=True)
+    frag = _number(
+        f"{where}.fragmentation_fraction",
+        mem.get("fragmentation_fraction", default.fragmentation_fraction),
+        allow_zero=True,
+    )
+    if frag >= 1:
+        raise ConfigError(f"{where}.fragmentation_fraction", f"must be < 1, got {frag}")
+    expandable = mem.get("expandable_segments")
+    if expandable is not None and not isinstance(expandable, bool):
+        raise ConfigError(f"{where}.expandable_segments", f"must be true or false, got {expandable!r}")
+    return MemoryCalibration(MemoryAllowance(non_torch_gib=non_torch, fragmentation_fraction=frag), expandable)
+
+
+def _parse_memory(source: str, raw: Any) -> tuple[MemoryCalibration, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        return (_parse_memory_block(f"{source}: memory", raw),)
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: memory", "must be an object or a list of objects")
+    blocks = tuple(_parse_memory_block(f"{source}: memory[{i}]", mem) for i, mem in enumerate(raw))
+    settings = [b.expandable_segments for b in blocks]
+    if len(set(settings)) != len(settings):
+        raise ConfigError(f"{source}: memory", "has two blocks for the same expandable_segments setting")
+    return blocks
+
+
 def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibration:
     """Validate a parsed calibration document; every problem is one `ConfigError` naming the field."""
     if not isinstance(data, dict):
@@ -296,23 +353,7 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
     if not isinstance(layers_raw, list):
         raise ConfigError(f"{source}: layers", "must be a list")
     layers = tuple(_parse_layer(f"{source}: layers[{i}]", row) for i, row in enumerate(layers_raw))
-    memory = None
-    if data.get("memory") is not None:
-        mem = data["memory"]
-        if not isinstance(mem, dict):
-            raise ConfigError(f"{source}: memory", "must be an object")
-        default = MemoryAllowance()
-        non_torch = None  # absent: by layout (theory.memory.default_non_torch_gib)
-        if mem.get("non_torch_gib") is not None:
-            non_torch = _number(f"{source}: memory.non_torch_gib", mem["non_torch_gib"], allow_zero=True)
-        frag = _number(
-            f"{source}: memory.fragmentation_fraction",
-            mem.get("fragmentation_fraction", default.fragmentation_fraction),
-            allow_zero=True,
-        )
-        if frag >= 1:
-            raise ConfigError(f"{source}: memory.fragmentation_fraction", f"must be < 1, got {frag}")
-        memory = MemoryAllowance(non_torch_gib=non_torch, fragmentation_fraction=frag)
+    memory = _parse_memory(source, data.get("memory"))
     versions = data.get("versions") or {}
     if not isinstance(versions, dict):
         raise ConfigError(f"{source}: versions", "must be an object")

@@ -103,9 +103,8 @@ class CostOptions:
     def memory_allowance(self) -> MemoryAllowance:
         if self.allowance is not None:
             return self.allowance
-        if self.calibration is not None and self.calibration.memory is not None:
-            return self.calibration.memory
-        return MemoryAllowance.for_allocator(self.expandable_segments)
+        measured = None if self.calibration is None else self.calibration.memory_for(self.expandable_segments)
+        return measured or MemoryAllowance.for_allocator(self.expandable_segments)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ KIND = "megatron-autotuner-calibration"
 
 
 def _document(
-    gpu: str, device_name: str, versions: dict[str, Any], layers: list[dict[str, Any]], memory: dict[str, float] | None
+    gpu: str, device_name: str, versions: dict[str, Any], layers: list[dict[str, Any]], memory: Any
 ) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
@@ -185,7 +185,7 @@ def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any
     layers = [{**entries[k], "time_ms": statistics.median(v), "runs": len(v)} for k, v in sorted(solved.items())]
     env = ok[0].get("env") or {}
     versions = {k: env.get(k) for k in ("torch", "megatron_core", "transformer_engine", "cuda", "nccl")}
-    return _document(gpu, env.get("device") or "", versions, layers, memory_allowance_from_rows(ok))
+    return _document(gpu, env.get("device") or "", versions, layers, memory_blocks_from_rows(ok))
 
 
 def _memory_comparable(row: dict[str, Any]) -> bool:
@@ -210,19 +210,32 @@ def memory_allowance_from_rows(rows: list[dict[str, Any]]) -> dict[str, float] |
     return {"non_torch_gib": statistics.median(non_torch), "fragmentation_fraction": min(statistics.median(frag), 0.9)}
 
 
+def _expandable(row: dict[str, Any]) -> bool:
+    return bool(row["layout"].get("expandable_segments", False))
+
+
+def memory_blocks_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | list[dict[str, Any]] | None:
+    """The calibration file's `memory`: one allowance per allocator setting the runs used, each stating its
+    setting (a single object when all runs used one setting); None without comparable runs."""
+    blocks = []
+    for setting in (False, True):
+        memory = memory_allowance_from_rows([r for r in rows if _expandable(r) is setting])
+        if memory is not None:
+            blocks.append({**memory, "expandable_segments": setting})
+    if not blocks:
+        return None
+    return blocks[0] if len(blocks) == 1 else blocks
+
+
 def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Peak memory of each comparable run predicted with the allowance calibrated from the *other* runs
     (leave-one-out, among runs with the same allocator setting): what `mat estimate --calibration` would say
     for a layout it has not seen. The allocator part is the cost model's (predicted total minus its own
     allowance)."""
     comparable = [r for r in rows if _memory_comparable(r) and (r.get("predicted") or {}).get("memory_breakdown_gib")]
-
-    def expandable(row: dict[str, Any]) -> bool:
-        return bool(row["layout"].get("expandable_segments", False))
-
     out = []
     for row in comparable:
-        others = [r for r in comparable if r is not row and expandable(r) == expandable(row)]
+        others = [r for r in comparable if r is not row and _expandable(r) == _expandable(row)]
         memory = memory_allowance_from_rows(others)
         measured = row["measured"].get("peak_gib")
         if memory is None or not measured:
