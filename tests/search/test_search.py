@@ -84,6 +84,25 @@ def test_exports():
     assert "tp_comm_overlap.yaml" not in export_all(m, p.replace(tp_comm_overlap=False), w)
 
 
+def test_launch_environment_is_sourceable(tmp_path):
+    """launch_env.sh sets what Megatron-LM asserts for TP / CP (CUDA_DEVICE_MAX_CONNECTIONS=1) and the allocator
+    setting the memory prediction assumed; a DP-only layout with the default allocator needs nothing."""
+    import subprocess
+
+    m = load_model_spec("Llama-3.1-70B")
+    w = Workload(8192, 1, 128)
+    tp_cp = ParallelConfig(64, tp=4, pp=4, cp=2, sequence_parallel=True)
+    script = tmp_path / "launch_env.sh"
+    script.write_text(export_all(m, tp_cp, w, expandable_segments=True)["launch_env.sh"])
+    shown = subprocess.run(
+        ["bash", "-c", f"source {script}; echo $CUDA_DEVICE_MAX_CONNECTIONS $PYTORCH_CUDA_ALLOC_CONF"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert shown == ["1", "expandable_segments:True"]
+    dp_only = export_all(load_model_spec("Llama-3.1-8B"), ParallelConfig(8), w)["launch_env.sh"]
+    assert "export" not in dp_only and "needs no environment variables" in dp_only
+
+
 def test_cli_plan_and_estimate(tmp_path, capsys):
     rc = main(
         [
@@ -103,12 +122,16 @@ def test_cli_plan_and_estimate(tmp_path, capsys):
             "--json",
             "--output-dir",
             str(tmp_path),
+            "--expandable-segments",
         ]
     )
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["candidates"]) == 3
     assert (tmp_path / "plan.png").exists() and (tmp_path / "rank_1" / "megatron_lm_args.txt").exists()
+    assert (
+        "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in (tmp_path / "rank_1" / "launch_env.sh").read_text()
+    )
     rc = main(
         [
             "estimate",

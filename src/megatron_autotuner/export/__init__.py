@@ -1,6 +1,6 @@
 """Write a chosen layout for the launchers people use: Megatron-LM arguments, a Megatron-Bridge
-override yaml, a verl megatron actor/ref snippet, and TE's tp-comm-overlap yaml (userbuffers)
-when TP overlap is on. Pure text; no torch."""
+override yaml, a verl megatron actor/ref snippet, the environment variables to launch with, and TE's
+tp-comm-overlap yaml (userbuffers) when TP overlap is on. Pure text; no torch."""
 
 from __future__ import annotations
 
@@ -142,12 +142,45 @@ def te_tp_overlap_yaml(parallel: ParallelConfig) -> str | None:
     return yaml.safe_dump(TE_TP_OVERLAP_DEFAULT, sort_keys=False)
 
 
-def export_all(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> dict[str, str]:
-    """File name -> text for every snippet of one layout."""
+def launch_environment(parallel: ParallelConfig, expandable_segments: bool = False) -> dict[str, tuple[str, str]]:
+    """Environment variables the layout needs, or the prediction assumed: name -> (value, reason)."""
+    env: dict[str, tuple[str, str]] = {}
+    if parallel.tp > 1 or parallel.cp > 1:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = (
+            "1",
+            "Megatron-LM's validate_args requires it with TP or CP (before Blackwell): one hardware queue keeps "
+            "the TP / CP communication kernels in issue order, so they overlap with the GEMMs as predicted",
+        )
+    if expandable_segments:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = (
+            "expandable_segments:True",
+            "the memory prediction assumed PyTorch's expandable segments (0.034 x activations reserved but "
+            "unallocated on H200, 0.18 without; theory.memory.MemoryAllowance)",
+        )
+    return env
+
+
+def launch_env_sh(parallel: ParallelConfig, expandable_segments: bool = False) -> str:
+    """`launch_env.sh`: source it before torchrun / sbatch (verl: put the same variables in the Ray
+    runtime env of the workers)."""
+    lines = ["# source before launching (torchrun / srun); written by megatron-autotuner"]
+    env = launch_environment(parallel, expandable_segments)
+    for name, (value, reason) in env.items():
+        lines += [f"# {reason}", f"export {name}={value}"]
+    if not env:
+        lines.append("# this layout needs no environment variables")
+    return "\n".join(lines) + "\n"
+
+
+def export_all(
+    model: ModelSpec, parallel: ParallelConfig, workload: Workload, expandable_segments: bool = False
+) -> dict[str, str]:
+    """File name -> text for every snippet of one layout (`expandable_segments`: the prediction assumed it)."""
     out = {
         "megatron_lm_args.txt": " \\\n  ".join(megatron_lm_args(model, parallel, workload)) + "\n",
         "bridge_overrides.yaml": bridge_overrides_yaml(model, parallel, workload),
         "verl_megatron.yaml": verl_yaml(model, parallel, workload),
+        "launch_env.sh": launch_env_sh(parallel, expandable_segments),
     }
     te = te_tp_overlap_yaml(parallel)
     if te is not None:
@@ -159,6 +192,8 @@ __all__ = [
     "bridge_overrides",
     "bridge_overrides_yaml",
     "export_all",
+    "launch_env_sh",
+    "launch_environment",
     "megatron_lm_args",
     "te_tp_overlap_yaml",
     "verl_megatron_snippet",

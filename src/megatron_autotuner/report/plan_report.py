@@ -67,7 +67,8 @@ def write_plan_report(result: Any, out_dir: Path, top_k: int, chart: bool = True
     for c in result.top(top_k):
         sub = out_dir / f"rank_{c.rank}"
         sub.mkdir(exist_ok=True)
-        for name, text in export_all(result.model, c.parallel, c.workload).items():
+        expandable = result.options.expandable_segments
+        for name, text in export_all(result.model, c.parallel, c.workload, expandable_segments=expandable).items():
             (sub / name).write_text(text)
         files["exports"][str(c.rank)] = str(sub)
     if chart and result.candidates:
