@@ -259,6 +259,29 @@ def test_gpu_smoke_run(tmp_path):
     assert row["measured"]["step_time_s"] > 0 and row["measured"]["max_allocated_gib"] > 0
 
 
+@pytest.mark.gpu
+def test_gpu_memory_history_replays_to_the_allocators_own_peak(tmp_path):
+    """`memory_history`: the snapshot is written, its replay's peak of held bytes is what
+    torch.cuda.max_memory_allocated reported for the same run, and the steps are kept out of time targets."""
+    import torch
+
+    from megatron_autotuner.trace.memory_history import load_snapshot, replay_history
+    from megatron_autotuner.validate import Layout, validate_layouts
+    from megatron_autotuner.validate.results import rank_file, read_records
+
+    lay = Layout(model="Qwen3-0.6B", num_layers=2, seq_length=1024, warmup_steps=1, steps=2, memory_history=True)
+    gpu = "H200" if "H200" in torch.cuda.get_device_name() else "H100-SXM"
+    rep = validate_layouts([lay], tmp_path, gpu, layout_timeout_s=300, log=lambda *a: 0)
+    row = rep.rows[0]
+    assert row["status"] == "ok", row.get("error")
+    assert row["error_rel"]["step_time"] is None and row["error_rel"]["allocated_memory"] is not None
+    (rec,) = read_records(rank_file(tmp_path, 0))
+    history = replay_history(load_snapshot(rec["memory_history"]["snapshot"]))
+    assert history.peak_held_bytes / 1024**3 == pytest.approx(rec["measured"]["max_allocated_gib"], abs=0.01)
+    assert history.peak_reserved_bytes / 1024**3 == pytest.approx(rec["measured"]["max_reserved_gib"], abs=0.01)
+    assert rec["memory_history"]["summary"]["peak_held_bytes"] == history.peak_held_bytes
+
+
 def test_grad_accumulation_default_matches_the_trace():
     """The unfused gradient accumulation constants come from the committed TP2 trace: the cast-add
     kernel, 35 parameters x 8 micro-batches, over the rank's 1.009 G parameters per micro-batch."""
