@@ -12,8 +12,10 @@ recompute, no distributed optimizer, and its default `--DDP-impl local`, whose `
 all-reduces the fp32 gradients after `forward_backward_func` returns: no overlap with the
 backward); NVIDIA's recipe runs use TE / cuDNN flash attention, the
 distributed optimizer with grad-reduce / param-gather overlap, and sequence parallelism with
-TP communication overlap when tp > 1. An empty micro-batch or vpp is searched: the fastest
-predicted value that fits in memory is used (the sources tuned those).
+TP communication overlap when tp > 1. NeMo 2.0's performance scripts (the dgxc-benchmarking rows) launch
+with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200 (NeMo
+scripts/performance/executors.py), which changes the memory predicted, not the time. An empty micro-batch
+or vpp is searched: the fastest predicted value that fits in memory is used (the sources tuned those).
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def _model_from_row(row: dict[str, str]) -> ModelSpec:
 
 def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelConfig, Workload, CostOptions]]:
     narayanan = row["source"].startswith("Narayanan")
+    nemo2_perf_scripts = "NeMo 2.0" in row["source"] and row["gpu"] != "B200"
     tp, pp, cp, ep = (int(row[k]) for k in ("tp", "pp", "cp", "ep"))
     num_gpus, gbs, seq = int(row["num_gpus"]), int(row["global_batch"]), int(row["seq_len"])
     vpps = [int(row["vpp"])] if row["vpp"] else [None, *[v for v in (2, 3, 4, 5, 8) if pp > 1]]
@@ -124,6 +127,7 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
         flash_attention=not narayanan,
         fused_cross_entropy=not narayanan,
         overlap_grad_reduce=not narayanan,
+        expandable_segments=nemo2_perf_scripts,
     )
     out = []
     for vpp in vpps:
