@@ -444,6 +444,14 @@ def _dump_memory_history(directory: Path, rank: int) -> dict[str, Any]:
     return {"snapshot": str(path), "summary": summary}
 
 
+def _record_memory_history(record: dict[str, Any], directory: Path, rank: int) -> None:
+    """Dump the history into the record; a failed dump is noted, never fails the layout."""
+    try:
+        record["memory_history"] = _dump_memory_history(directory, rank)
+    except Exception as exc:  # noqa: BLE001 - the run's own result matters more than its history
+        record["memory_history_error"] = f"{type(exc).__name__}: {exc}"[:300]
+
+
 def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s: float = 600.0) -> dict[str, Any]:
     """Build, warm up, time and tear down one layout on this rank. Never raises: failures are recorded."""
     import torch
@@ -499,7 +507,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         measured["max_reserved_gib_by_step"] = reserved_by_step or None
         if layout.memory_history and device == "cuda":
             measured["memory_history"] = True  # recording slowed the timed steps
-            record["memory_history"] = _dump_memory_history(out_dir / "memory" / layout.layout_id, rank)
+            _record_memory_history(record, out_dir / "memory" / layout.layout_id, rank)
         if layout.profile and device == "cuda":
             record["trace"] = _profile_step(
                 layout, model, optimizer, iterators, out_dir / "traces" / layout.layout_id, rank
@@ -519,10 +527,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         )
         measured.update(_memory(device))
         if layout.memory_history and device == "cuda":
-            try:  # the history up to the failure (an OOM's `oom` event included) is what explains it
-                record["memory_history"] = _dump_memory_history(out_dir / "memory" / layout.layout_id, rank)
-            except Exception as dump_exc:  # noqa: BLE001 - the failure above is what gets recorded
-                record["memory_history_error"] = f"{type(dump_exc).__name__}: {dump_exc}"[:300]
+            # the history up to the failure (an OOM's `oom` event included) is what explains it
+            _record_memory_history(record, out_dir / "memory" / layout.layout_id, rank)
     finally:
         if config is not None:
             for hook in ("no_sync_func", "grad_sync_func", "param_sync_func", "grad_scale_func"):
