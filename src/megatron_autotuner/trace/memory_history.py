@@ -21,6 +21,7 @@ Pure Python (standard library); the pickle is read with an unpickler that only b
 from __future__ import annotations
 
 import gzip
+import heapq
 import io
 import pickle
 from dataclasses import dataclass, field
@@ -183,6 +184,21 @@ class MemoryHistory:
         }
 
 
+def _deltas(event: dict[str, Any], live: dict[Any, int]) -> tuple[int, int]:
+    """(held, reserved) byte changes of one event; `live` maps the addresses of held blocks to their sizes."""
+    action, size = event.get("action"), int(event.get("size", 0))
+    if action == "alloc":
+        live[event.get("addr")] = size
+        return size, 0
+    if action == "free_completed":
+        return -live.pop(event.get("addr"), size), 0
+    if action in GROWTH_ACTIONS:
+        return 0, size
+    if action in SHRINK_ACTIONS:
+        return 0, -size
+    return 0, 0
+
+
 def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int = 10) -> MemoryHistory:
     """Replay `snapshot["device_traces"][device]` (default: the device with the most events)."""
     traces = snapshot.get("device_traces") or []
@@ -195,19 +211,11 @@ def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int
     trace = traces[device] or []
     held = reserved = 0
     min_held = min_reserved = 0
-    live: dict[int, int] = {}
     # first pass: how low would the counts go from zero? that much existed before the history began
+    live: dict[Any, int] = {}
     for e in trace:
-        action, size = e.get("action"), int(e.get("size", 0))
-        if action == "alloc":
-            live[e.get("addr")] = size
-            held += size
-        elif action == "free_completed":
-            held -= live.pop(e.get("addr"), size)
-        elif action in GROWTH_ACTIONS:
-            reserved += size
-        elif action in SHRINK_ACTIONS:
-            reserved -= size
+        d_held, d_reserved = _deltas(e, live)
+        held, reserved = held + d_held, reserved + d_reserved
         min_held, min_reserved = min(min_held, held), min(min_reserved, reserved)
     initial_held, initial_reserved = -min_held, -min_reserved
     final = _state_at_snapshot(snapshot, device)
@@ -224,35 +232,33 @@ def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int
     peak_held, peak_reserved, held_at_peak = held, reserved, held
     live.clear()
     growths: list[Growth] = []
-    allocations: list[Allocation] = []
+    allocations: list[tuple[int, int]] = []  # (size, event index) of every alloc
     pending: list[tuple[int, str, int, int, int]] = []  # growths waiting for the request that caused them
     for i, e in enumerate(trace):
-        action, size = e.get("action"), int(e.get("size", 0))
+        action = e.get("action")
         if action in GROWTH_ACTIONS:
-            pending.append((i, action, size, reserved - held, held))
-            reserved += size
-            if reserved > peak_reserved:
-                peak_reserved, held_at_peak = reserved, held
-        elif action in SHRINK_ACTIONS:
-            reserved -= size
-        elif action == "alloc":
+            pending.append((i, action, int(e.get("size", 0)), reserved - held, held))
+        elif action == "alloc" and pending:
             frames = tuple(_frames(e))
+            size = int(e.get("size", 0))
             for index, act, grown, free_before, held_before in pending:
                 growths.append(Growth(index, act, grown, size, free_before, held_before, reserved, frames))
             pending.clear()
-            live[e.get("addr")] = size
-            held += size
+        d_held, d_reserved = _deltas(e, live)
+        held, reserved = held + d_held, reserved + d_reserved
+        if d_reserved > 0 and reserved > peak_reserved:
+            peak_reserved, held_at_peak = reserved, held
+        if d_held > 0:
             peak_held = max(peak_held, held)
             if reserved == peak_reserved:
                 held_at_peak = max(held_at_peak, held)
-            allocations.append(Allocation(i, size, frames))
-            if len(allocations) > 4 * top:
-                allocations = sorted(allocations, key=lambda a: -a.size_bytes)[:top]
-        elif action == "free_completed":
-            held -= live.pop(e.get("addr"), size)
+            allocations.append((d_held, i))
     for index, act, grown, free_before, held_before in pending:  # growth with no request after it (OOM)
         growths.append(Growth(index, act, grown, 0, free_before, held_before, reserved, ()))
-    largest = tuple(sorted(allocations, key=lambda a: -a.size_bytes)[:top])
+    largest = tuple(
+        Allocation(i, size, tuple(_frames(trace[i])))
+        for size, i in heapq.nlargest(top, allocations, key=lambda a: (a[0], -a[1]))  # ties: earliest first
+    )
     return MemoryHistory(
         device=device,
         events=len(trace),
