@@ -12,7 +12,7 @@ import pytest
 from megatron_autotuner.theory.memory import EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION
 from megatron_autotuner.validate.calibration import memory_allowance_from_rows
 from megatron_autotuner.validate.layout import Layout
-from megatron_autotuner.validate.predict import predict
+from megatron_autotuner.validate.predict import predict, predicted_allocated_gib
 from megatron_autotuner.validate.results import aggregate
 
 EVIDENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "validation_h200_x2"
@@ -92,8 +92,7 @@ def test_peak_memory_with_expandable_segments():
     assert all(abs(e) < 0.11 for e in errors.values()), errors
     # the allocator part alone: within 0.6 GiB for every layout
     for r in rows:
-        breakdown = r["predicted"]["memory_breakdown_gib"]
-        allocated = breakdown["total"] - breakdown["allowance"]
+        allocated = predicted_allocated_gib(r["predicted"])
         assert allocated == pytest.approx(r["measured"]["max_allocated_gib"], abs=0.6), r["lay"].label
     # the same layouts with the default allocator: fragmentation is what misses
     default = _runs("moe_gpu")
@@ -107,8 +106,7 @@ def test_allocated_peak_within_5pct_for_every_run_with_either_allocator():
     rows = [r for sub in ("x2", "moe_gpu", "expandable/dense", "expandable/moe") for r in _runs(sub)]
     assert len(rows) == 46
     for r in rows:
-        breakdown = r["predicted"]["memory_breakdown_gib"]
-        allocated = breakdown["total"] - breakdown["allowance"]
+        allocated = predicted_allocated_gib(r["predicted"])
         assert abs(allocated / r["measured"]["max_allocated_gib"] - 1) <= 0.05, r["lay"].label
     for sub in ("x2", "moe_gpu", "expandable/dense", "expandable/moe"):
         t = json.loads((EVIDENCE / sub / "summary.json").read_text())["targets"]

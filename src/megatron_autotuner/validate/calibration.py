@@ -33,7 +33,7 @@ from ..specs import get_gpu_spec
 from ..theory.flops import layer_forward_flops_per_token, phase_flops
 from ..theory.memory import GIB, MemoryAllowance, local_tokens
 from .layout import Layout
-from .predict import estimate_layout
+from .predict import estimate_layout, predicted_allocated_gib
 
 KIND = "megatron-autotuner-calibration"
 
@@ -241,7 +241,7 @@ def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if memory is None or not measured:
             continue
         breakdown = row["predicted"]["memory_breakdown_gib"]
-        allocated_gib = breakdown["total"] - breakdown.get("allowance", 0.0)
+        allocated_gib = predicted_allocated_gib(row["predicted"])
         layout = Layout.from_dict(row["layout"])
         allowance = MemoryAllowance(**memory).bytes_for(
             breakdown["activations"] * GIB, layout.parallel(), layout.mode == "train"

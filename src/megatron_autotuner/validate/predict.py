@@ -135,6 +135,15 @@ def edge_num_layers(layout: Layout, gpu: str | GPUSpec, which: str, max_layers: 
     raise ConfigError("num_layers", f"still predicted to fit with {max_layers} layers")
 
 
+def predicted_allocated_gib(predicted: dict[str, Any]) -> float | None:
+    """What the caching allocator should hand out at the peak: the predicted total less the allowance (memory
+    outside the allocator and reserved-but-unallocated); None without a memory prediction."""
+    breakdown = predicted.get("memory_breakdown_gib") or {}
+    if "total" not in breakdown:
+        return None
+    return breakdown["total"] - breakdown.get("allowance", 0.0)
+
+
 def _rel(predicted: float | None, measured: float | None) -> float | None:
     if predicted is None or measured is None or measured == 0:
         return None
@@ -180,16 +189,14 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
     decided = row["status"] == "ok" or row["measured_oom"]
     row["oom_as_predicted"] = None if fits is None or not decided else row["measured_oom"] == (not fits)
     timed = not m.get("memory_history")
-    breakdown = predicted.get("memory_breakdown_gib") or {}
-    allocated = (
-        predicted["peak_memory_gib"] - breakdown.get("allowance", 0.0) if predicted.get("peak_memory_gib") else None
-    )
     row["error_rel"] = {
         "step_time": _rel(predicted.get("step_time_s"), step) if timed else None,
         "peak_memory": _rel(predicted.get("peak_memory_gib"), m.get("peak_gib")),
         # the allocator's own peak (torch.cuda.max_memory_allocated) against the prediction without its allowance
         # (memory outside the allocator and reserved-but-unallocated): tensors alone
-        "allocated_memory": _rel(allocated, m.get("max_allocated_gib")) if m.get("peak_gib") else None,
+        "allocated_memory": _rel(predicted_allocated_gib(predicted), m.get("max_allocated_gib"))
+        if m.get("peak_gib")
+        else None,
         "mfu": _rel(predicted.get("mfu"), m.get("mfu")) if timed else None,
     }
     return row
