@@ -10,6 +10,7 @@ import yaml
 
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload
+from ..theory.memory import MemoryAllowance
 
 
 def megatron_lm_args(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> list[str]:
@@ -154,8 +155,9 @@ def launch_environment(parallel: ParallelConfig, expandable_segments: bool = Fal
     if expandable_segments:
         env["PYTORCH_CUDA_ALLOC_CONF"] = (
             "expandable_segments:True",
-            "the memory prediction assumed PyTorch's expandable segments (0.034 x activations reserved but "
-            "unallocated on H200, 0.18 without; theory.memory.MemoryAllowance)",
+            "the memory prediction assumed PyTorch's expandable segments "
+            f"({MemoryAllowance.for_allocator(True).fragmentation_fraction} x activations reserved but unallocated "
+            f"on H200, {MemoryAllowance.for_allocator(False).fragmentation_fraction} without)",
         )
     return env
 
