@@ -6,23 +6,7 @@ import json
 
 import pytest
 
-import megatron_autotuner.cli as cli
-from megatron_autotuner.cli import trace_cmd
-
 from .helpers import NCCL, UB
-
-
-@pytest.fixture
-def mat(monkeypatch, capsys):
-    if trace_cmd not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, trace_cmd])
-
-    def run(*argv: str):
-        code = cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 def test_summary_json(mat):

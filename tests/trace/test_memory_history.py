@@ -11,8 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import megatron_autotuner.cli as cli
-from megatron_autotuner.cli import trace_cmd
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.trace import TraceError
 from megatron_autotuner.trace.memory_history import load_snapshot, replay_history
@@ -100,19 +98,6 @@ def test_load_snapshot_plain_gzip_and_refusals(tmp_path):
         load_snapshot(other)
     with pytest.raises(TraceError, match="cannot be read"):
         load_snapshot(tmp_path / "missing.pickle")
-
-
-@pytest.fixture
-def mat(monkeypatch, capsys):
-    if trace_cmd not in cli.COMMAND_MODULES:
-        monkeypatch.setattr(cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, trace_cmd])
-
-    def run(*argv: str):
-        code = cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
 
 
 def test_cli_json_and_table(mat, tmp_path):
