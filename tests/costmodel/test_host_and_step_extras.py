@@ -83,3 +83,39 @@ def test_gradient_scaling_only_with_data_parallel_replicas():
         if replicas > 1:
             expected += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, H200, 1)
         assert parts(est) == pytest.approx(expected)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    layout=st.sampled_from([dict(num_gpus=2), dict(num_gpus=4, tp=2, sequence_parallel=True), dict(num_gpus=4, pp=2)]),
+    accumulation_fusion=st.booleans(),
+    distributed=st.booleans(),
+)
+def test_bf16_main_grads_never_slow_a_step(layout, accumulation_fusion, distributed):
+    """--grad-reduce-in-bf16: the DP reduce-scatter / all-reduce moves half the bytes and the main-grad passes
+    (zero, 1/dp scale, unfused accumulation) stream fewer; the optimizer adds the fp32 cast of its shard. A
+    training step is never slower, its exposed DP time never longer; forward-only steps do not change."""
+    w = Workload(4096, 1, 8)
+    opts = dict(gradient_accumulation_fusion=accumulation_fusion, overlap_grad_reduce=False)
+    p32 = ParallelConfig(**layout, use_distributed_optimizer=distributed)
+    p16 = p32.replace(grad_reduce_in_fp32=False)
+    fp32, bf16 = _step(DENSE, p32, w, **opts), _step(DENSE, p16, w, **opts)
+    assert bf16.step_time_s < fp32.step_time_s
+    assert bf16.time.breakdown["exposed_comm"]["dp"] < fp32.time.breakdown["exposed_comm"]["dp"]
+    fwd = w.replace(mode="forward")
+    assert _step(DENSE, p16, fwd).step_time_s == _step(DENSE, p32, fwd).step_time_s
+
+
+def test_bf16_main_grads_optimizer_step_bytes():
+    """The step-end memory-bound work with bf16 main grads, byte by byte (`defaults`): the optimizer's fp32
+    kernels plus the cast of the bf16 shard, zeroing 2 B and scaling 4 B per local parameter."""
+    from megatron_autotuner.costmodel.compute import memory_bound_time_s
+    from megatron_autotuner.costmodel.estimate import padded_vocab, stage_parameter_counts
+
+    est = _step(DENSE, ParallelConfig(2, grad_reduce_in_fp32=False), Workload(4096, 1, 8))
+    counts = stage_parameter_counts(DENSE, est.parallel, 0, padded_vocab(DENSE, 1))
+    opt_bytes = d.OPTIMIZER_BYTES_PER_PARAM + d.OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16
+    expected = memory_bound_time_s(opt_bytes * counts.total / 2, H200, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+    expected += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM_BF16 * counts.total, H200, 1)
+    expected += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM_BF16 * counts.total, H200, 1)
+    assert est.time.stages[0].step_extra["optimizer"] == pytest.approx(expected)

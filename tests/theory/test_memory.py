@@ -113,6 +113,60 @@ def test_distributed_optimizer_bytes_per_param():
     assert fwd.gradients_bytes == 0 and fwd.optimizer_bytes == 0
 
 
+def test_bf16_main_grads_match_the_megatron_docs_table():
+    """Megatron-LM docs, "Distributed Optimizer": 16-bit params and grads take 20 bytes per parameter without
+    the distributed optimizer and 4 + 16/d with it; the fp32 gradient copy (4 or 4/d) lives only during the
+    optimizer step, so the forward / backward holds 16 and 4 + 12/d."""
+    model = load_model_spec("Llama-3.1-8B")
+    w = Workload(seq_length=4096, global_batch_size=64)
+    for dp in (1, 2, 8):
+        p = ParallelConfig(num_gpus=dp, grad_reduce_in_fp32=False)
+        st0 = stage_memory(model, p, w, 0)
+        n = st0.parameters.total
+        assert st0.gradients_bytes == 2 * n
+        assert st0.model_state_bytes + st0.optimizer_step_bytes == pytest.approx((4 + 16 / dp) * n)
+        plain = stage_memory(model, p.replace(use_distributed_optimizer=False), w, 0)
+        assert plain.model_state_bytes + plain.optimizer_step_bytes == 20 * n
+        assert plain.model_state_bytes == 16 * n
+        # fp32 main grads: `.float()` returns the buffer itself, nothing more at the step
+        assert stage_memory(model, p.replace(grad_reduce_in_fp32=True), w, 0).optimizer_step_bytes == 0
+    fwd = stage_memory(model, ParallelConfig(num_gpus=1, grad_reduce_in_fp32=False), w.replace(mode="forward"), 0)
+    assert fwd.gradients_bytes == 0 and fwd.optimizer_step_bytes == 0
+
+
+def test_optimizer_step_sets_the_peak_only_when_it_outgrows_the_activations():
+    model = load_model_spec("Llama-3.1-8B")
+    w = Workload(seq_length=128, global_batch_size=1)  # tiny activations
+    p = ParallelConfig(num_gpus=1, grad_reduce_in_fp32=False, use_distributed_optimizer=False)
+    st0 = stage_memory(model, p, w, 0)
+    assert st0.optimizer_step_bytes > st0.activations_bytes
+    assert st0.allocated_bytes == st0.model_state_bytes + st0.optimizer_step_bytes
+    big = stage_memory(model, p, Workload(seq_length=8192, micro_batch_size=8, global_batch_size=8), 0)
+    assert big.activations_bytes > big.optimizer_step_bytes
+    assert big.allocated_bytes == big.model_state_bytes + big.activations_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2]),
+    dp=st.sampled_from([2, 4, 8]),
+    mbs=st.sampled_from([1, 2]),
+    recompute=st.sampled_from(["none", "full"]),
+)
+def test_bf16_main_grads_never_need_more_with_a_sharded_optimizer(tp, pp, dp, mbs, recompute):
+    """With the distributed optimizer over >= 2 ranks, bf16 main grads save 2 bytes per parameter for the whole
+    step and their fp32 step copy costs at most 4/d <= 2: never more memory than fp32 main grads."""
+    w = Workload(2048, mbs, 4 * mbs * dp, RecomputeConfig(recompute))
+    sizes = dict(tp=tp, pp=pp, cp=1, ep=1, dp=dp)
+    try:
+        fp32 = peak(SMALL_DENSE, **sizes, workload=w)
+        bf16 = peak(SMALL_DENSE, **sizes, workload=w, grad_reduce_in_fp32=False)
+    except ConfigError:
+        assume(False)
+    assert bf16 < fp32
+
+
 def test_expert_optimizer_sharded_over_expert_dp():
     model = load_model_spec("Qwen3-30B-A3B")
     w = Workload(seq_length=4096, global_batch_size=64)
@@ -129,9 +183,17 @@ def test_cp_needs_flash_for_unfused_model():
         layer_activation_bytes(model, ParallelConfig(num_gpus=2, cp=2), Workload(seq_length=2048), 0, UNFUSED)
 
 
-def peak(model, tp, pp, cp, ep, dp, workload, allocated_only=False):
+def peak(model, tp, pp, cp, ep, dp, workload, allocated_only=False, grad_reduce_in_fp32=True):
     sp = tp > 1
-    p = ParallelConfig(num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, cp=cp, ep=ep, sequence_parallel=sp)
+    p = ParallelConfig(
+        num_gpus=tp * pp * cp * dp,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        ep=ep,
+        sequence_parallel=sp,
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
+    )
     validate_layout(model, p, workload)
     stages = memory_per_stage(model, p, workload)
     if allocated_only:  # what the caching allocator holds, plus its fragmentation
@@ -166,8 +228,9 @@ SMALL_MOE = SMALL_DENSE.replace(
     recompute=st.sampled_from(["none", "selective", "full"]),
     moe=st.booleans(),
     mbs=st.sampled_from([1, 2]),
+    fp32_grads=st.booleans(),
 )
-def test_memory_never_grows_when_a_parallel_dimension_grows(dim, base, recompute, moe, mbs):
+def test_memory_never_grows_when_a_parallel_dimension_grows(dim, base, recompute, moe, mbs, fp32_grads):
     model = SMALL_MOE if moe else SMALL_DENSE
     tp, pp, cp, ep, dp = base
     if not moe:
@@ -179,11 +242,12 @@ def test_memory_never_grows_when_a_parallel_dimension_grows(dim, base, recompute
     sizes = dict(tp=tp, pp=pp, cp=cp, ep=ep, dp=dp)
     bigger = dict(sizes)
     bigger[dim] *= 2
+    g = dict(grad_reduce_in_fp32=fp32_grads)
     try:
-        before = peak(model, **sizes, workload=w, allocated_only=True)
-        after = peak(model, **bigger, workload=w, allocated_only=True)
-        total_before = peak(model, **sizes, workload=w)
-        total_after = peak(model, **bigger, workload=w)
+        before = peak(model, **sizes, workload=w, allocated_only=True, **g)
+        after = peak(model, **bigger, workload=w, allocated_only=True, **g)
+        total_before = peak(model, **sizes, workload=w, **g)
+        total_after = peak(model, **bigger, workload=w, **g)
     except ConfigError:
         assume(False)
     assert after <= before * (1 + 1e-12)

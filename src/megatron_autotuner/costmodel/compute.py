@@ -30,6 +30,7 @@ def gemm_time_s(
     phase: str = "fwd",
     calibration: Calibration | None = None,
     sm_fraction: float = 1.0,
+    main_grad_bytes: int = 4,
 ) -> float:
     """Time of `groups` independent [m, k] x [k, n] products issued as one (grouped) kernel.
 
@@ -38,8 +39,9 @@ def gemm_time_s(
         t = max(F / (peak * eff * fill), bytes / (hbm * HBM_EFFICIENCY)) + KERNEL_OVERHEAD_S
     eff = GEMM_EFFICIENCY[precision]; fill = min(1, units / SMs) where units = groups * ceil(m/128) *
     ceil(n/128) * ksplit, ksplit = min(SMs // tiles, k // 512) when the tiles alone cannot fill the
-    GPU (split-K); bytes = (e*(m*k + k*n) + o*m*n)*groups with e = 1 for fp8 operands, else 2, and o = 8 for wgrad
-    (read + write of the fp32 main grad it accumulates into), else 2.
+    GPU (split-K); bytes = (e*(m*k + k*n) + o*m*n)*groups with e = 1 for fp8 operands, else 2, and
+    o = 2 * main_grad_bytes for wgrad (read + write of the main grad it accumulates into: 8 fp32, 4 bf16),
+    else 2.
     `sm_fraction` < 1 models SMs lent to communication kernels (TE userbuffers).
     """
     if m <= 0 or n <= 0 or k <= 0:
@@ -58,8 +60,8 @@ def gemm_time_s(
     fill = min(1.0, units / sms)
     compute = flops / (peak * d.GEMM_EFFICIENCY[precision] * fill * sm_fraction)
     operand = 1 if precision == "fp8" else 2
-    # wgrad accumulates into the fp32 main-grad buffer (gradient_accumulation_fusion): read + write 8 bytes
-    out_bytes = 8 if phase == "wgrad" else 2
+    # wgrad accumulates into the main-grad buffer (gradient_accumulation_fusion): read + write it
+    out_bytes = 2 * main_grad_bytes if phase == "wgrad" else 2
     memory = (operand * (m * k + k * n) + out_bytes * m * n) * groups / (gpu.hbm_gbps * 1e9 * d.HBM_EFFICIENCY)
     return max(compute, memory) + d.KERNEL_OVERHEAD_S
 

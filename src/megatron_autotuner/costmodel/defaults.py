@@ -177,6 +177,14 @@ GRAD_SCALE_BYTES_PER_PARAM = 8.0
 GRAD_ACCUMULATION_BYTES_PER_PARAM = 10.0
 GRAD_ACCUMULATION_HBM_EFFICIENCY = 0.54
 GRAD_ZERO_BYTES_PER_PARAM = 4.0
+# The same passes with a bf16 main-grad buffer (--grad-reduce-in-bf16), by the same byte counting (not
+# measured here; the efficiencies above are kept): accumulate read 2 + read 2 + write 2, scale read + write
+# 2 + 2, zero 2; the optimizer step first casts its bf16 gradient shard to fp32 (read 2 + write 4) and
+# then runs the fp32 kernels counted in OPTIMIZER_BYTES_PER_PARAM.
+GRAD_ACCUMULATION_BYTES_PER_PARAM_BF16 = 6.0
+GRAD_SCALE_BYTES_PER_PARAM_BF16 = 4.0
+GRAD_ZERO_BYTES_PER_PARAM_BF16 = 2.0
+OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 = 6.0
 # The word embedding's backward (torch's dense embedding backward) zero-fills a bf16 gradient of the
 # whole local table (2 bytes per vocab x hidden entry) every micro-batch before scattering into it:
 # 370 us per micro-batch for 151936 x 4096 in the DP2 trace (184 us at TP2), 0.7 of HBM.

@@ -15,15 +15,17 @@ and loss, or the first, holding the embedding) decides the step. Pipeline send/r
 [s/cp, b, h/x] boundary tensor is exposed once forward and once backward per micro-batch with
 1F1B; interleaving overlaps it (megatron's overlap_p2p_comm) except while filling the pipeline.
 
-After the last micro-batch (training): data-parallel gradient reduce-scatter (fp32) and parameter
-all-gather (bf16) of the distributed optimizer (all-reduce without it), over dp*cp ranks for dense
+After the last micro-batch (training): data-parallel gradient reduce-scatter (fp32 main grads, bf16 with
+--grad-reduce-in-bf16) and parameter all-gather (bf16) of the distributed optimizer (all-reduce without
+it), over dp*cp ranks for dense
 and edp ranks for expert parameters. With --overlap-grad-reduce / --overlap-param-gather they
 run under the backward / forward of one micro-batch; exposed = max(t - window, t * tail) where the
 tail is the share of the last bucket (40M parameters, or the word embedding on the
 stage that holds it: buckets do not split parameters) that cannot overlap. Reported as
 "optimizer" (memory-bound, on the compute stream): the in-place 1/(dp*cp) gradient scaling before
 the reduce-scatter, grad-norm clipping, the Adam step and the copy into the bf16 weights
-(`defaults.OPTIMIZER_BYTES_PER_PARAM`), grad zeroing and the fp8 weight casts; exposed with the DP
+(`defaults.OPTIMIZER_BYTES_PER_PARAM`, plus the fp32 cast of a bf16 gradient shard), grad zeroing and
+the fp8 weight casts; exposed with the DP
 communication, the tied-embedding gradient all-reduce between the first and last stage.
 
 MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
@@ -368,7 +370,11 @@ def stage_time(
         fused_bias_activation=options.fused_bias_activation,
         moe_host_bound=options.moe_host_bound,
         calibration=options.calibration,
+        main_grad_bytes=parallel.main_grad_bytes,
     )
+    mg = parallel.main_grad_bytes
+    bf16_grads = not parallel.grad_reduce_in_fp32
+    accumulate_bytes = d.GRAD_ACCUMULATION_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_ACCUMULATION_BYTES_PER_PARAM
     scale, note = layer_calibration_scale(model, ctx, workload)
     layers = stage_layer_range(model, parallel, stage)
     full_mask = full_recompute_layer_mask(model, parallel, rc) if training else [False] * model.num_layers
@@ -401,9 +407,7 @@ def stage_time(
             _merge(bwd, {"memory_bound": fill + memory_bound_time_s(10 * h * tokens, gpu, 1)})
             if options.gradient_accumulation_fusion:
                 # not a linear layer: its gradient is still added into main_grad by DDP's hook
-                add = memory_bound_time_s(
-                    d.GRAD_ACCUMULATION_BYTES_PER_PARAM * table, gpu, 1, d.GRAD_ACCUMULATION_HBM_EFFICIENCY
-                )
+                add = memory_bound_time_s(accumulate_bytes * table, gpu, 1, d.GRAD_ACCUMULATION_HBM_EFFICIENCY)
                 _merge(bwd, {"memory_bound": add})
     if stage == pp - 1:
         vocab_local = padded / tp
@@ -413,7 +417,7 @@ def stage_time(
         cal = options.calibration
         logits["fwd"] = gemm_time_s(tokens, vocab_local, h, gpu, "bf16", 1, "logits", "fwd", cal)
         logits["dgrad"] = gemm_time_s(tokens, h, vocab_local, gpu, "bf16", 1, "logits", "dgrad", cal)
-        logits["wgrad"] = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal)
+        logits["wgrad"] = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal, 1.0, mg)
         loss = "fused" if options.fused_cross_entropy else "unfused"
         ce_fwd_bytes, ce_bwd_bytes = d.CROSS_ENTROPY_BYTES[loss]
         ce_eff = d.CROSS_ENTROPY_HBM_EFFICIENCY[loss]
@@ -441,7 +445,7 @@ def stage_time(
             eh = {
                 "fwd": gemm_time_s(tokens, h / tp, 2 * h, gpu, workload.precision, 1, "eh_proj", "fwd", cal),
                 "bwd": gemm_time_s(tokens, 2 * h, h / tp, gpu, workload.precision, 1, "eh_proj", "dgrad", cal)
-                + gemm_time_s(2 * h, h / tp, tokens, gpu, workload.precision, 1, "eh_proj", "wgrad", cal),
+                + gemm_time_s(2 * h, h / tp, tokens, gpu, workload.precision, 1, "eh_proj", "wgrad", cal, 1.0, mg),
             }
             _merge(fwd, lc.fwd.parts)
             _merge(fwd, {"gemm": eh["fwd"], "memory_bound": 2 * norm_f})
@@ -452,7 +456,7 @@ def stage_time(
     counts = stage_parameter_counts(model, parallel, stage, padded)
     if training and not options.gradient_accumulation_fusion:
         accumulate = memory_bound_time_s(
-            d.GRAD_ACCUMULATION_BYTES_PER_PARAM * counts.total,
+            accumulate_bytes * counts.total,
             gpu,
             8 * len(layers) + 3,  # ~8 weight tensors per layer, plus embedding, final norm, output layer
             d.GRAD_ACCUMULATION_HBM_EFFICIENCY,
@@ -477,16 +481,17 @@ def stage_time(
         dense_stride, expert_stride = tp, parallel.etp * parallel.ep
         bucket = max(d.DDP_BUCKET_PARAMS, 1_000_000 * parallel.dp)
         grad_t = gather_t = 0.0
+        g = float(mg)
         if parallel.use_distributed_optimizer:
-            grad_t += collective_time_s("reduce_scatter", dp_group, 4.0 * counts.dense, cluster, dense_stride)
+            grad_t += collective_time_s("reduce_scatter", dp_group, g * counts.dense, cluster, dense_stride)
             gather_t += collective_time_s("all_gather", dp_group, 2.0 * counts.dense, cluster, dense_stride)
             if counts.experts:
-                grad_t += collective_time_s("reduce_scatter", edp, 4.0 * counts.experts, cluster, expert_stride)
+                grad_t += collective_time_s("reduce_scatter", edp, g * counts.experts, cluster, expert_stride)
                 gather_t += collective_time_s("all_gather", edp, 2.0 * counts.experts, cluster, expert_stride)
         else:
-            grad_t += collective_time_s("all_reduce", dp_group, 4.0 * counts.dense, cluster, dense_stride)
+            grad_t += collective_time_s("all_reduce", dp_group, g * counts.dense, cluster, dense_stride)
             if counts.experts:
-                grad_t += collective_time_s("all_reduce", edp, 4.0 * counts.experts, cluster, expert_stride)
+                grad_t += collective_time_s("all_reduce", edp, g * counts.experts, cluster, expert_stride)
         # A bucket never splits a parameter, so the last gradient bucket of the backward (and the first
         # parameter bucket of the forward) holds at least the word embedding, on the stage that has it:
         # 2x H200, 4-layer Qwen3-8B DP2 (benchmarks/results/validation_h200_x2): its 622 M-parameter
@@ -498,16 +503,19 @@ def stage_time(
             overlap_gather = options.overlap_param_gather and parallel.use_distributed_optimizer
             exposed += gather_t if not overlap_gather else max(gather_t - window_fwd, gather_t * tail)
         if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
-            emb = 4.0 * padded * h / tp
+            emb = g * padded * h / tp
             exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
         extra["dp"] = exposed
         distributed = parallel.use_distributed_optimizer
         shard = counts.dense / dp_group + counts.experts / edp if distributed else counts.total
-        opt = memory_bound_time_s(d.OPTIMIZER_BYTES_PER_PARAM * shard, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
-        opt += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, gpu, 1)
+        opt_bytes = d.OPTIMIZER_BYTES_PER_PARAM + (d.OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 if bf16_grads else 0.0)
+        opt = memory_bound_time_s(opt_bytes * shard, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+        zero_bytes = d.GRAD_ZERO_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_ZERO_BYTES_PER_PARAM
+        opt += memory_bound_time_s(zero_bytes * counts.total, gpu, 1)
         if dp_group > 1:
             # gradients scaled by 1/(dp*cp) in place before their reduce-scatter, on the compute stream
-            opt += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, gpu, 1)
+            scale_bytes = d.GRAD_SCALE_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_SCALE_BYTES_PER_PARAM
+            opt += memory_bound_time_s(scale_bytes * counts.total, gpu, 1)
         if workload.precision == "fp8":
             opt += memory_bound_time_s(4.0 * counts.total, gpu, 1)
         extra["optimizer"] = opt
@@ -572,6 +580,7 @@ def memory_summary(stages: list[StageMemory]) -> tuple[float, dict[str, float], 
         "gradients": peak_stage.gradients_bytes / GIB,
         "optimizer": peak_stage.optimizer_bytes / GIB,
         "activations": peak_stage.activations_bytes / GIB,
+        "optimizer_step": peak_stage.optimizer_step_bytes / GIB,
         "allowance": peak_stage.allowance_bytes / GIB,
         "total": peak_stage.total_bytes / GIB,
         "stage": peak_stage.stage,

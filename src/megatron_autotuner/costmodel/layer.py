@@ -85,6 +85,7 @@ class LayerContext:
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
     moe_host_bound: bool = False  # eager MoE block: never faster than `defaults.MOE_HOST_FLOOR_*`
     calibration: Calibration | None = None
+    main_grad_bytes: int = 4  # fp32 main grads (2: --grad-reduce-in-bf16); wgrad GEMMs accumulate into them
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def _gemm_phase_time(op: str, shape: tuple[float, float, float, int], phase: str
         return gemm_time_s(m, n, k, gpu, precision, groups, op, "fwd", ctx.calibration, sm)
     if phase == "dgrad":
         return gemm_time_s(m, k, n, gpu, precision, groups, op, "dgrad", ctx.calibration, sm)
-    return gemm_time_s(k, n, m, gpu, precision, groups, op, "wgrad", ctx.calibration, sm)
+    return gemm_time_s(k, n, m, gpu, precision, groups, op, "wgrad", ctx.calibration, sm, ctx.main_grad_bytes)
 
 
 def _attention_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:

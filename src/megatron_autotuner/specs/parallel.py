@@ -33,6 +33,9 @@ class ParallelConfig:
 
     `etp` (expert tensor parallel) defaults to tp, as in megatron-core. `vpp` is the number of
     virtual pipeline chunks per rank (interleaved 1F1B); None means plain 1F1B.
+    `grad_reduce_in_fp32` (megatron-core `DistributedDataParallelConfig.grad_reduce_in_fp32`): the
+    main-grad buffer that accumulates and reduces gradients is fp32 (Megatron-LM's default with bf16);
+    False is Megatron-LM's `--grad-reduce-in-bf16` (NVIDIA's fp8 and MoE performance recipes use it).
     """
 
     num_gpus: int
@@ -44,6 +47,7 @@ class ParallelConfig:
     vpp: int | None = None
     sequence_parallel: bool = False
     use_distributed_optimizer: bool = True
+    grad_reduce_in_fp32: bool = True
     tp_comm_overlap: bool = False
     cp_comm_type: str = "p2p"  # p2p (ring) | a2a (Ulysses) | allgather
 
@@ -85,6 +89,11 @@ class ParallelConfig:
     def edp(self) -> int:
         """Expert data-parallel size: num_gpus / (etp * ep * pp) (megatron-core's expert grid)."""
         return self.num_gpus // (self.etp * self.ep * self.pp)
+
+    @property
+    def main_grad_bytes(self) -> int:
+        """Bytes per element of the main-grad buffer: 4 (fp32) or 2 (bf16)."""
+        return 4 if self.grad_reduce_in_fp32 else 2
 
     @property
     def virtual_stages(self) -> int:

@@ -15,9 +15,10 @@ Where the collectives come from (megatron-core):
 - CP p2p ring: each layer passes K,V around the ring cp-1 times forward; backward passes K,V and
   dK,dV. a2a (Ulysses): all-to-all of Q,K,V in and of the output back, both passes.
 - PP: one activation send and one gradient send per micro-batch per stage boundary (x vpp).
-- DP: distributed optimizer reduce-scatters fp32 grads and all-gathers bf16 params over dp*cp
-  (experts over edp); without it, an fp32 all-reduce. Tied embeddings with pp > 1: an all-reduce of
-  the embedding gradient between first and last stage.
+- DP: distributed optimizer reduce-scatters the main grads (fp32, or bf16 with --grad-reduce-in-bf16)
+  and all-gathers bf16 params over dp*cp (experts over edp); without it, an all-reduce of the main
+  grads. Tied embeddings with pp > 1: an all-reduce of the embedding gradient between first and last
+  stage.
 """
 
 from __future__ import annotations
@@ -151,19 +152,20 @@ def stage_comm_volumes(
     if training:
         counts = stage_parameters(model, parallel, stage, padded_vocab_size)
         dp_group = parallel.dp * cp
+        g = float(parallel.main_grad_bytes)
         if parallel.use_distributed_optimizer:
-            out.append(CommVolume("dp", "reduce_scatter", dp_group, 4.0 * counts.dense, 1, "step"))
+            out.append(CommVolume("dp", "reduce_scatter", dp_group, g * counts.dense, 1, "step"))
             out.append(CommVolume("dp", "all_gather", dp_group, 2.0 * counts.dense, 1, "step"))
             if counts.experts:
-                out.append(CommVolume("edp", "reduce_scatter", parallel.edp, 4.0 * counts.experts, 1, "step"))
+                out.append(CommVolume("edp", "reduce_scatter", parallel.edp, g * counts.experts, 1, "step"))
                 out.append(CommVolume("edp", "all_gather", parallel.edp, 2.0 * counts.experts, 1, "step"))
         else:
-            out.append(CommVolume("dp", "all_reduce", dp_group, 4.0 * counts.dense, 1, "step"))
+            out.append(CommVolume("dp", "all_reduce", dp_group, g * counts.dense, 1, "step"))
             if counts.experts:
-                out.append(CommVolume("edp", "all_reduce", parallel.edp, 4.0 * counts.experts, 1, "step"))
+                out.append(CommVolume("edp", "all_reduce", parallel.edp, g * counts.experts, 1, "step"))
         if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
             word_embedding = (padded_vocab_size or model.vocab_size) * h // tp
-            out.append(CommVolume("embedding", "all_reduce", 2, 4.0 * word_embedding, 1, "step"))
+            out.append(CommVolume("embedding", "all_reduce", 2, g * word_embedding, 1, "step"))
     return [c for c in out if c.calls > 0 and c.group_size > 1]
 
 

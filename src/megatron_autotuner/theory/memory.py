@@ -3,11 +3,18 @@
 Model state (Megatron-LM with bf16, per parameter; Megatron-LM docs, "Distributed Optimizer"):
 - weights: bf16, 2 bytes; fp8 training keeps bf16 weights plus a cached fp8 copy and its
   transpose of every linear weight (Transformer Engine caches them across micro-batches): +2 bytes;
-- gradients: fp32 main-grad buffer, 4 bytes (Megatron-LM forces
-  `accumulate_allreduce_grads_in_fp32` with bf16), full size on every rank;
+- gradients: fp32 main-grad buffer, 4 bytes (Megatron-LM's `accumulate_allreduce_grads_in_fp32`,
+  its default with bf16), full size on every rank; 2 bytes with `--grad-reduce-in-bf16`
+  (`ParallelConfig.grad_reduce_in_fp32=False`);
 - optimizer: Adam fp32 master weight + two moments = 12 bytes, divided over the data-parallel
   group with the distributed optimizer: dense params over dp*cp, expert params over edp.
   So 18 bytes/param without and 6 + 12/d with the distributed optimizer, as in the Megatron docs.
+  With bf16 gradients the optimizer step also casts the local gradient shard to fp32
+  (megatron-core `DistributedOptimizer._copy_model_grads_to_main_grads`: `grad.float()`), 4 bytes
+  per parameter of the shard that live from the step until the next iteration's `zero_grad` frees
+  them, so not during the forward / backward: 4 + 12/d held then, 4 + 16/d at the step (the docs'
+  "4 + 16/d" for 16-bit gradients). The peak is whichever of the two is larger
+  (`StageMemory.optimizer_step_bytes`).
 
 Activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
 Models", arXiv 2205.05198), Sec. 4, generalised term by term to GQA, SwiGLU, MoE, MLA, CP, and
@@ -309,6 +316,7 @@ class StageMemory:
     activation_detail: dict[str, float] = field(default_factory=dict)
     in_flight_microbatches: int = 0
     allowance_bytes: float = 0.0
+    optimizer_step_bytes: float = 0.0
 
     @property
     def model_state_bytes(self) -> float:
@@ -316,8 +324,9 @@ class StageMemory:
 
     @property
     def allocated_bytes(self) -> float:
-        """What torch.cuda.max_memory_allocated would show (model state + activations)."""
-        return self.model_state_bytes + self.activations_bytes
+        """What torch.cuda.max_memory_allocated would show: model state + the larger of the activations
+        (forward / backward) and what only the optimizer step holds."""
+        return self.model_state_bytes + max(self.activations_bytes, self.optimizer_step_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -331,6 +340,7 @@ class StageMemory:
             "gradients_gib": self.gradients_bytes / GIB,
             "optimizer_gib": self.optimizer_bytes / GIB,
             "activations_gib": self.activations_bytes / GIB,
+            "optimizer_step_gib": self.optimizer_step_bytes / GIB,
             "allowance_gib": self.allowance_bytes / GIB,
             "allocated_gib": self.allocated_bytes / GIB,
             "total_gib": self.total_bytes / GIB,
@@ -347,13 +357,25 @@ def _model_state_bytes(
         weight_bytes += 2 * linear_fraction * counts.total  # cached fp8 weight + transpose
     if not workload.is_training:
         return weight_bytes, 0.0, 0.0
-    grads = FP32_BYTES * counts.total
-    optimizer_per_param = 3 * FP32_BYTES
-    if parallel.use_distributed_optimizer:
-        optimizer = optimizer_per_param * (counts.dense / (parallel.dp * parallel.cp) + counts.experts / parallel.edp)
-    else:
-        optimizer = optimizer_per_param * counts.total
+    grads = parallel.main_grad_bytes * counts.total
+    optimizer = 3 * FP32_BYTES * optimizer_shard_parameters(counts, parallel)
     return weight_bytes, grads, optimizer
+
+
+def optimizer_shard_parameters(counts: ParameterCounts, parallel: ParallelConfig) -> float:
+    """Parameters whose optimizer state one rank holds: dense over dp*cp and experts over edp with the
+    distributed optimizer, all of them without it."""
+    if parallel.use_distributed_optimizer:
+        return counts.dense / (parallel.dp * parallel.cp) + counts.experts / parallel.edp
+    return counts.total
+
+
+def optimizer_step_bytes(counts: ParameterCounts, parallel: ParallelConfig, training: bool) -> float:
+    """Held only during the optimizer step: the fp32 copy of the local gradient shard that megatron-core
+    makes when the main grads are bf16 (with fp32 main grads `.float()` returns the buffer itself)."""
+    if not training or parallel.grad_reduce_in_fp32:
+        return 0.0
+    return FP32_BYTES * optimizer_shard_parameters(counts, parallel)
 
 
 def _stage_activations(
@@ -481,6 +503,7 @@ def stage_memory(
         activation_detail=detail,
         in_flight_microbatches=in_flight,
         allowance_bytes=allowance.bytes_for(activations, parallel, workload.is_training),
+        optimizer_step_bytes=optimizer_step_bytes(counts, parallel, workload.is_training),
     )
 
 
