@@ -168,3 +168,25 @@ def test_expandable_segments_shrink_only_the_fragmentation_allowance(capsys):
     fractions = MemoryAllowance().fragmentation_fraction - EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION
     assert saved == pytest.approx(fractions * act) and saved > 0
     assert default["peak_memory_gib"] - expandable["peak_memory_gib"] == pytest.approx(saved)
+
+
+def test_grad_reduce_in_bf16_flag_halves_the_gradient_buffer(capsys, tmp_path):
+    """`mat estimate --grad-reduce-in-bf16` and `mat plan --grad-reduce-in-bf16`: the gradient buffer halves, the
+    optimizer step's fp32 shard copy is reported, and the plan's exported Megatron-LM arguments carry the flag."""
+    from megatron_autotuner.cli import main
+
+    args = ["estimate", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "2", "--seq-len", "8192"]
+    args += ["--global-batch-size", "4", "--json"]
+    out = {}
+    for flag in ([], ["--grad-reduce-in-bf16"]):
+        assert main(args + flag) == 0
+        out[bool(flag)] = json.loads(capsys.readouterr().out)
+    fp32, bf16 = out[False]["memory_breakdown_gib"], out[True]["memory_breakdown_gib"]
+    assert bf16["gradients"] == pytest.approx(fp32["gradients"] / 2)
+    assert bf16["optimizer_step"] == pytest.approx(fp32["gradients"] / 2) and fp32["optimizer_step"] == 0
+    assert out[True]["inputs"]["parallel"]["grad_reduce_in_fp32"] is False
+    plan_args = ["plan", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "2", "--seq-len", "8192"]
+    plan_args += ["--global-batch-size", "4", "--top", "1", "--no-chart", "--output-dir", str(tmp_path)]
+    assert main(plan_args + ["--grad-reduce-in-bf16", "--json"]) == 0
+    capsys.readouterr()
+    assert "--grad-reduce-in-bf16" in (tmp_path / "rank_1" / "megatron_lm_args.txt").read_text()

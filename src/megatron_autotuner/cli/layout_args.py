@@ -37,7 +37,18 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
         help="sequence parallelism (default: on when tp > 1)",
     )
     g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
+    add_grad_reduce_argument(g)
     g.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p")
+
+
+def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Megatron-LM's `--grad-reduce-in-bf16` (read as `args.grad_reduce_in_bf16`)."""
+    parser.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        help="bf16 main-grad buffer (accumulate and reduce gradients in bf16; Megatron-LM's flag of the same name): "
+        "2 bytes per parameter less, half the DP gradient traffic",
+    )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +93,7 @@ def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
         vpp=args.vpp,
         sequence_parallel=sp,
         use_distributed_optimizer=args.distributed_optimizer,
+        grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
         cp_comm_type=args.cp_comm_type,
     )
 

@@ -9,7 +9,13 @@ from ..errors import AutotunerError, ConfigError
 from ..report import output_dir_for, write_plan_report
 from ..search import plan
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args
-from .layout_args import add_gpu_arguments, add_model_arguments, gpu_from_args, model_from_args
+from .layout_args import (
+    add_gpu_arguments,
+    add_grad_reduce_argument,
+    add_model_arguments,
+    gpu_from_args,
+    model_from_args,
+)
 from .output import console, make_table, print_json
 
 
@@ -30,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
     p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
     add_expandable_segments_argument(p)
+    add_grad_reduce_argument(p)
     p.add_argument("--calibration", help="calibration JSON from the testbench")
     p.add_argument("--top", type=int, default=5, help="layouts to show and export (default 5)")
     p.add_argument("--output-dir", help="report directory (default outputs/<UTC timestamp>-plan/)")
@@ -67,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         max_token_len=args.max_token_len,
         memory_margin=args.memory_margin,
         options=options,
+        grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
     )
     out_dir = output_dir_for("plan", args.output_dir)
     files = write_plan_report(result, out_dir, args.top, chart=not args.no_chart)

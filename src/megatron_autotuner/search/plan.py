@@ -161,8 +161,12 @@ def plan(
     space: SearchSpace | None = None,
     options: CostOptions | None = None,
     explain_impossible: bool = True,
+    grad_reduce_in_fp32: bool = True,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
+
+    `grad_reduce_in_fp32=False` (Megatron-LM's --grad-reduce-in-bf16) is a numerics choice the user makes, so
+    it is applied to every layout rather than searched.
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -212,7 +216,9 @@ def plan(
                         for mbs in mbs_list:
                             considered += 1
                             try:
-                                parallel = ParallelConfig(num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, sp and tp > 1)
+                                parallel = ParallelConfig(
+                                    num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, sp and tp > 1
+                                )
                                 workload = base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
                             except ConfigError as exc:
                                 structural += 1

@@ -12,6 +12,8 @@ from ..errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from ..cli.layout_args import add_grad_reduce_argument  # cli imports this module: import at call time
+
     p = subparsers.add_parser(
         "validate",
         help="train layouts for a few real steps (megatron-core) and compare with the cost model",
@@ -42,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["train", "forward"], default="train")
     p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
     p.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
+    add_grad_reduce_argument(p)
     p.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument(
@@ -113,6 +116,7 @@ def _layouts(args: argparse.Namespace):
             recompute=args.recompute, recompute_method=args.recompute_method,
             recompute_num_layers=args.recompute_num_layers, recompute_modules=tuple(args.recompute_modules),
             mode=args.mode, precision=args.precision, use_distributed_optimizer=args.distributed_optimizer,
+            grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
             overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
             warmup_steps=args.warmup_steps, steps=args.steps, profile=args.profile, use_te=args.use_te,
         )  # fmt: skip

@@ -23,9 +23,9 @@ class Layout:
     """One validation run. `global_batch_size` None means micro_batch_size x dp; sequence parallel None
     means on when tp > 1. `warmup_steps` untimed steps come before `steps` timed ones."""
 
-    # Fields added after evidence was committed: they enter `layout_id` only when set, so the ids of earlier
-    # runs (which could not set them) stay the same.
-    ID_FIELDS_ONLY_WHEN_SET = ("expandable_segments", "memory_history")
+    # Fields added after evidence was committed: they enter `layout_id` only when not at their default, so the
+    # ids of earlier runs (which could not set them) stay the same.
+    ID_FIELDS_ONLY_WHEN_SET = ("expandable_segments", "memory_history", "grad_reduce_in_fp32")
 
     model: str
     seq_length: int
@@ -48,6 +48,8 @@ class Layout:
     mode: str = "train"
     precision: str = "bf16"
     use_distributed_optimizer: bool = True
+    # fp32 main grads (Megatron-LM's default); False: --grad-reduce-in-bf16 (bf16 main-grad buffer)
+    grad_reduce_in_fp32: bool = True
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     warmup_steps: int = 3
@@ -95,6 +97,7 @@ class Layout:
             vpp=self.vpp,
             sequence_parallel=bool(self.sequence_parallel),
             use_distributed_optimizer=self.use_distributed_optimizer,
+            grad_reduce_in_fp32=self.grad_reduce_in_fp32,
             cp_comm_type=self.cp_comm_type,
         )
 
@@ -130,8 +133,11 @@ class Layout:
     @property
     def layout_id(self) -> str:
         """Stable id: readable prefix + hash of every field but the label (resume keys on it)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         fields = {
-            k: v for k, v in self.to_dict().items() if k != "name" and not (k in self.ID_FIELDS_ONLY_WHEN_SET and not v)
+            k: v
+            for k, v in self.to_dict().items()
+            if k != "name" and not (k in self.ID_FIELDS_ONLY_WHEN_SET and v == defaults[k])
         }
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
@@ -158,6 +164,8 @@ class Layout:
             parts.append(self.recompute)
         if self.mode != "train":
             parts.append(self.mode)
+        if not self.grad_reduce_in_fp32:
+            parts.append("bf16-grads")
         if self.expandable_segments:
             parts.append("expandable")
         return " ".join(parts)
@@ -197,6 +205,7 @@ class Layout:
             sequence_parallel=parallel.sequence_parallel,
             cp_comm_type=parallel.cp_comm_type,
             use_distributed_optimizer=parallel.use_distributed_optimizer,
+            grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
             seq_length=workload.seq_length,
             micro_batch_size=workload.micro_batch_size,
             global_batch_size=workload.global_batch_size,

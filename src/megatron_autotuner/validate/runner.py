@@ -233,7 +233,7 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
     ddp_config = DistributedDataParallelConfig(
         **_fields_kwargs(
             DistributedDataParallelConfig,
-            grad_reduce_in_fp32=True,
+            grad_reduce_in_fp32=layout.grad_reduce_in_fp32,
             overlap_grad_reduce=layout.overlap_grad_reduce,
             overlap_param_gather=param_gather,
             align_param_gather=align_param_gather,
