@@ -84,6 +84,45 @@ def test_exports():
     assert "tp_comm_overlap.yaml" not in export_all(m, p.replace(tp_comm_overlap=False), w)
 
 
+def test_exports_of_bf16_main_grads_and_fp8():
+    """--grad-reduce-in-bf16 reaches every launcher: Megatron-LM's flag, Bridge's ddp and mixed_precision fields
+    (MixedPrecisionConfig.setup copies its own over the DDP config's), verl's override_ddp_config for the actor
+    (a forward-only ref has no gradients). fp8 is the same format / recipe in Megatron-LM and Bridge."""
+    import yaml
+
+    m = load_model_spec("Llama-3.1-8B")
+    p = ParallelConfig(8, grad_reduce_in_fp32=False)
+    w = Workload(8192, 1, 64, precision="fp8")
+    assert "--grad-reduce-in-bf16" in megatron_lm_args(m, p, w)
+    assert "--grad-reduce-in-bf16" not in megatron_lm_args(m, p.replace(grad_reduce_in_fp32=True), w)
+    files = export_all(m, p, w)
+    bridge = yaml.safe_load(files["bridge_overrides.yaml"])
+    assert bridge == bridge_overrides(m, p, w)
+    assert bridge["ddp.grad_reduce_in_fp32"] is False and bridge["mixed_precision.grad_reduce_in_fp32"] is False
+    assert (bridge["mixed_precision.fp8"], bridge["mixed_precision.fp8_recipe"]) == ("hybrid", "delayed")
+    assert "--fp8-format hybrid" in megatron_lm_args(m, p, w) and "--fp8-recipe delayed" in megatron_lm_args(m, p, w)
+    assert files["bridge_overrides.yaml"].startswith("# mixed_precision.* keys need")
+    plain = export_all(m, p.replace(grad_reduce_in_fp32=True), w.replace(precision="bf16"))
+    assert (
+        "mixed_precision" not in plain["bridge_overrides.yaml"]
+        and "ddp.grad_reduce" not in plain["bridge_overrides.yaml"]
+    )
+    actor = verl_megatron_snippet(m, p, w)["actor_rollout_ref"]["actor"]["megatron"]
+    assert actor["override_ddp_config"] == {"grad_reduce_in_fp32": False}
+    ref = verl_megatron_snippet(m, p, w.replace(mode="forward"))["actor_rollout_ref"]["ref"]["megatron"]
+    assert "override_ddp_config" not in ref
+
+
+def test_plan_applies_bf16_main_grads_to_every_layout():
+    m = load_model_spec("Llama-3.1-8B")
+    fp32 = plan(m, H100, 8, 8192, 64)
+    bf16 = plan(m, H100, 8, 8192, 64, grad_reduce_in_fp32=False)
+    assert all(not c.parallel.grad_reduce_in_fp32 for c in bf16.candidates)
+    assert all(c.parallel.grad_reduce_in_fp32 for c in fp32.candidates)
+    # 2 bytes per parameter less: more layouts fit
+    assert len(bf16.candidates) > len(fp32.candidates)
+
+
 def test_launch_environment_is_sourceable(tmp_path):
     """launch_env.sh sets what Megatron-LM asserts for TP / CP (CUDA_DEVICE_MAX_CONNECTIONS=1) and the allocator
     setting the memory prediction assumed; a DP-only layout with the default allocator needs nothing."""

@@ -38,6 +38,8 @@ def megatron_lm_args(model: ModelSpec, parallel: ParallelConfig, workload: Workl
         args += ["--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
     else:
         args.append("--overlap-grad-reduce")
+    if not p.grad_reduce_in_fp32:
+        args.append("--grad-reduce-in-bf16")
     rc = w.recompute
     if rc.granularity == "full":
         args += [
@@ -54,7 +56,13 @@ def megatron_lm_args(model: ModelSpec, parallel: ParallelConfig, workload: Workl
 
 
 def bridge_overrides(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> dict[str, Any]:
-    """Megatron-Bridge ConfigContainer overrides (`model.*`, `train.*`, `ddp.*`, `optimizer.*`)."""
+    """Megatron-Bridge ConfigContainer overrides (`model.*`, `train.*`, `ddp.*`, `optimizer.*`, `mixed_precision.*`).
+
+    fp8 and bf16 main grads are set field by field on `mixed_precision` (the same fp8 format and recipe as the
+    Megatron-LM arguments; Bridge's named fp8 presets also turn on fp8 parameters, which the memory prediction
+    does not assume). bf16 main grads are set on both `ddp` and `mixed_precision`, as Bridge's performance
+    configs do: `MixedPrecisionConfig.setup` copies its `grad_reduce_in_fp32` over the DDP config's.
+    """
     p, w = parallel, workload
     out: dict[str, Any] = {
         "model.tensor_model_parallel_size": p.tp,
@@ -81,13 +89,25 @@ def bridge_overrides(model: ModelSpec, parallel: ParallelConfig, workload: Workl
         out["model.expert_tensor_parallel_size"] = p.etp
     if p.tp_comm_overlap:
         out["comm_overlap.tp_comm_overlap"] = True
+    if not p.grad_reduce_in_fp32:
+        out["ddp.grad_reduce_in_fp32"] = False
+        out["mixed_precision.grad_reduce_in_fp32"] = False
     if w.precision == "fp8":
-        out["mixed_precision"] = "bf16_with_fp8_delayed_scaling_mixed"
+        out["mixed_precision.fp8"] = "hybrid"
+        out["mixed_precision.fp8_recipe"] = "delayed"
     return out
 
 
+BRIDGE_MIXED_PRECISION_NOTE = (
+    "# mixed_precision.* keys need cfg.mixed_precision to be a MixedPrecisionConfig: recipes pass a name\n"
+    "# ('bf16_mixed'); resolve it first: cfg.mixed_precision = get_mixed_precision_config(cfg.mixed_precision)\n"
+)
+
+
 def bridge_overrides_yaml(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> str:
-    return yaml.safe_dump(bridge_overrides(model, parallel, workload), sort_keys=False)
+    overrides = bridge_overrides(model, parallel, workload)
+    note = BRIDGE_MIXED_PRECISION_NOTE if any(k.startswith("mixed_precision.") for k in overrides) else ""
+    return note + yaml.safe_dump(overrides, sort_keys=False)
 
 
 def verl_megatron_snippet(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> dict[str, Any]:
@@ -104,6 +124,8 @@ def verl_megatron_snippet(model: ModelSpec, parallel: ParallelConfig, workload: 
     if model.is_moe:
         megatron["expert_model_parallel_size"] = p.ep
         megatron["expert_tensor_parallel_size"] = p.etp
+    if w.is_training and not p.grad_reduce_in_fp32:
+        megatron["override_ddp_config"] = {"grad_reduce_in_fp32": False}
     role: dict[str, Any] = {"megatron": megatron}
     if w.max_token_len is not None:
         role["use_dynamic_bsz"] = True
