@@ -134,10 +134,15 @@ def test_published_runs_within_targets():
     results = compare_published(ROOT / "tests/fixtures/published_runs.csv")
     s = summary(results)
     assert s["rows"] == 8
-    # Target of the issue: every row within 15%, median within 8%. The maximum is met (12.7%); the
-    # median is 9.4% (see README); assert what holds so regressions fail.
+    # Target of the issue: every row within 15%, median within 8%. The maximum is met (13.2%); the
+    # median is 8.3% (see README); assert what holds so regressions fail.
     assert s["max_abs_error"] < 0.15
-    assert s["median_abs_error"] < 0.10
+    assert s["median_abs_error"] < 0.085
+    # each row runs with its source's gradient dtype: bf16 main grads where the scripts set
+    # grad_reduce_in_fp32=False (Megatron-Bridge performance configs; NeMo 2.0's only for fp8)
+    fp32_grads = {r.model: r.estimate.parallel.grad_reduce_in_fp32 for r in results}
+    assert fp32_grads["Qwen3-30B-A3B"] is False
+    assert fp32_grads["Llama-3.1-8B"] and fp32_grads["Llama-3.1-70B"] and fp32_grads["GPT-145.6B"]
 
 
 def test_measured_h200_layers_within_10_percent():

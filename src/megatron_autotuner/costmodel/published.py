@@ -14,7 +14,11 @@ backward); NVIDIA's recipe runs use TE / cuDNN flash attention, the
 distributed optimizer with grad-reduce / param-gather overlap, and sequence parallelism with
 TP communication overlap when tp > 1. NeMo 2.0's performance scripts (the dgxc-benchmarking rows) launch
 with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on every GPU but B200 (NeMo
-scripts/performance/executors.py), which changes the memory predicted, not the time. An empty micro-batch
+scripts/performance/executors.py), which changes the memory predicted, not the time. Main grads are bf16
+(--grad-reduce-in-bf16) where the source's scripts set `grad_reduce_in_fp32=False`: Megatron-Bridge's
+performance configs for every model (e.g. scripts/performance/configs/qwen/qwen3_llm_pretrain.py,
+`set_qwen3_common_configs`) and NeMo 2.0's for fp8 (scripts/performance/helpers.py, `set_precision_configs`);
+fp32 elsewhere (Megatron-LM's default). An empty micro-batch
 or vpp is searched: the fastest predicted value that fits in memory is used (the sources tuned those).
 """
 
@@ -115,7 +119,9 @@ def _model_from_row(row: dict[str, str]) -> ModelSpec:
 
 def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelConfig, Workload, CostOptions]]:
     narayanan = row["source"].startswith("Narayanan")
-    nemo2_perf_scripts = "NeMo 2.0" in row["source"] and row["gpu"] != "B200"
+    nemo2_perf_scripts = "NeMo 2.0" in row["source"]
+    bridge_perf_configs = row["source"].startswith("Megatron-Bridge")
+    bf16_main_grads = bridge_perf_configs or (nemo2_perf_scripts and row["precision"] == "fp8")
     tp, pp, cp, ep = (int(row[k]) for k in ("tp", "pp", "cp", "ep"))
     num_gpus, gbs, seq = int(row["num_gpus"]), int(row["global_batch"]), int(row["seq_len"])
     vpps = [int(row["vpp"])] if row["vpp"] else [None, *[v for v in (2, 3, 4, 5, 8) if pp > 1]]
@@ -127,7 +133,7 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
         flash_attention=not narayanan,
         fused_cross_entropy=not narayanan,
         overlap_grad_reduce=not narayanan,
-        expandable_segments=nemo2_perf_scripts,
+        expandable_segments=nemo2_perf_scripts and row["gpu"] != "B200",
     )
     out = []
     for vpp in vpps:
@@ -144,6 +150,7 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
                     sequence_parallel=tp > 1 and not narayanan,
                     tp_comm_overlap=tp > 1 and not narayanan,
                     use_distributed_optimizer=not narayanan,
+                    grad_reduce_in_fp32=not bf16_main_grads,
                 )
                 workload = Workload(seq, mbs, gbs, recompute, row["precision"])
             except ConfigError:
