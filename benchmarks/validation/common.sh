@@ -4,7 +4,8 @@
 # Sets the GPU machine's environment (../shared/gpu: /root/gpu/env.sh keeps NVLink multicast off), PYTHONPATH to
 # this checkout, PY / MAT / VALIDATE / HERE / START, and the helpers that copy small evidence files out of "$OUT".
 set -uo pipefail
-source /root/gpu/env.sh
+# GPU_ENV: the environment file of ../shared/gpu's install (a CPU test of these helpers points it elsewhere)
+source "${GPU_ENV:-/root/gpu/env.sh}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PY:-python}"
@@ -35,4 +36,30 @@ copy_traces() {
     cp "$trace" "$2/$name.rank_0.json.gz"
     $MAT trace summary --json "$trace" > "$2/$name.summary.json" || echo "trace summary failed: $trace"
   done
+}
+
+# record_gpus: the GPUs' names and memory, on stdout and in "$OUT/gpus.txt".
+record_gpus() {
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
+}
+
+# validate_batch LAYOUTS NAME TIMEOUT_S [more validate options]: run a layouts file into "$OUT/NAME", the log
+# into "$OUT/NAME.txt" (and on stdout).
+validate_batch() {
+  local layouts=$1 name=$2 timeout=$3
+  shift 3
+  $VALIDATE --layouts "$layouts" --output-dir "$OUT/$name" --timeout-s "$timeout" "$@" 2>&1 | tee "$OUT/$name.txt"
+}
+
+# collect_batch NAME DEST: what validate_batch NAME left, as evidence: copy_runs, gpus.txt and the log (run.log).
+collect_batch() {
+  copy_runs "$OUT/$1" "$2"
+  cp "$OUT/gpus.txt" "$2/" 2>/dev/null
+  cp "$OUT/$1.txt" "$2/run.log"
+}
+
+# finish DEST: the evidence folder's size and the script's wall time.
+finish() {
+  du -sh "$1"
+  echo "wall time: $(elapsed)"
 }

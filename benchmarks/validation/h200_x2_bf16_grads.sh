@@ -9,12 +9,7 @@
 # Copy "$OUT"/evidence to benchmarks/results/validation_h200_x2/bf16_grads.
 OUT="${OUT:-$PWD/outputs/h200_x2_bf16_grads}"
 source "$(dirname "$0")/common.sh"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
-$VALIDATE --layouts "$HERE/h200_x2_bf16_grads_layouts.json" --output-dir "$OUT/run" --timeout-s 150 \
-  2>&1 | tee "$OUT/run.txt"
-EV="$OUT/evidence"
-copy_runs "$OUT/run" "$EV"
-cp "$OUT/gpus.txt" "$EV/"
-cp "$OUT/run.txt" "$EV/run.log"
-du -sh "$EV"
-echo "wall time: $(elapsed)"
+record_gpus
+validate_batch "$HERE/h200_x2_bf16_grads_layouts.json" run 150
+collect_batch run "$OUT/evidence"
+finish "$OUT/evidence"

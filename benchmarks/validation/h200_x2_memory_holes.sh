@@ -8,13 +8,10 @@
 # Copy "$OUT"/evidence to benchmarks/results/validation_h200_x2/memory_holes.
 OUT="${OUT:-$PWD/outputs/h200_x2_memory_holes}"
 source "$(dirname "$0")/common.sh"
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
-$VALIDATE --layouts "$HERE/h200_x2_memory_holes_layouts.json" --output-dir "$OUT/run" --timeout-s 180 \
-  2>&1 | tee "$OUT/run.txt"
+record_gpus
+validate_batch "$HERE/h200_x2_memory_holes_layouts.json" run 180
 EV="$OUT/evidence"
-copy_runs "$OUT/run" "$EV"
-cp "$OUT/gpus.txt" "$EV/"
-cp "$OUT/run.txt" "$EV/run.log"
+collect_batch run "$EV"
 # the replay of every rank's history (small); the raw snapshots stay on the machine except the smallest one
 for hist in "$OUT"/run/memory/*/rank_*.history.json; do
   [ -f "$hist" ] || continue
@@ -25,5 +22,4 @@ ls -S -r "$OUT"/run/memory/*/rank_*.pickle.gz 2>/dev/null | head -1 | while read
   cp "$snap" "$EV/memory/$(basename "$(dirname "$snap")")/"
 done
 ls -la "$OUT"/run/memory/*/ 2>/dev/null | head -40
-du -sh "$EV"
-echo "wall time: $(elapsed)"
+finish "$EV"

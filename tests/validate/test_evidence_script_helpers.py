@@ -1,0 +1,67 @@
+"""The shell helpers the GPU evidence scripts share (benchmarks/validation/common.sh), run for real on CPU:
+a script sources common.sh, runs a layouts file with `validate_batch` (megatron-core on gloo, --device cpu),
+gathers it with `collect_batch` and ends with `finish`; the evidence folder then holds what the CPU tests of
+committed evidence read."""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.specs import ModelSpec
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.mcore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_validate_batch_collect_batch_finish(tmp_path):
+    model = tmp_path / "tiny.json"
+    ModelSpec(name="tiny", hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
+              ffn_hidden_size=128, vocab_size=256, max_position_embeddings=128).save_json(model)  # fmt: skip
+    layouts = {
+        "gpu": "H200",
+        "layouts": [
+            {"model": str(model), "seq_length": 32, "global_batch_size": 2, "warmup_steps": 1, "steps": 2,
+             "use_te": False, "name": "tiny"},
+        ],
+    }  # fmt: skip
+    (tmp_path / "layouts.json").write_text(json.dumps(layouts))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_smi = bin_dir / "nvidia-smi"
+    fake_smi.write_text("#!/bin/sh\necho 'Fake GPU, 1 MiB'\n")
+    fake_smi.chmod(fake_smi.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "env.sh").write_text("export MAT_TEST_ENV_SOURCED=1\n")
+    script = tmp_path / "script.sh"
+    script.write_text(
+        f'OUT="{tmp_path}/out"\nsource "{ROOT}/benchmarks/validation/common.sh"\n'
+        'echo "env: $MAT_TEST_ENV_SOURCED"\n'
+        "record_gpus\n"
+        'validate_batch "$HERE/layouts.json" run 120 --device cpu\n'
+        'collect_batch run "$OUT/evidence"\n'
+        'finish "$OUT/evidence"\n'
+    )
+    env = {
+        **os.environ,
+        "GPU_ENV": str(tmp_path / "env.sh"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PY": sys.executable,
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "env: 1" in done.stdout and "wall time:" in done.stdout
+    ev = tmp_path / "out" / "evidence"
+    assert (ev / "gpus.txt").read_text().strip() == "Fake GPU, 1 MiB"
+    assert "tiny" in (ev / "run.log").read_text()
+    summary = json.loads((ev / "summary.json").read_text())
+    assert [r["status"] for r in summary["rows"]] == ["ok"]
+    assert (ev / "results.jsonl").exists() and (ev / "layouts.json").exists()
+    assert (ev / "runs" / "rank_0.jsonl").exists()
