@@ -190,6 +190,11 @@ def test_grad_reduce_in_bf16_flag_halves_the_gradient_buffer(capsys, tmp_path):
     assert bf16["gradients"] == pytest.approx(fp32["gradients"] / 2)
     assert bf16["optimizer_step"] == pytest.approx(fp32["gradients"] / 2) and fp32["optimizer_step"] == 0
     assert out[True]["inputs"]["parallel"]["grad_reduce_in_fp32"] is False
+    assert main(args[:-1] + ["--grad-reduce-in-bf16"]) == 0  # the table says what was assumed
+    table = capsys.readouterr().out
+    assert "main-grads=bf16" in table and "optimizer step only (fp32 grad copy)" in table
+    assert main(args[:-1]) == 0
+    assert "optimizer step only" not in capsys.readouterr().out
     plan_args = ["plan", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "2", "--seq-len", "8192"]
     plan_args += ["--global-batch-size", "4", "--top", "1", "--no-chart", "--output-dir", str(tmp_path)]
     assert main(plan_args + ["--grad-reduce-in-bf16", "--json"]) == 0

@@ -47,6 +47,11 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+# The memory table's rows; the optimizer step's fp32 gradient copy replaces the activations at the peak when it is
+# larger (it is held only while the activations are gone), so the total is not the column's sum.
+MEMORY_ROW_LABELS = {"optimizer_step": "optimizer step only (fp32 grad copy)"}
+
+
 def add_expandable_segments_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """`--expandable-segments` of `mat estimate` and `mat plan` (read by `cost_options_from_args`)."""
     p.add_argument(
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]{model.name}[/bold] on {p.num_gpus} x {gpu.name}: tp={p.tp} pp={p.pp} vpp={p.vpp or '-'} cp={p.cp} "
         f"dp={p.dp} ep={p.ep} etp={p.etp} sp={p.sequence_parallel} | seq={workload.seq_length} "
         f"mbs={workload.micro_batch_size} gbs={workload.global_batch_size} recompute={workload.recompute.granularity} "
-        f"{workload.precision} mode={workload.mode}"
+        f"{workload.precision} mode={workload.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
     )
     rows = [
         ["step time (s)", est.step_time_s],
@@ -104,6 +109,8 @@ def run(args: argparse.Namespace) -> int:
     trows += [[f"exposed comm: {k}", v] for k, v in b["exposed_comm"].items()]
     trows += [["pipeline bubble", b["bubble"]], ["optimizer", b["optimizer"]], ["total", b["total"]]]
     out.print(make_table("Where the step time goes (s, critical stage)", ["", "seconds"], trows))
-    mrows = [[k, v] for k, v in est.memory_breakdown_gib.items() if k != "stage"]
+    mrows = [[MEMORY_ROW_LABELS.get(k, k), v] for k, v in est.memory_breakdown_gib.items() if k != "stage"]
+    if not est.memory_breakdown_gib.get("optimizer_step"):
+        mrows = [r for r in mrows if r[0] != MEMORY_ROW_LABELS["optimizer_step"]]
     out.print(make_table(f"Memory of the peak stage ({est.memory_breakdown_gib['stage']}) GiB", ["", "GiB"], mrows))
     return 0

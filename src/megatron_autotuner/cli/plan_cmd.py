@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(
         f"[bold]{model.name}[/bold] on {args.num_gpus} x {gpu.name}, seq {args.seq_len}, "
-        f"global batch {args.global_batch_size}, {args.mode}: {result.considered} layouts considered, "
+        f"global batch {args.global_batch_size}, {args.mode}{', bf16 main grads' if args.grad_reduce_in_bf16 else ''}: "
+        f"{result.considered} layouts considered, "
         f"{len(result.candidates)} fit, {len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
     )
     rows = [
