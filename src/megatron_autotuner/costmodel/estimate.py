@@ -17,16 +17,15 @@ and loss, or the first, holding the embedding) decides the step. Pipeline send/r
 
 After the last micro-batch (training): data-parallel gradient reduce-scatter (fp32 main grads, bf16 with
 --grad-reduce-in-bf16) and parameter all-gather (bf16) of the distributed optimizer (all-reduce without
-it), over dp*cp ranks for dense
-and edp ranks for expert parameters. With --overlap-grad-reduce / --overlap-param-gather they
-run under the backward / forward of one micro-batch; exposed = max(t - window, t * tail) where the
-tail is the share of the last bucket (40M parameters, or the word embedding on the
-stage that holds it: buckets do not split parameters) that cannot overlap. Reported as
-"optimizer" (memory-bound, on the compute stream): the in-place 1/(dp*cp) gradient scaling before
-the reduce-scatter, grad-norm clipping, the Adam step and the copy into the bf16 weights
+it), over dp*cp ranks for dense and edp ranks for expert parameters. With --overlap-grad-reduce /
+--overlap-param-gather they run under the backward / forward of one micro-batch;
+exposed = max(t - window, t * tail) where the tail is the share of the last bucket (40M parameters, or
+the word embedding on the stage that holds it: buckets do not split parameters) that cannot overlap. Reported as
+"optimizer" (memory-bound, on the compute stream): the in-place 1/(dp*cp) gradient scaling before the
+reduce-scatter, grad-norm clipping, the Adam step and the copy into the bf16 weights
 (`defaults.OPTIMIZER_BYTES_PER_PARAM`, plus the fp32 cast of a bf16 gradient shard), grad zeroing and
-the fp8 weight casts; exposed with the DP
-communication, the tied-embedding gradient all-reduce between the first and last stage.
+the fp8 weight casts; exposed with the DP communication, the tied-embedding gradient all-reduce between
+the first and last stage.
 
 MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
 fp8 runs also report `mfu_fp8` against the dense fp8 peak. Model FLOPs follow the requested
@@ -47,7 +46,14 @@ from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload, num_microbatches, validate_layout
 from ..theory.flops import full_recompute_layer_mask, iteration_flops
-from ..theory.memory import GIB, ActivationOptions, MemoryAllowance, StageMemory, memory_per_stage
+from ..theory.memory import (
+    GIB,
+    ActivationOptions,
+    MemoryAllowance,
+    StageMemory,
+    memory_per_stage,
+    optimizer_shard_parameters,
+)
 from ..theory.params import ParameterCounts, stage_layer_range, stage_parameters
 from . import defaults as d
 from .calibration import Calibration
@@ -506,8 +512,7 @@ def stage_time(
             emb = g * padded * h / tp
             exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
         extra["dp"] = exposed
-        distributed = parallel.use_distributed_optimizer
-        shard = counts.dense / dp_group + counts.experts / edp if distributed else counts.total
+        shard = optimizer_shard_parameters(counts, parallel)
         opt_bytes = d.OPTIMIZER_BYTES_PER_PARAM + (d.OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 if bf16_grads else 0.0)
         opt = memory_bound_time_s(opt_bytes * shard, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
         zero_bytes = d.GRAD_ZERO_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_ZERO_BYTES_PER_PARAM
