@@ -62,6 +62,8 @@ def test_parallel_derived_sizes():
         (dict(num_gpus=0), "num_gpus"),
         (dict(num_gpus=8, tp=0), "tp"),
         (dict(num_gpus=8, ep=3), "ep"),
+        (dict(num_gpus=8, grad_reduce_in_fp32="no"), "grad_reduce_in_fp32"),
+        (dict(num_gpus=8, use_distributed_optimizer=1), "use_distributed_optimizer"),
     ],
 )
 def test_parallel_config_errors(kwargs, field):

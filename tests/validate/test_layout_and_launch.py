@@ -31,6 +31,8 @@ def test_layout_rejects_bad_input():
         Layout(model="Qwen3-8B", seq_length=4096, steps=0)
     with pytest.raises(ConfigError, match="pp"):
         Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, pp=2, num_layers=3).check()
+    with pytest.raises(ConfigError, match="^grad_reduce_in_fp32: must be true or false, got 'no'$"):
+        Layout.from_dict({"model": "Qwen3-8B", "seq_length": 8, "grad_reduce_in_fp32": "no"})
 
 
 def test_from_configs_and_file(tmp_path):

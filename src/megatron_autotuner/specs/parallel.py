@@ -64,6 +64,9 @@ class ParallelConfig:
         if self.tp == 1 and self.sequence_parallel:
             # Megatron-LM turns sequence parallelism off when tp == 1 (nothing to split).
             object.__setattr__(self, "sequence_parallel", False)
+        for name in ("sequence_parallel", "use_distributed_optimizer", "grad_reduce_in_fp32", "tp_comm_overlap"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.cp_comm_type not in ("p2p", "a2a", "allgather"):
             raise ConfigError("cp_comm_type", f"must be p2p, a2a or allgather, got {self.cp_comm_type!r}")
         model_parallel = self.tp * self.pp * self.cp
