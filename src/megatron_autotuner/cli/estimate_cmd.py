@@ -109,8 +109,7 @@ def run(args: argparse.Namespace) -> int:
     trows += [[f"exposed comm: {k}", v] for k, v in b["exposed_comm"].items()]
     trows += [["pipeline bubble", b["bubble"]], ["optimizer", b["optimizer"]], ["total", b["total"]]]
     out.print(make_table("Where the step time goes (s, critical stage)", ["", "seconds"], trows))
-    mrows = [[MEMORY_ROW_LABELS.get(k, k), v] for k, v in est.memory_breakdown_gib.items() if k != "stage"]
-    if not est.memory_breakdown_gib.get("optimizer_step"):
-        mrows = [r for r in mrows if r[0] != MEMORY_ROW_LABELS["optimizer_step"]]
+    shown = {k: v for k, v in est.memory_breakdown_gib.items() if k != "stage" and (k != "optimizer_step" or v)}
+    mrows = [[MEMORY_ROW_LABELS.get(k, k), v] for k, v in shown.items()]
     out.print(make_table(f"Memory of the peak stage ({est.memory_breakdown_gib['stage']}) GiB", ["", "GiB"], mrows))
     return 0
