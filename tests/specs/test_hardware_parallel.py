@@ -97,6 +97,12 @@ def test_parallel_config_errors(kwargs, field):
         ),
         ("Llama-3.1-8B", dict(num_gpus=8, tp=2, tp_comm_overlap=True), {}, "tp_comm_overlap"),
         ("Llama-3.1-8B", dict(num_gpus=8), dict(max_token_len=1024), "max_token_len"),
+        (
+            "Llama-3.1-8B",
+            dict(num_gpus=8, use_distributed_optimizer=False),
+            dict(precision="fp8", fp8_param=True),
+            "fp8_param",
+        ),
     ],
 )
 def test_layout_rules(model, parallel, workload, field):
@@ -128,3 +134,28 @@ def test_workload_errors():
         Workload(seq_length=10, mode="forward", recompute=RecomputeConfig("full"))
     with pytest.raises(ConfigError, match="^recompute_modules"):
         RecomputeConfig("selective", modules=("attention",))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(precision="fp8", fp8_recipe="mxfp8"), "fp8_recipe: must be one of delayed, tensorwise, got 'mxfp8'"),
+        (dict(fp8_recipe="tensorwise"), "fp8_recipe: 'tensorwise' needs precision fp8, got 'bf16'"),
+        (dict(fp8_param=True), "fp8_param: needs precision fp8, got 'bf16'"),
+        (dict(precision="fp8", fp8_param="yes"), "fp8_param: must be true or false, got 'yes'"),
+    ],
+)
+def test_fp8_workload_errors(kwargs, message):
+    with pytest.raises(ConfigError) as info:
+        Workload(seq_length=4096, **kwargs)
+    assert str(info.value).startswith(message)
+
+
+def test_fp8_params_allowed_without_distributed_optimizer_in_forward_mode():
+    """Megatron-LM refuses --fp8-param-gather without the distributed optimizer only when training."""
+    spec = load_model_spec("Llama-3.1-8B")
+    fwd = Workload(seq_length=4096, global_batch_size=8, precision="fp8", fp8_param=True, mode="forward")
+    validate_layout(spec, ParallelConfig(num_gpus=8, use_distributed_optimizer=False), fwd)
+    assert fwd.precision_label == "fp8 fp8-params"
+    assert Workload(seq_length=8, precision="fp8", fp8_recipe="tensorwise").precision_label == "fp8-tensorwise"
+    assert Workload(seq_length=8).precision_label == "bf16"

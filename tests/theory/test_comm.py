@@ -2,6 +2,7 @@ import pytest
 
 from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, load_model_spec
 from megatron_autotuner.theory.comm import comm_bytes_by_dimension, stage_comm_volumes, wire_factor
+from megatron_autotuner.theory.params import stage_parameters
 
 
 def by_key(volumes):
@@ -54,6 +55,24 @@ def test_dp_distributed_optimizer_volumes():
         )
     )
     assert plain[("dp", "all_reduce")].wire_bytes == pytest.approx(4 * n * 2 * 7 / 8)
+
+
+def test_fp8_params_are_all_gathered_in_fp8():
+    """--fp8-param-gather: the TE linear weights (decoder, experts) travel in fp8, 1 byte; the word embedding,
+    final norm and output layer stay bf16. Gradients are reduced as before."""
+    for name, ep in (("Llama-3.1-8B", 1), ("Qwen3-30B-A3B", 4)):
+        model = load_model_spec(name)
+        p = ParallelConfig(num_gpus=8, ep=ep)
+        w = Workload(seq_length=4096, global_batch_size=8, precision="fp8")
+        bf16 = by_key(stage_comm_volumes(model, p, w, 0))
+        fp8 = by_key(stage_comm_volumes(model, p, w.replace(fp8_param=True), 0))
+        c = stage_parameters(model, p, 0)
+        assert bf16[("dp", "all_gather")].message_bytes == 2 * c.dense
+        assert fp8[("dp", "all_gather")].message_bytes == 2 * c.dense - c.decoder_dense
+        assert fp8[("dp", "reduce_scatter")] == bf16[("dp", "reduce_scatter")]
+        if ep > 1:
+            assert fp8[("edp", "all_gather")].message_bytes == c.experts
+            assert bf16[("edp", "all_gather")].message_bytes == 2 * c.experts
 
 
 def test_pp_cp_ep_volumes():

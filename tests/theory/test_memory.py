@@ -134,6 +134,43 @@ def test_bf16_main_grads_match_the_megatron_docs_table():
     assert fwd.gradients_bytes == 0 and fwd.optimizer_step_bytes == 0
 
 
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_weights_cache_only_te_linear_weights(recipe):
+    """fp8 keeps a cached fp8 copy + transpose of every TE linear weight: +2 bytes per decoder parameter and
+    nothing for the word embedding or the output layer (megatron-core's own ColumnParallelLinear runs bf16).
+    With fp8 parameters the TE weights are fp8 + transpose and no bf16 copy is kept: 2 bytes, as in bf16."""
+    model = load_model_spec("Llama-3.1-8B")  # untied: embedding and output layer 525 M parameters each
+    p = ParallelConfig(num_gpus=8)
+    fp8 = Workload(seq_length=4096, global_batch_size=8, precision="fp8", fp8_recipe=recipe)
+    st = stage_memory(model, p, fp8, 0)
+    c = st.parameters
+    assert c.embedding > 0 and c.output_layer > 0
+    assert st.weights_bytes == 2 * c.total + 2 * c.decoder_dense
+    params = stage_memory(model, p, fp8.replace(fp8_param=True), 0)
+    assert params.weights_bytes == 2 * c.total
+    assert params.gradients_bytes == st.gradients_bytes and params.optimizer_bytes == st.optimizer_bytes
+    bf16 = stage_memory(model, p, Workload(seq_length=4096, global_batch_size=8), 0)
+    assert params.allocated_bytes == bf16.allocated_bytes
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4]),
+    pp=st.sampled_from([1, 2]),
+    dp=st.sampled_from([1, 2, 8]),
+    mode=st.sampled_from(["train", "forward"]),
+)
+def test_fp8_params_never_need_more_memory(tp, pp, dp, mode):
+    w = Workload(2048, 1, 4 * dp, precision="fp8", mode=mode)
+    sizes = dict(tp=tp, pp=pp, cp=1, ep=1, dp=dp)
+    try:
+        cached = peak(SMALL_DENSE, **sizes, workload=w)
+        params = peak(SMALL_DENSE, **sizes, workload=w.replace(fp8_param=True))
+    except ConfigError:
+        assume(False)
+    assert params < cached
+
+
 def test_optimizer_step_sets_the_peak_only_when_it_outgrows_the_activations():
     model = load_model_spec("Llama-3.1-8B")
     w = Workload(seq_length=128, global_batch_size=1)  # tiny activations

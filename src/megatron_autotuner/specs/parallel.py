@@ -19,6 +19,11 @@ RECOMPUTE_METHODS = ("uniform", "block")
 # megatron-core TransformerConfig.recompute_modules (0.14+).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 PRECISIONS = ("bf16", "fp8")
+# Megatron-LM's --fp8-recipe values this tool models: Transformer Engine's delayed scaling (scale from the amax
+# history of earlier iterations) and per-tensor current scaling ("tensorwise", NVIDIA's FP8-CS recipes: the scale
+# of each tensor from its own amax, an extra read of the tensor before the cast). mxfp8 (Blackwell) and blockwise
+# (DeepSeek-style 1x128 / 128x128 tiles) scale per block and run different GEMM kernels, not measured here.
+FP8_RECIPES = ("delayed", "tensorwise")
 MODES = ("train", "forward")
 
 
@@ -154,6 +159,9 @@ class Workload:
 
     `max_token_len`, when set, is verl's dynamic batching: each micro-batch packs up to that many
     tokens per GPU (sequences of `seq_length` each at most), replacing the fixed micro-batch.
+    With precision fp8: `fp8_recipe` is Megatron-LM's `--fp8-recipe` (delayed | tensorwise) and `fp8_param`
+    its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
+    linear weights are stored in fp8 and all-gathered in fp8 instead of bf16.
     """
 
     seq_length: int
@@ -163,12 +171,27 @@ class Workload:
     precision: str = "bf16"
     mode: str = "train"
     max_token_len: int | None = None
+    fp8_recipe: str = "delayed"
+    fp8_param: bool = False
 
     def __post_init__(self) -> None:
         for name in ("seq_length", "micro_batch_size", "global_batch_size"):
             _positive(name, getattr(self, name))
         if self.precision not in PRECISIONS:
             raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ConfigError(
+                "fp8_recipe",
+                f"must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r} "
+                "(mxfp8 and blockwise scaling are not modelled)",
+            )
+        if self.fp8_recipe != "delayed" and self.precision != "fp8":
+            raise ConfigError("fp8_recipe", f"{self.fp8_recipe!r} needs precision fp8, got {self.precision!r}")
+        if not isinstance(self.fp8_param, bool):
+            raise ConfigError("fp8_param", f"must be true or false, got {self.fp8_param!r}")
+        if self.fp8_param and self.precision != "fp8":
+            # megatron-core TransformerConfig: "fp8_param must be used together with fp8 mode."
+            raise ConfigError("fp8_param", f"needs precision fp8, got {self.precision!r}")
         if self.mode not in MODES:
             raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.max_token_len is not None:
@@ -186,6 +209,12 @@ class Workload:
     @property
     def is_training(self) -> bool:
         return self.mode == "train"
+
+    @property
+    def precision_label(self) -> str:
+        """'bf16', 'fp8' (delayed scaling), 'fp8-tensorwise'; ' fp8-params' appended with fp8 parameters."""
+        label = self.precision if self.fp8_recipe == "delayed" else f"{self.precision}-{self.fp8_recipe}"
+        return label + (" fp8-params" if self.fp8_param else "")
 
     def replace(self, **changes: Any) -> Workload:
         return dataclasses.replace(self, **changes)
@@ -247,6 +276,9 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
         )
     if parallel.tp_comm_overlap and not parallel.sequence_parallel:
         raise ConfigError("tp_comm_overlap", "needs sequence_parallel (TE userbuffers overlap the SP collectives)")
+    if workload.fp8_param and workload.is_training and not parallel.use_distributed_optimizer:
+        # Megatron-LM validate_args: --fp8-param-gather needs the distributed optimizer (or FSDP) when training.
+        raise ConfigError("fp8_param", "needs the distributed optimizer when training (Megatron-LM --fp8-param-gather)")
     if workload.max_token_len is None:
         per_step = workload.micro_batch_size * parallel.dp
         if workload.global_batch_size % per_step:

@@ -16,7 +16,8 @@ Where the collectives come from (megatron-core):
   dK,dV. a2a (Ulysses): all-to-all of Q,K,V in and of the output back, both passes.
 - PP: one activation send and one gradient send per micro-batch per stage boundary (x vpp).
 - DP: distributed optimizer reduce-scatters the main grads (fp32, or bf16 with --grad-reduce-in-bf16)
-  and all-gathers bf16 params over dp*cp (experts over edp); without it, an all-reduce of the main
+  and all-gathers bf16 params over dp*cp (experts over edp; TE linear weights in fp8 with fp8 parameters,
+  `memory.param_gather_bytes`); without it, an all-reduce of the main
   grads. Tied embeddings with pp > 1: an all-reduce of the embedding gradient between first and last
   stage.
 """
@@ -28,7 +29,7 @@ from dataclasses import asdict, dataclass
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload, num_microbatches
 from .flops import full_recompute_layer_mask
-from .memory import local_tokens
+from .memory import local_tokens, param_gather_bytes
 from .params import stage_layer_range, stage_parameters
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
@@ -154,11 +155,12 @@ def stage_comm_volumes(
         dp_group = parallel.dp * cp
         g = float(parallel.main_grad_bytes)
         if parallel.use_distributed_optimizer:
+            dense_gather, expert_gather = param_gather_bytes(counts, workload)
             out.append(CommVolume("dp", "reduce_scatter", dp_group, g * counts.dense, 1, "step"))
-            out.append(CommVolume("dp", "all_gather", dp_group, 2.0 * counts.dense, 1, "step"))
+            out.append(CommVolume("dp", "all_gather", dp_group, dense_gather, 1, "step"))
             if counts.experts:
                 out.append(CommVolume("edp", "reduce_scatter", parallel.edp, g * counts.experts, 1, "step"))
-                out.append(CommVolume("edp", "all_gather", parallel.edp, 2.0 * counts.experts, 1, "step"))
+                out.append(CommVolume("edp", "all_gather", parallel.edp, expert_gather, 1, "step"))
         else:
             out.append(CommVolume("dp", "all_reduce", dp_group, g * counts.dense, 1, "step"))
             if counts.experts:

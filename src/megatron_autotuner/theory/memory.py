@@ -2,7 +2,11 @@
 
 Model state (Megatron-LM with bf16, per parameter; Megatron-LM docs, "Distributed Optimizer"):
 - weights: bf16, 2 bytes; fp8 training keeps bf16 weights plus a cached fp8 copy and its
-  transpose of every linear weight (Transformer Engine caches them across micro-batches): +2 bytes;
+  transpose of every TE linear weight (Transformer Engine caches them across micro-batches; Hopper's
+  fp8 GEMMs take both operands K-major, so dgrad needs the transpose): +2 bytes. With fp8 parameters
+  (`Workload.fp8_param`, Megatron-LM's --fp8-param-gather) those weights are stored in fp8 (1 byte,
+  in the DDP parameter buffer) plus the transpose (1 byte) and no bf16 copy exists: 2 bytes, as bf16.
+  The word embedding and megatron-core's output layer (a plain `ColumnParallelLinear`) stay bf16;
 - gradients: fp32 main-grad buffer, 4 bytes (Megatron-LM's `accumulate_allreduce_grads_in_fp32`,
   its default with bf16), full size on every rank; 2 bytes with `--grad-reduce-in-bf16`
   (`ParallelConfig.grad_reduce_in_fp32=False`);
@@ -349,12 +353,33 @@ class StageMemory:
         }
 
 
+FP8_BYTES = 1
+
+
+def fp8_weight_parameters(counts: ParameterCounts) -> int:
+    """Parameters Transformer Engine runs in fp8: the TE linear layers of the decoder (and MTP), taken as all
+    decoder parameters (their norm weights and the MoE router, < 0.1%, are not cast). The word embedding and
+    megatron-core's output layer (`tensor_parallel.ColumnParallelLinear`, not TE) stay bf16."""
+    return counts.decoder_dense + counts.mtp_dense + counts.experts
+
+
+def param_gather_bytes(counts: ParameterCounts, workload: Workload) -> tuple[float, float]:
+    """(dense, expert) bytes the distributed optimizer all-gathers per step: bf16, 2 per parameter; with fp8
+    parameters the TE linear weights travel in fp8, 1 byte (megatron-core keeps them in a uint8 buffer)."""
+    dense, experts = BF16_BYTES * float(counts.dense), BF16_BYTES * float(counts.experts)
+    if workload.precision == "fp8" and workload.fp8_param:
+        dense -= (BF16_BYTES - FP8_BYTES) * (counts.decoder_dense + counts.mtp_dense)
+        experts -= (BF16_BYTES - FP8_BYTES) * counts.experts
+    return dense, experts
+
+
 def _model_state_bytes(
-    counts: ParameterCounts, parallel: ParallelConfig, workload: Workload, linear_fraction: float
+    counts: ParameterCounts, parallel: ParallelConfig, workload: Workload
 ) -> tuple[float, float, float]:
     weight_bytes = BF16_BYTES * counts.total
-    if workload.precision == "fp8":
-        weight_bytes += 2 * linear_fraction * counts.total  # cached fp8 weight + transpose
+    if workload.precision == "fp8" and not workload.fp8_param:
+        weight_bytes += 2 * fp8_weight_parameters(counts)  # cached fp8 weight + transpose
+    # fp8 parameters: fp8 weight + transpose = 2 bytes, in place of the bf16 weight
     if not workload.is_training:
         return weight_bytes, 0.0, 0.0
     grads = parallel.main_grad_bytes * counts.total
@@ -470,15 +495,6 @@ def _stage_activations(
     return sum(detail.values()), detail, in_flight
 
 
-def _linear_weight_fraction(model: ModelSpec) -> float:
-    """Share of parameters that sit in linear layers (what fp8 caches); norms and embeddings are not."""
-    from .params import total_parameters
-
-    counts = total_parameters(model).counts
-    non_linear = counts.embedding + counts.final_norm
-    return 1.0 - non_linear / counts.total if counts.total else 0.0
-
-
 def stage_memory(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -490,8 +506,7 @@ def stage_memory(
 ) -> StageMemory:
     """Peak memory of one rank of pipeline stage `stage`."""
     counts = stage_parameters(model, parallel, stage, padded_vocab_size)
-    linear_fraction = _linear_weight_fraction(model) if workload.precision == "fp8" else 0.0
-    weights, grads, optimizer = _model_state_bytes(counts, parallel, workload, linear_fraction)
+    weights, grads, optimizer = _model_state_bytes(counts, parallel, workload)
     activations, detail, in_flight = _stage_activations(model, parallel, workload, stage, options, padded_vocab_size)
     return StageMemory(
         stage=stage,
