@@ -119,3 +119,76 @@ def test_bf16_main_grads_optimizer_step_bytes():
     expected += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM_BF16 * counts.total, H200, 1)
     expected += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM_BF16 * counts.total, H200, 1)
     assert est.time.stages[0].step_extra["optimizer"] == pytest.approx(expected)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    layout=st.sampled_from([dict(num_gpus=2), dict(num_gpus=2, tp=2, sequence_parallel=True), dict(num_gpus=4, pp=2)]),
+    mode=st.sampled_from(["train", "forward"]),
+)
+def test_tensorwise_fp8_is_never_faster_than_delayed(layout, mode):
+    """Per-tensor current scaling reads every tensor once more for its amax before the cast: the memory-bound
+    time grows, the GEMMs do not change."""
+    p = ParallelConfig(**layout)
+    w = Workload(4096, 1, 8, precision="fp8", mode=mode)
+    delayed, tensorwise = _step(DENSE, p, w), _step(DENSE, p, w.replace(fp8_recipe="tensorwise"))
+    assert tensorwise.step_time_s > delayed.step_time_s
+    assert tensorwise.time.breakdown["compute"]["gemm"] == delayed.time.breakdown["compute"]["gemm"]
+    assert tensorwise.time.breakdown["compute"]["memory_bound"] > delayed.time.breakdown["compute"]["memory_bound"]
+
+
+def test_fp8_cast_bytes_per_layer():
+    """Each TE GEMM input (forward) and output gradient (backward) is cast once per micro-batch: the difference
+    between the recipes is 2 bytes per element of exactly those tensors (`defaults.FP8_CAST_BYTES_PER_ELEMENT`)."""
+    from megatron_autotuner.costmodel.compute import memory_bound_time_s
+    from megatron_autotuner.costmodel.layer import LayerContext, gemm_shapes, layer_cost
+    from megatron_autotuner.specs.hardware import ClusterSpec
+
+    ctx = LayerContext(cluster=ClusterSpec(H200, 1), tokens=4096.0, seq_length=4096, precision="fp8")
+    shapes = gemm_shapes(DENSE, 0, ctx)
+    inputs = sum(m * k * g for op, (m, n, k, g) in shapes.items() if op != "router")
+    out_grads = sum(m * n * g for op, (m, n, k, g) in shapes.items() if op != "router")
+    costs = {r: layer_cost(DENSE, 0, replace(ctx, fp8_recipe=r)) for r in ("delayed", "tensorwise")}
+    kernels = {r: d.FP8_CAST_KERNELS[r] * len([op for op in shapes if op != "router"]) for r in costs}
+    for phase, elements in (("fwd", inputs), ("bwd", out_grads)):
+        grown = (
+            getattr(costs["tensorwise"], phase).parts["memory_bound"]
+            - getattr(costs["delayed"], phase).parts["memory_bound"]
+        )
+        expected = memory_bound_time_s(6.0 * elements, H200, kernels["tensorwise"]) - memory_bound_time_s(
+            4.0 * elements, H200, kernels["delayed"]
+        )
+        assert grown == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_fp8_params_step_extras_bytes(recipe):
+    """Once per step, byte by byte (`defaults`): without fp8 parameters TE casts every bf16 TE weight (decoder
+    parameters, not the embedding / output layer) at the first micro-batch; with them the optimizer casts its
+    fp32 master shard to fp8 instead of copying it to bf16, the transposes are rebuilt after the all-gather,
+    and the all-gather moves 1 byte per TE weight."""
+    from megatron_autotuner.costmodel.compute import memory_bound_time_s
+    from megatron_autotuner.costmodel.estimate import padded_vocab, stage_parameter_counts
+
+    p = ParallelConfig(2)
+    w = Workload(4096, 1, 8, precision="fp8", fp8_recipe=recipe)
+    counts = stage_parameter_counts(DENSE, p, 0, padded_vocab(DENSE, 1))
+    base = memory_bound_time_s(d.OPTIMIZER_BYTES_PER_PARAM * counts.total / 2, H200, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+    base += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, H200, 1)
+    base += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, H200, 1)
+    cast = memory_bound_time_s(
+        d.FP8_CAST_BYTES_PER_ELEMENT[recipe] * counts.decoder_dense, H200, d.FP8_CAST_KERNELS[recipe]
+    )
+    cached = _step(DENSE, p, w)
+    assert cached.time.stages[0].step_extra["optimizer"] == pytest.approx(base + cast)
+    params = _step(DENSE, p, w.replace(fp8_param=True))
+    shard_bytes = d.OPTIMIZER_BYTES_PER_PARAM * counts.total / 2 + (
+        d.OPTIMIZER_FP8_CAST_BYTES_PER_PARAM[recipe] - d.OPTIMIZER_BF16_COPY_BYTES_PER_PARAM
+    ) * (counts.decoder_dense / 2)
+    expected = memory_bound_time_s(shard_bytes, H200, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+    expected += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, H200, 1)
+    expected += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, H200, 1)
+    expected += memory_bound_time_s(d.FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM * counts.decoder_dense, H200, 1)
+    assert params.time.stages[0].step_extra["optimizer"] == pytest.approx(expected)
+    # the parameter all-gather is shorter, so exposed DP time never grows
+    assert params.time.breakdown["exposed_comm"]["dp"] <= cached.time.breakdown["exposed_comm"]["dp"]

@@ -190,6 +190,27 @@ OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 = 6.0
 # 370 us per micro-batch for 151936 x 4096 in the DP2 trace (184 us at TP2), 0.7 of HBM.
 EMBEDDING_GRAD_FILL_BYTES_PER_PARAM = 2.0
 
+# ---- fp8 casts ----------------------------------------------------------------------------------
+# Bytes streamed per element when Transformer Engine quantizes a GEMM input (forward) or an output gradient
+# (backward) on Hopper: delayed scaling takes the scale from the amax history and casts in one fused
+# cast-transpose kernel (read bf16 2, write fp8 1 and its transpose 1: 4); per-tensor current scaling
+# ("tensorwise") first reads the tensor once more for its amax (TE `nvte_compute_amax`, then the cast): 6,
+# in two kernels. With sequence parallelism the amaxes of the gathered inputs are also all-reduced over the
+# TP group (4-byte messages, latency only; not modelled). Byte counts from the kernels' inputs and outputs,
+# not measured here for tensorwise; delayed scaling's 4 is what the H100 fp8 runs of
+# benchmarks/results/validation_h100_x1 were predicted with.
+FP8_CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0}
+FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 2}
+# Once per step the fp8 weights are made: without fp8 parameters TE casts each bf16 TE linear weight at the
+# first micro-batch (the same bytes per element as an activation cast, by recipe); with fp8 parameters
+# (--fp8-param-gather) the optimizer writes the fp8 weight shard straight from the fp32 master (TE
+# `cast_master_weights_to_fp8`; read 4, write 1, plus a read of 4 for the amax with current scaling) instead
+# of the bf16 copy counted in OPTIMIZER_BYTES_PER_PARAM (read 4, write 2), and after the parameter all-gather
+# the transposes are rebuilt (megatron-core `post_all_gather_processing`: read 1, write 1 per local weight).
+OPTIMIZER_BF16_COPY_BYTES_PER_PARAM = 6.0
+OPTIMIZER_FP8_CAST_BYTES_PER_PARAM = {"delayed": 5.0, "tensorwise": 9.0}
+FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
+
 # ---- output layer -------------------------------------------------------------------------------
 # Bytes streamed per local vocabulary entry per token by the vocab-parallel cross-entropy,
 # (forward, backward). Fused (--cross-entropy-loss-fusion): one pass reads the bf16 logits and

@@ -16,7 +16,8 @@ and loss, or the first, holding the embedding) decides the step. Pipeline send/r
 1F1B; interleaving overlaps it (megatron's overlap_p2p_comm) except while filling the pipeline.
 
 After the last micro-batch (training): data-parallel gradient reduce-scatter (fp32 main grads, bf16 with
---grad-reduce-in-bf16) and parameter all-gather (bf16) of the distributed optimizer (all-reduce without
+--grad-reduce-in-bf16) and parameter all-gather (bf16; fp8 for TE linear weights with --fp8-param-gather) of
+the distributed optimizer (all-reduce without
 it), over dp*cp ranks for dense and edp ranks for expert parameters. With --overlap-grad-reduce /
 --overlap-param-gather they run under the backward / forward of one micro-batch;
 exposed = max(t - window, t * tail) where the tail is the share of the last bucket (40M parameters, or
@@ -24,7 +25,8 @@ the word embedding on the stage that holds it: buckets do not split parameters) 
 "optimizer" (memory-bound, on the compute stream): the in-place 1/(dp*cp) gradient scaling before the
 reduce-scatter, grad-norm clipping, the Adam step and the copy into the bf16 weights
 (`defaults.OPTIMIZER_BYTES_PER_PARAM`, plus the fp32 cast of a bf16 gradient shard), grad zeroing and
-the fp8 weight casts; exposed with the DP communication, the tied-embedding gradient all-reduce between
+the fp8 weight casts (or, with fp8 parameters, the master-to-fp8 cast and the transposes rebuilt after the
+all-gather); exposed with the DP communication, the tied-embedding gradient all-reduce between
 the first and last stage.
 
 MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
@@ -35,6 +37,7 @@ add recomputed forward work.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -51,8 +54,10 @@ from ..theory.memory import (
     ActivationOptions,
     MemoryAllowance,
     StageMemory,
+    fp8_weight_parameters,
     memory_per_stage,
     optimizer_shard_parameters,
+    param_gather_bytes,
 )
 from ..theory.params import ParameterCounts, stage_layer_range, stage_parameters
 from . import defaults as d
@@ -367,6 +372,7 @@ def stage_time(
         tokens=tokens,
         seq_length=workload.seq_length,
         precision=workload.precision,
+        fp8_recipe=workload.fp8_recipe,
         training=training,
         full_recompute=False,
         recompute_modules=tuple(sorted(rc.modules)) if (training and rc.granularity == "selective") else (),
@@ -489,11 +495,12 @@ def stage_time(
         grad_t = gather_t = 0.0
         g = float(mg)
         if parallel.use_distributed_optimizer:
+            dense_gather, expert_gather = param_gather_bytes(counts, workload)
             grad_t += collective_time_s("reduce_scatter", dp_group, g * counts.dense, cluster, dense_stride)
-            gather_t += collective_time_s("all_gather", dp_group, 2.0 * counts.dense, cluster, dense_stride)
+            gather_t += collective_time_s("all_gather", dp_group, dense_gather, cluster, dense_stride)
             if counts.experts:
                 grad_t += collective_time_s("reduce_scatter", edp, g * counts.experts, cluster, expert_stride)
-                gather_t += collective_time_s("all_gather", edp, 2.0 * counts.experts, cluster, expert_stride)
+                gather_t += collective_time_s("all_gather", edp, expert_gather, cluster, expert_stride)
         else:
             grad_t += collective_time_s("all_reduce", dp_group, g * counts.dense, cluster, dense_stride)
             if counts.experts:
@@ -514,15 +521,28 @@ def stage_time(
         extra["dp"] = exposed
         shard = optimizer_shard_parameters(counts, parallel)
         opt_bytes = d.OPTIMIZER_BYTES_PER_PARAM + (d.OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 if bf16_grads else 0.0)
-        opt = memory_bound_time_s(opt_bytes * shard, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+        opt_bytes_total = opt_bytes * shard
+        fp8_params = fp8_weight_parameters(counts) if workload.precision == "fp8" else 0
+        if fp8_params and workload.fp8_param:
+            # the optimizer writes fp8 weights from the fp32 master instead of bf16 copies
+            fp8_shard = optimizer_shard_parameters(
+                dataclasses.replace(counts, embedding=0, final_norm=0, output_layer=0), parallel
+            )
+            cast = d.OPTIMIZER_FP8_CAST_BYTES_PER_PARAM[workload.fp8_recipe] - d.OPTIMIZER_BF16_COPY_BYTES_PER_PARAM
+            opt_bytes_total += cast * fp8_shard
+        opt = memory_bound_time_s(opt_bytes_total, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
         zero_bytes = d.GRAD_ZERO_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_ZERO_BYTES_PER_PARAM
         opt += memory_bound_time_s(zero_bytes * counts.total, gpu, 1)
         if dp_group > 1:
             # gradients scaled by 1/(dp*cp) in place before their reduce-scatter, on the compute stream
             scale_bytes = d.GRAD_SCALE_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_SCALE_BYTES_PER_PARAM
             opt += memory_bound_time_s(scale_bytes * counts.total, gpu, 1)
-        if workload.precision == "fp8":
-            opt += memory_bound_time_s(4.0 * counts.total, gpu, 1)
+        if fp8_params and workload.fp8_param:
+            opt += memory_bound_time_s(d.FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM * fp8_params, gpu, 1)
+        elif fp8_params:
+            # TE casts each bf16 weight to fp8 (and its transpose) at the first micro-batch
+            weight_cast = d.FP8_CAST_BYTES_PER_ELEMENT[workload.fp8_recipe] * fp8_params
+            opt += memory_bound_time_s(weight_cast, gpu, d.FP8_CAST_KERNELS[workload.fp8_recipe])
         extra["optimizer"] = opt
     return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra), note
 

@@ -20,7 +20,8 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   fractions in `defaults`). MoE adds router softmax/top-k (fp32,
   10*E*T/x each way), token permute + unpermute 8h*R (R = routed tokens on the rank) each way and
   the expert activation on R tokens. fp8 adds a cast of every TE GEMM input (fwd) and output grad
-  (bwd): 4 bytes per element (read bf16, write fp8 and its transpose).
+  (bwd): 4 bytes per element with delayed scaling (read bf16, write fp8 and its transpose), 6 with
+  per-tensor current scaling (an amax pass first; `defaults.FP8_CAST_BYTES_PER_ELEMENT`).
 - exposed tensor-parallel communication (alpha-beta, `collectives`). With sequence parallelism
   and no TP overlap: the forward all-gathers (qkv, fc1 inputs) and reduce-scatters (proj, fc2
   outputs) are exposed; backward, the all-gathers of the proj / fc2 output gradients are exposed,
@@ -76,6 +77,7 @@ class LayerContext:
     tokens: float = 1.0  # local tokens of one micro-batch (b*s/cp, averaged for dynamic batching)
     seq_length: int = 1
     precision: str = "bf16"
+    fp8_recipe: str = "delayed"  # with precision fp8: delayed | tensorwise (Megatron-LM --fp8-recipe)
     training: bool = True
     full_recompute: bool = False
     recompute_modules: tuple[str, ...] = ()  # selective recompute
@@ -277,16 +279,17 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     return out
 
 
-def _fp8_cast_bytes(shapes: dict[str, tuple[float, float, float, int]]) -> tuple[float, float, int]:
-    """fp8 casts of GEMM inputs (fwd) and output gradients (bwd): 4 bytes per element."""
+def _fp8_cast_bytes(shapes: dict[str, tuple[float, float, float, int]], recipe: str) -> tuple[float, float, int]:
+    """fp8 casts of GEMM inputs (fwd) and output gradients (bwd): (fwd bytes, bwd bytes, kernels per pass)."""
+    per_element = d.FP8_CAST_BYTES_PER_ELEMENT[recipe]
     fwd = bwd = 0.0
     count = 0
     for op, (m, n, k, groups) in shapes.items():
         if op == "router":
             continue
-        fwd += 4.0 * m * k * groups
-        bwd += 4.0 * m * n * groups
-        count += 1
+        fwd += per_element * m * k * groups
+        bwd += per_element * m * n * groups
+        count += d.FP8_CAST_KERNELS[recipe]
     return fwd, bwd, count
 
 
@@ -325,7 +328,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
     if "qk_norm" in mem and not model.multi_latent_attention:
         mem_bwd["qk_norm"] += 2 * d.QK_NORM_BWD_FINALIZE_S
     if ctx.precision == "fp8":
-        cf, cb, count = _fp8_cast_bytes(shapes)
+        cf, cb, count = _fp8_cast_bytes(shapes, ctx.fp8_recipe)
         mem_fwd["fp8_cast"] = memory_bound_time_s(cf, gpu, count)
         mem_bwd["fp8_cast"] = memory_bound_time_s(cb, gpu, count)
     _add(fwd, "memory_bound", sum(mem_fwd.values()))
