@@ -123,6 +123,54 @@ def test_plan_applies_bf16_main_grads_to_every_layout():
     assert len(bf16.candidates) > len(fp32.candidates)
 
 
+def test_exports_of_fp8_recipe_and_fp8_params():
+    """--fp8-recipe / --fp8-param-gather reach every launcher: Megatron-LM's flags; Bridge's mixed_precision
+    fields (all written: Bridge defaults to tensorwise); verl's override_transformer_config, override_ddp_config
+    and the actor optimizer's fp8_recipe (the distributed optimizer casts master weights by recipe)."""
+    m = load_model_spec("Llama-3.1-8B")
+    p = ParallelConfig(8)
+    w = Workload(8192, 1, 64, precision="fp8", fp8_recipe="tensorwise", fp8_param=True)
+    args = megatron_lm_args(m, p, w)
+    assert "--fp8-recipe tensorwise" in args and "--fp8-param-gather" in args
+    assert "--fp8-param-gather" not in megatron_lm_args(m, p, w.replace(fp8_param=False))
+    bridge = bridge_overrides(m, p, w)
+    assert bridge["mixed_precision.fp8_recipe"] == "tensorwise" and bridge["mixed_precision.fp8_param_gather"] is True
+    assert bridge_overrides(m, p, w.replace(fp8_param=False))["mixed_precision.fp8_param_gather"] is False
+    role = verl_megatron_snippet(m, p, w)["actor_rollout_ref"]["actor"]
+    assert role["megatron"]["override_transformer_config"] == {
+        "fp8": "hybrid",
+        "fp8_recipe": "tensorwise",
+        "fp8_param": True,
+    }
+    assert role["megatron"]["override_ddp_config"] == {"fp8_param_gather": True}
+    assert role["optim"] == {"override_optimizer_config": {"fp8_recipe": "tensorwise"}}
+    ref = verl_megatron_snippet(m, p, w.replace(mode="forward"))["actor_rollout_ref"]["ref"]
+    assert ref["megatron"]["override_transformer_config"]["fp8_param"] is True
+    assert "override_ddp_config" not in ref["megatron"] and "optim" not in ref
+    bf16 = verl_megatron_snippet(m, p, Workload(8192, 1, 64))["actor_rollout_ref"]["actor"]
+    assert "override_transformer_config" not in bf16["megatron"] and "optim" not in bf16
+
+
+def test_plan_with_fp8_params_needs_the_distributed_optimizer(capsys, tmp_path):
+    """`mat plan --precision fp8 --fp8-param-gather`: every ranked layout keeps the distributed optimizer (Megatron-LM
+    refuses fp8 parameters without it), weighs less than with cached fp8 weights, and exports the flags."""
+    m = load_model_spec("Llama-3.1-70B")
+    cached = plan(m, H100, 64, 8192, 128, precision="fp8")
+    params = plan(m, H100, 64, 8192, 128, precision="fp8", fp8_recipe="tensorwise", fp8_param=True)
+    assert all(c.parallel.use_distributed_optimizer and c.workload.fp8_param for c in params.candidates)
+    assert any("fp8_param: needs the distributed optimizer" in r.reason for r in params.rejections)
+    assert len(params.candidates) > len(cached.candidates)  # 2 bytes per TE weight less: more layouts fit
+    args = ["plan", "--model", "Llama-3.1-8B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "8192"]
+    args += ["--global-batch-size", "64", "--top", "1", "--no-chart", "--output-dir", str(tmp_path)]
+    args += ["--precision", "fp8", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    assert main(args) == 0
+    assert "fp8-tensorwise fp8-params" in capsys.readouterr().out
+    exported = (tmp_path / "rank_1" / "megatron_lm_args.txt").read_text()
+    assert "--fp8-recipe tensorwise" in exported and "--fp8-param-gather" in exported
+    assert main(args[:-5] + ["--fp8-param-gather"]) == 2  # without --precision fp8
+    assert "fp8_param: needs precision fp8" in capsys.readouterr().err
+
+
 def test_launch_environment_is_sourceable(tmp_path):
     """launch_env.sh sets what Megatron-LM asserts for TP / CP (CUDA_DEVICE_MAX_CONNECTIONS=1) and the allocator
     setting the memory prediction assumed; a DP-only layout with the default allocator needs nothing."""

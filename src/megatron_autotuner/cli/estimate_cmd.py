@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]{model.name}[/bold] on {p.num_gpus} x {gpu.name}: tp={p.tp} pp={p.pp} vpp={p.vpp or '-'} cp={p.cp} "
         f"dp={p.dp} ep={p.ep} etp={p.etp} sp={p.sequence_parallel} | seq={workload.seq_length} "
         f"mbs={workload.micro_batch_size} gbs={workload.global_batch_size} recompute={workload.recompute.granularity} "
-        f"{workload.precision} mode={workload.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
+        f"{workload.precision_label} mode={workload.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
     )
     rows = [
         ["step time (s)", est.step_time_s],

@@ -8,6 +8,7 @@ from ..errors import ConfigError
 from ..specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
 from ..specs.hardware import GPUSpec
 from ..specs.model import ModelSpec
+from ..specs.parallel import FP8_RECIPES, PRECISIONS
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,6 +52,23 @@ def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._Argumen
     )
 
 
+def add_precision_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--precision` and Megatron-LM's fp8 options `--fp8-recipe` / `--fp8-param-gather`."""
+    parser.add_argument("--precision", choices=list(PRECISIONS), default="bf16")
+    parser.add_argument(
+        "--fp8-recipe",
+        choices=list(FP8_RECIPES),
+        default="delayed",
+        help="with --precision fp8: delayed scaling, or per-tensor current scaling (tensorwise, NVIDIA's FP8-CS)",
+    )
+    parser.add_argument(
+        "--fp8-param-gather",
+        action="store_true",
+        help="with --precision fp8: keep TE linear weights in fp8 and all-gather them in fp8 (Megatron-LM's flag; "
+        "2 bytes per weight less, needs the distributed optimizer)",
+    )
+
+
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("workload")
     g.add_argument("--seq-len", type=int, required=True)
@@ -60,7 +78,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute-method", choices=["uniform", "block"], default="uniform")
     g.add_argument("--recompute-num-layers", type=int, default=1)
     g.add_argument("--recompute-modules", nargs="+", default=["core_attn"], help="for --recompute selective")
-    g.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
+    add_precision_arguments(g)
     g.add_argument("--mode", choices=["train", "forward"], default="train")
     g.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
     g.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
@@ -113,4 +131,6 @@ def workload_from_args(args: argparse.Namespace, parallel: ParallelConfig) -> Wo
         precision=args.precision,
         mode=args.mode,
         max_token_len=args.max_token_len,
+        fp8_recipe=args.fp8_recipe,
+        fp8_param=args.fp8_param_gather,
     )

@@ -13,6 +13,7 @@ from .layout_args import (
     add_gpu_arguments,
     add_grad_reduce_argument,
     add_model_arguments,
+    add_precision_arguments,
     gpu_from_args,
     model_from_args,
 )
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, required=True)
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--mode", choices=["train", "forward"], default="train")
-    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
+    add_precision_arguments(p)
     p.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
     p.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
     p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         memory_margin=args.memory_margin,
         options=options,
         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
+        fp8_recipe=args.fp8_recipe,
+        fp8_param=args.fp8_param_gather,
     )
     out_dir = output_dir_for("plan", args.output_dir)
     files = write_plan_report(result, out_dir, args.top, chart=not args.no_chart)
@@ -92,9 +95,11 @@ def run(args: argparse.Namespace) -> int:
         print_json(data)
         return 0
     out = console()
+    precision = result.base_workload.precision_label
     out.print(
         f"[bold]{model.name}[/bold] on {args.num_gpus} x {gpu.name}, seq {args.seq_len}, "
-        f"global batch {args.global_batch_size}, {args.mode}{', bf16 main grads' if args.grad_reduce_in_bf16 else ''}: "
+        f"global batch {args.global_batch_size}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
+        f"{', bf16 main grads' if args.grad_reduce_in_bf16 else ''}: "
         f"{result.considered} layouts considered, "
         f"{len(result.candidates)} fit, {len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
     )

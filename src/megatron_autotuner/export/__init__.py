@@ -50,7 +50,9 @@ def megatron_lm_args(model: ModelSpec, parallel: ParallelConfig, workload: Workl
     elif rc.granularity == "selective":
         args += ["--recompute-granularity selective", f"--recompute-modules {' '.join(rc.modules)}"]
     if w.precision == "fp8":
-        args += ["--fp8-format hybrid", "--fp8-recipe delayed"]
+        args += ["--fp8-format hybrid", f"--fp8-recipe {w.fp8_recipe}"]
+        if w.fp8_param:
+            args.append("--fp8-param-gather")
     args.append("--bf16")
     return args
 
@@ -58,10 +60,12 @@ def megatron_lm_args(model: ModelSpec, parallel: ParallelConfig, workload: Workl
 def bridge_overrides(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> dict[str, Any]:
     """Megatron-Bridge ConfigContainer overrides (`model.*`, `train.*`, `ddp.*`, `optimizer.*`, `mixed_precision.*`).
 
-    fp8 and bf16 main grads are set field by field on `mixed_precision` (the same fp8 format and recipe as the
-    Megatron-LM arguments; Bridge's named fp8 presets also turn on fp8 parameters, which the memory prediction
-    does not assume). bf16 main grads are set on both `ddp` and `mixed_precision`, as Bridge's performance
-    configs do: `MixedPrecisionConfig.setup` copies its `grad_reduce_in_fp32` over the DDP config's.
+    fp8 and bf16 main grads are set field by field on `mixed_precision`: the same fp8 format, recipe and fp8
+    parameters as the Megatron-LM arguments, all three written out (Bridge's `MixedPrecisionConfig` defaults to
+    the tensorwise recipe, and its named fp8 presets turn fp8 parameters on; `fp8_param_gather` sets both the
+    model's `fp8_param` and the DDP config's). bf16 main grads are set on both `ddp` and `mixed_precision`, as
+    Bridge's performance configs do: `MixedPrecisionConfig.setup` copies its `grad_reduce_in_fp32` over the DDP
+    config's.
     """
     p, w = parallel, workload
     out: dict[str, Any] = {
@@ -94,7 +98,8 @@ def bridge_overrides(model: ModelSpec, parallel: ParallelConfig, workload: Workl
         out["mixed_precision.grad_reduce_in_fp32"] = False
     if w.precision == "fp8":
         out["mixed_precision.fp8"] = "hybrid"
-        out["mixed_precision.fp8_recipe"] = "delayed"
+        out["mixed_precision.fp8_recipe"] = w.fp8_recipe
+        out["mixed_precision.fp8_param_gather"] = w.fp8_param
     return out
 
 
@@ -111,7 +116,12 @@ def bridge_overrides_yaml(model: ModelSpec, parallel: ParallelConfig, workload: 
 
 
 def verl_megatron_snippet(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> dict[str, Any]:
-    """verl `actor_rollout_ref.{actor,ref}.megatron` parallel settings (and dynamic batching)."""
+    """verl `actor_rollout_ref.{actor,ref}.megatron` parallel settings (and dynamic batching).
+
+    fp8 goes through verl's pass-through dicts, as verl's fp8 examples do: `override_transformer_config` (fp8,
+    fp8_recipe, fp8_param), `override_ddp_config.fp8_param_gather` and, for the actor with fp8 parameters,
+    `optim.override_optimizer_config.fp8_recipe` (the distributed optimizer casts master weights by recipe).
+    """
     p, w = parallel, workload
     megatron = {
         "tensor_model_parallel_size": p.tp,
@@ -124,9 +134,19 @@ def verl_megatron_snippet(model: ModelSpec, parallel: ParallelConfig, workload: 
     if model.is_moe:
         megatron["expert_model_parallel_size"] = p.ep
         megatron["expert_tensor_parallel_size"] = p.etp
+    ddp: dict[str, Any] = {}
     if w.is_training and not p.grad_reduce_in_fp32:
-        megatron["override_ddp_config"] = {"grad_reduce_in_fp32": False}
+        ddp["grad_reduce_in_fp32"] = False
+    if w.precision == "fp8":
+        fp8 = {"fp8": "hybrid", "fp8_recipe": w.fp8_recipe, "fp8_param": w.fp8_param}
+        megatron["override_transformer_config"] = fp8
+        if w.fp8_param and w.is_training:
+            ddp["fp8_param_gather"] = True
+    if ddp:
+        megatron["override_ddp_config"] = ddp
     role: dict[str, Any] = {"megatron": megatron}
+    if w.precision == "fp8" and w.fp8_param and w.is_training:
+        role["optim"] = {"override_optimizer_config": {"fp8_recipe": w.fp8_recipe}}
     if w.max_token_len is not None:
         role["use_dynamic_bsz"] = True
         key = "ppo_max_token_len_per_gpu" if w.is_training else "log_prob_max_token_len_per_gpu"

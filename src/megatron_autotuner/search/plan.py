@@ -162,11 +162,14 @@ def plan(
     options: CostOptions | None = None,
     explain_impossible: bool = True,
     grad_reduce_in_fp32: bool = True,
+    fp8_recipe: str = "delayed",
+    fp8_param: bool = False,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
-    `grad_reduce_in_fp32=False` (Megatron-LM's --grad-reduce-in-bf16) is a numerics choice the user makes, so
-    it is applied to every layout rather than searched.
+    `grad_reduce_in_fp32=False` (Megatron-LM's --grad-reduce-in-bf16), `fp8_recipe` and `fp8_param`
+    (--fp8-recipe, --fp8-param-gather) are numerics choices the user makes, so they are applied to every layout
+    rather than searched (fp8 parameters rule out layouts without the distributed optimizer).
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -177,7 +180,9 @@ def plan(
         options = CostOptions(memory_margin=memory_margin)
     elif options.memory_margin != memory_margin:
         options = CostOptions(**{**options.__dict__, "memory_margin": memory_margin})
-    base = Workload(seq_length, 1, global_batch_size, RecomputeConfig(), precision, mode, max_token_len)
+    base = Workload(
+        seq_length, 1, global_batch_size, RecomputeConfig(), precision, mode, max_token_len, fp8_recipe, fp8_param
+    )
     if precision == "fp8":
         gpu.peak_tflops("fp8")
     forward = mode == "forward"
@@ -261,18 +266,7 @@ def plan(
     if not candidates and explain_impossible:
         raise ConfigError(
             "num_gpus",
-            _does_not_fit_message(
-                model,
-                gpu,
-                num_gpus,
-                rejections,
-                memory_margin,
-                seq_length,
-                global_batch_size,
-                mode,
-                precision,
-                max_token_len,
-            ),
+            _does_not_fit_message(model, gpu, num_gpus, rejections, memory_margin, base, grad_reduce_in_fp32),
         )
     return PlanResult(
         model=model,
@@ -305,7 +299,8 @@ def _nearest_gpu_count_message(model: ModelSpec, gpu: GPUSpec, n: int, seq: int,
     )
 
 
-def _does_not_fit_message(model, gpu, n, rejections, margin, seq, gbs, mode, precision, max_token_len) -> str:
+def _does_not_fit_message(model, gpu, n, rejections, margin, base: Workload, grad_reduce_in_fp32: bool) -> str:
+    seq, gbs = base.seq_length, base.global_batch_size
     mem = [r for r in rejections if r.peak_memory_gib is not None]
     smallest = min(mem, key=lambda r: r.peak_memory_gib) if mem else None
     msg = f"no layout of {model.name} fits {n} x {gpu.name} ({gpu.hbm_gib:.1f} GiB, margin {margin:g})"
@@ -320,10 +315,13 @@ def _does_not_fit_message(model, gpu, n, rejections, margin, seq, gbs, mode, pre
                 m,
                 seq,
                 gbs * factor if gbs % m and gbs < m else gbs,
-                mode=mode,
-                precision=precision,
-                max_token_len=max_token_len,
+                mode=base.mode,
+                precision=base.precision,
+                max_token_len=base.max_token_len,
                 memory_margin=margin,
+                grad_reduce_in_fp32=grad_reduce_in_fp32,
+                fp8_recipe=base.fp8_recipe,
+                fp8_param=base.fp8_param,
                 space=SearchSpace(
                     distributed_optimizer=(True,),
                     sequence_parallel=(True,),

@@ -12,7 +12,7 @@ from ..errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli.layout_args import add_grad_reduce_argument  # cli imports this module: import at call time
+    from ..cli.layout_args import add_grad_reduce_argument, add_precision_arguments  # cli imports this module
 
     p = subparsers.add_parser(
         "validate",
@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--recompute-num-layers", type=int, default=1)
     p.add_argument("--recompute-modules", nargs="+", default=["core_attn"])
     p.add_argument("--mode", choices=["train", "forward"], default="train")
-    p.add_argument("--precision", choices=["bf16", "fp8"], default="bf16")
+    add_precision_arguments(p)
     p.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
     add_grad_reduce_argument(p)
     p.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True)
@@ -115,7 +115,8 @@ def _layouts(args: argparse.Namespace):
             micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
             recompute=args.recompute, recompute_method=args.recompute_method,
             recompute_num_layers=args.recompute_num_layers, recompute_modules=tuple(args.recompute_modules),
-            mode=args.mode, precision=args.precision, use_distributed_optimizer=args.distributed_optimizer,
+            mode=args.mode, precision=args.precision, fp8_recipe=args.fp8_recipe, fp8_param=args.fp8_param_gather,
+            use_distributed_optimizer=args.distributed_optimizer,
             grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
             overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
             warmup_steps=args.warmup_steps, steps=args.steps, profile=args.profile, use_te=args.use_te,

@@ -25,7 +25,13 @@ class Layout:
 
     # Fields added after evidence was committed: they enter `layout_id` only when not at their default, so the
     # ids of earlier runs (which could not set them) stay the same.
-    ID_FIELDS_ONLY_WHEN_SET = ("expandable_segments", "memory_history", "grad_reduce_in_fp32")
+    ID_FIELDS_ONLY_WHEN_SET = (
+        "expandable_segments",
+        "memory_history",
+        "grad_reduce_in_fp32",
+        "fp8_recipe",
+        "fp8_param",
+    )
 
     model: str
     seq_length: int
@@ -47,6 +53,9 @@ class Layout:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     mode: str = "train"
     precision: str = "bf16"
+    # with precision fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise) and --fp8-param-gather
+    fp8_recipe: str = "delayed"
+    fp8_param: bool = False
     use_distributed_optimizer: bool = True
     # fp32 main grads (Megatron-LM's default); False: --grad-reduce-in-bf16 (bf16 main-grad buffer)
     grad_reduce_in_fp32: bool = True
@@ -115,6 +124,8 @@ class Layout:
             ),
             precision=self.precision,
             mode=self.mode,
+            fp8_recipe=self.fp8_recipe,
+            fp8_param=self.fp8_param,
         )
 
     def check(self) -> None:
@@ -166,6 +177,8 @@ class Layout:
             parts.append(self.mode)
         if not self.grad_reduce_in_fp32:
             parts.append("bf16-grads")
+        if self.precision != "bf16":
+            parts.append(self.workload().precision_label)
         if self.expandable_segments:
             parts.append("expandable")
         return " ".join(parts)
@@ -215,6 +228,8 @@ class Layout:
             recompute_modules=rc.modules,
             mode=workload.mode,
             precision=workload.precision,
+            fp8_recipe=workload.fp8_recipe,
+            fp8_param=workload.fp8_param,
             **extra,
         )
 

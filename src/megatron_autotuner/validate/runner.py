@@ -162,6 +162,10 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         masked_softmax_fusion=cuda,
         apply_rope_fusion=cuda and use_te,
     )
+    if layout.precision == "fp8":
+        # Megatron-LM's --fp8-recipe / --fp8-param-gather (fp8 itself, format hybrid, comes from the testbench's
+        # config); with fp8_param megatron-core's TransformerBlock builds its TE layers under TE's fp8_model_init
+        out.update(fp8_recipe=layout.fp8_recipe, fp8_param=layout.fp8_param)
     if layout.recompute == "full":
         out.update(
             recompute_granularity="full",
@@ -238,6 +242,7 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
             overlap_param_gather=param_gather,
             align_param_gather=align_param_gather,
             use_distributed_optimizer=dist_opt,
+            fp8_param_gather=layout.fp8_param,
             check_for_nan_in_grad=False,
             average_in_collective=False,
         )
@@ -261,6 +266,7 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
             params_dtype=torch.bfloat16,
             use_distributed_optimizer=dist_opt,
             overlap_param_gather=param_gather,
+            fp8_recipe=layout.fp8_recipe if layout.precision == "fp8" else None,
         )
     )
     optimizer = get_megatron_optimizer(opt_config, model)
