@@ -18,7 +18,10 @@ scripts/performance/executors.py), which changes the memory predicted, not the t
 (--grad-reduce-in-bf16) where the source's scripts set `grad_reduce_in_fp32=False`: Megatron-Bridge's
 performance configs for every model (e.g. scripts/performance/configs/qwen/qwen3_llm_pretrain.py,
 `set_qwen3_common_configs`) and NeMo 2.0's for fp8 (scripts/performance/helpers.py, `set_precision_configs`);
-fp32 elsewhere (Megatron-LM's default). An empty micro-batch
+fp32 elsewhere (Megatron-LM's default). fp8 rows of Megatron-Bridge ran its "fp8_cs" precision
+(scripts/performance/utils/precision.py: `bf16_with_fp8_current_scaling_mixed` with the bf16 first / last layers
+turned off): the tensorwise recipe and fp8 parameters (`fp8_param_gather=True`); other fp8 rows use
+Megatron-LM's defaults (delayed scaling, bf16 parameters). An empty micro-batch
 or vpp is searched: the fastest predicted value that fits in memory is used (the sources tuned those).
 """
 
@@ -152,7 +155,16 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
                     use_distributed_optimizer=not narayanan,
                     grad_reduce_in_fp32=not bf16_main_grads,
                 )
-                workload = Workload(seq, mbs, gbs, recompute, row["precision"])
+                fp8_cs = bridge_perf_configs and row["precision"] == "fp8"
+                workload = Workload(
+                    seq,
+                    mbs,
+                    gbs,
+                    recompute,
+                    row["precision"],
+                    fp8_recipe="tensorwise" if fp8_cs else "delayed",
+                    fp8_param=fp8_cs,
+                )
             except ConfigError:
                 continue
             out.append((parallel, workload, options))
