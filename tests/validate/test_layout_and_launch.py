@@ -1,6 +1,7 @@
 """Layouts, torchrun / Slurm commands, ordering (pure Python)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,38 @@ def test_torchrun_and_slurm(tmp_path):
 def test_predicted_oom_layouts_run_last():
     a, b, c = (Layout(model="Qwen3-8B", seq_length=s) for s in (1024, 2048, 4096))
     assert order_for_job([a, b, c], {a.layout_id}) == [b, c, a]
+
+
+def test_fp8_recipe_and_params_reach_the_run_and_the_prediction():
+    """A layout's fp8 recipe / parameters go into megatron-core's TransformerConfig overrides and into the
+    prediction's workload; at their defaults they leave the ids of earlier runs unchanged."""
+    from megatron_autotuner.validate.runner import config_overrides
+
+    base = Layout(model="Llama-3.1-8B", seq_length=8192, num_layers=4, precision="fp8")
+    cs = base.replace(fp8_recipe="tensorwise", fp8_param=True)
+    assert base.replace(fp8_recipe="delayed", fp8_param=False).layout_id == base.layout_id
+    assert cs.layout_id != base.layout_id and cs.replace(fp8_param=False).layout_id != cs.layout_id
+    assert base.label == "tp1 dp1 mbs1 fp8" and cs.label == "tp1 dp1 mbs1 fp8-tensorwise fp8-params"
+    assert cs.workload().fp8_recipe == "tensorwise" and cs.workload().fp8_param is True
+    overrides = config_overrides(cs, use_te=True, device="cuda")
+    assert (overrides["fp8_recipe"], overrides["fp8_param"]) == ("tensorwise", True)
+    assert "fp8_param" not in config_overrides(
+        cs.replace(precision="bf16", fp8_recipe="delayed", fp8_param=False), True, "cuda"
+    )
+    with pytest.raises(ConfigError, match="^fp8_param: needs the distributed optimizer"):
+        cs.replace(use_distributed_optimizer=False).check()
+    planned = Layout.from_configs("Llama-3.1-8B", cs.parallel(), cs.workload(), num_layers=4)
+    assert planned.workload() == cs.workload() and planned.label == cs.label
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "validation").glob("*_layouts.json"))
+)
+def test_committed_gpu_layout_files_are_valid(path):
+    """Every layouts file a GPU evidence script runs loads, and megatron-core's rules accept each layout: a
+    mistake found here costs nothing, one found on a leased GPU costs device time."""
+    layouts, extra = load_layouts_file(path)
+    assert layouts and extra.get("gpu")
+    for lay in layouts:
+        lay.check()
+    assert len({lay.layout_id for lay in layouts}) == len(layouts)
