@@ -192,3 +192,19 @@ def test_fp8_params_step_extras_bytes(recipe):
     assert params.time.stages[0].step_extra["optimizer"] == pytest.approx(expected)
     # the parameter all-gather is shorter, so exposed DP time never grows
     assert params.time.breakdown["exposed_comm"]["dp"] <= cached.time.breakdown["exposed_comm"]["dp"]
+
+
+def test_fp8_forward_only_casts_write_no_transpose():
+    """Under no_grad TE casts GEMM inputs without their transpose: 1 byte per element less than in training."""
+    from megatron_autotuner.costmodel.compute import memory_bound_time_s
+    from megatron_autotuner.costmodel.layer import LayerContext, gemm_shapes, layer_cost
+    from megatron_autotuner.specs.hardware import ClusterSpec
+
+    ctx = LayerContext(cluster=ClusterSpec(H200, 1), tokens=4096.0, seq_length=4096, precision="fp8")
+    shapes = gemm_shapes(DENSE, 0, ctx)
+    inputs = sum(m * k * g for op, (m, n, k, g) in shapes.items() if op != "router")
+    kernels = len([op for op in shapes if op != "router"])
+    train, fwd = layer_cost(DENSE, 0, ctx), layer_cost(DENSE, 0, replace(ctx, training=False))
+    saved = train.fwd.parts["memory_bound"] - fwd.fwd.parts["memory_bound"]
+    expected = memory_bound_time_s(4.0 * inputs, H200, kernels) - memory_bound_time_s(3.0 * inputs, H200, kernels)
+    assert saved == pytest.approx(expected)

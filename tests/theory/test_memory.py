@@ -320,3 +320,13 @@ def test_full_recompute_peak_on_the_last_stage_is_the_larger_of_loss_and_recompu
     small = memory_per_stage(model.replace(vocab_size=1024), parallel, short)[-1].activation_detail
     layer = max(layer_activation_bytes(model.replace(vocab_size=1024), parallel, short, i) for i in range(4))
     assert small["recompute_working_set"] == pytest.approx(layer - small["output_layer"] - small["logits_transient"])
+
+
+def test_fp8_forward_only_caches_no_weight_transpose():
+    """Forward-only passes (RLHF reference / log-prob) run under no_grad: TE's weight quantizer asks for no
+    column-wise copy, so the cached fp8 weight is 1 byte per TE weight, not 2."""
+    model = load_model_spec("Llama-3.1-8B")
+    p = ParallelConfig(num_gpus=8)
+    fwd = Workload(seq_length=4096, global_batch_size=8, precision="fp8", mode="forward")
+    st = stage_memory(model, p, fwd, 0)
+    assert st.weights_bytes == 2 * st.parameters.total + st.parameters.decoder_dense

@@ -200,6 +200,8 @@ EMBEDDING_GRAD_FILL_BYTES_PER_PARAM = 2.0
 # not measured here for tensorwise; delayed scaling's 4 is what the H100 fp8 runs of
 # benchmarks/results/validation_h100_x1 were predicted with.
 FP8_CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0}
+# ... of which the transpose, written only when autograd will need it (not in no_grad forward-only passes)
+FP8_TRANSPOSE_BYTES_PER_ELEMENT = 1.0
 FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 2}
 # Once per step the fp8 weights are made: without fp8 parameters TE casts each bf16 TE linear weight at the
 # first micro-batch (the same bytes per element as an activation cast, by recipe); with fp8 parameters

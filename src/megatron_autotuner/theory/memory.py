@@ -3,7 +3,8 @@
 Model state (Megatron-LM with bf16, per parameter; Megatron-LM docs, "Distributed Optimizer"):
 - weights: bf16, 2 bytes; fp8 training keeps bf16 weights plus a cached fp8 copy and its
   transpose of every TE linear weight (Transformer Engine caches them across micro-batches; Hopper's
-  fp8 GEMMs take both operands K-major, so dgrad needs the transpose): +2 bytes. With fp8 parameters
+  fp8 GEMMs take both operands K-major, so dgrad needs the transpose): +2 bytes (+1 in forward-only
+  passes, which run under no_grad: no transpose is made). With fp8 parameters
   (`Workload.fp8_param`, Megatron-LM's --fp8-param-gather) those weights are stored in fp8 (1 byte,
   in the DDP parameter buffer) plus the transpose (1 byte) and no bf16 copy exists: 2 bytes, as bf16.
   The word embedding and megatron-core's output layer (a plain `ColumnParallelLinear`) stay bf16;
@@ -60,6 +61,7 @@ from .params import ParameterCounts, stage_layer_range, stage_parameters
 GIB = 2**30
 BF16_BYTES = 2
 FP32_BYTES = 4
+FP8_BYTES = 1
 
 
 # Memory outside PyTorch's caching allocator (device used - reserved), torch 2.11, CUDA 13.0, NCCL 2.28:
@@ -353,9 +355,6 @@ class StageMemory:
         }
 
 
-FP8_BYTES = 1
-
-
 def fp8_weight_parameters(counts: ParameterCounts) -> int:
     """Parameters Transformer Engine runs in fp8: the TE linear layers of the decoder (and MTP), taken as all
     decoder parameters (their norm weights and the MoE router, < 0.1%, are not cast). The word embedding and
@@ -378,7 +377,10 @@ def _model_state_bytes(
 ) -> tuple[float, float, float]:
     weight_bytes = BF16_BYTES * counts.total
     if workload.precision == "fp8" and not workload.fp8_param:
-        weight_bytes += 2 * fp8_weight_parameters(counts)  # cached fp8 weight + transpose
+        # cached fp8 weight + its transpose; forward-only passes run under no_grad, where TE's weight quantizer
+        # asks for no column-wise (transposed) copy
+        cache_bytes = 2 * FP8_BYTES if workload.is_training else FP8_BYTES
+        weight_bytes += cache_bytes * fp8_weight_parameters(counts)
     # fp8 parameters: fp8 weight + transpose = 2 bytes, in place of the bf16 weight
     if not workload.is_training:
         return weight_bytes, 0.0, 0.0
