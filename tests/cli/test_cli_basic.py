@@ -77,7 +77,10 @@ def test_theory_table_output(capsys):
         == 0
     )
     out = capsys.readouterr().out
-    assert "Memory per rank" in out and "experts_fc1" in out
+    assert "Memory per rank" in out and "experts_fc1" in out and " bf16 mode=train" in " ".join(out.split())
+    fp8 = ["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--seq-len", "4096", "--precision", "fp8"]
+    assert main(fp8 + ["--fp8-recipe", "tensorwise", "--fp8-param-gather"]) == 0
+    assert "fp8-tensorwise fp8-params mode=train" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize(
@@ -87,6 +90,10 @@ def test_theory_table_output(capsys):
         (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--tp", "3", "--seq-len", "8"], "num_gpus"),
         (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "16", "--tp", "16", "--seq-len", "64"], "tp:"),
         (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--seq-len", "64", "--gpu", "V100"], "unknown GPU"),
+        (
+            ["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--seq-len", "64", "--fp8-recipe", "tensorwise"],
+            "fp8_recipe:",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(argv, expected):

@@ -12,6 +12,7 @@ from .layout_args import (
     add_model_arguments,
     add_workload_arguments,
     gpu_from_args,
+    layout_summary,
     model_from_args,
     parallel_from_args,
     workload_from_args,
@@ -87,13 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(est.to_dict())
         return 0
     out = console()
-    p = parallel
-    out.print(
-        f"[bold]{model.name}[/bold] on {p.num_gpus} x {gpu.name}: tp={p.tp} pp={p.pp} vpp={p.vpp or '-'} cp={p.cp} "
-        f"dp={p.dp} ep={p.ep} etp={p.etp} sp={p.sequence_parallel} | seq={workload.seq_length} "
-        f"mbs={workload.micro_batch_size} gbs={workload.global_batch_size} recompute={workload.recompute.granularity} "
-        f"{workload.precision_label} mode={workload.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
-    )
+    out.print(f"[bold]{model.name}[/bold] on {parallel.num_gpus} x {gpu.name}: {layout_summary(parallel, workload)}")
     rows = [
         ["step time (s)", est.step_time_s],
         ["tokens/s/GPU", est.tokens_per_s_per_gpu],

@@ -134,3 +134,12 @@ def workload_from_args(args: argparse.Namespace, parallel: ParallelConfig) -> Wo
         fp8_recipe=args.fp8_recipe,
         fp8_param=args.fp8_param_gather,
     )
+
+
+def layout_summary(p: ParallelConfig, w: Workload) -> str:
+    """One line for a table header: the split, then what one iteration processes and in what precision."""
+    return (
+        f"tp={p.tp} pp={p.pp} vpp={p.vpp or '-'} cp={p.cp} dp={p.dp} ep={p.ep} etp={p.etp} sp={p.sequence_parallel} "
+        f"| seq={w.seq_length} mbs={w.micro_batch_size} gbs={w.global_batch_size} recompute={w.recompute.granularity} "
+        f"{w.precision_label} mode={w.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
+    )

@@ -13,6 +13,7 @@ from .layout_args import (
     add_model_arguments,
     add_workload_arguments,
     gpu_from_args,
+    layout_summary,
     model_from_args,
     parallel_from_args,
     workload_from_args,
@@ -51,13 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(report.to_dict())
         return 0
     out = console()
-    p = parallel
-    out.print(
-        f"[bold]{model.name}[/bold] on {p.num_gpus} GPUs: tp={p.tp} pp={p.pp} vpp={p.vpp or '-'} cp={p.cp} "
-        f"dp={p.dp} ep={p.ep} etp={p.etp} sp={p.sequence_parallel} | seq={workload.seq_length} "
-        f"mbs={workload.micro_batch_size} gbs={workload.global_batch_size} recompute={workload.recompute.granularity} "
-        f"mode={workload.mode}"
-    )
+    out.print(f"[bold]{model.name}[/bold] on {parallel.num_gpus} GPUs: {layout_summary(parallel, workload)}")
     rows = []
     for s in report.stages:
         rows.append(
