@@ -37,7 +37,6 @@ add recomputed forward work.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -54,7 +53,7 @@ from ..theory.memory import (
     ActivationOptions,
     MemoryAllowance,
     StageMemory,
-    fp8_weight_parameters,
+    fp8_weight_counts,
     memory_per_stage,
     optimizer_shard_parameters,
     param_gather_bytes,
@@ -522,12 +521,11 @@ def stage_time(
         shard = optimizer_shard_parameters(counts, parallel)
         opt_bytes = d.OPTIMIZER_BYTES_PER_PARAM + (d.OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 if bf16_grads else 0.0)
         opt_bytes_total = opt_bytes * shard
-        fp8_params = fp8_weight_parameters(counts) if workload.precision == "fp8" else 0
+        fp8_counts = fp8_weight_counts(counts)
+        fp8_params = fp8_counts.total if workload.precision == "fp8" else 0
         if fp8_params and workload.fp8_param:
             # the optimizer writes fp8 weights from the fp32 master instead of bf16 copies
-            fp8_shard = optimizer_shard_parameters(
-                dataclasses.replace(counts, embedding=0, final_norm=0, output_layer=0), parallel
-            )
+            fp8_shard = optimizer_shard_parameters(fp8_counts, parallel)
             cast = d.OPTIMIZER_FP8_CAST_BYTES_PER_PARAM[workload.fp8_recipe] - d.OPTIMIZER_BF16_COPY_BYTES_PER_PARAM
             opt_bytes_total += cast * fp8_shard
         opt = memory_bound_time_s(opt_bytes_total, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)

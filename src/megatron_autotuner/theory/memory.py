@@ -355,11 +355,16 @@ class StageMemory:
         }
 
 
-def fp8_weight_parameters(counts: ParameterCounts) -> int:
-    """Parameters Transformer Engine runs in fp8: the TE linear layers of the decoder (and MTP), taken as all
-    decoder parameters (their norm weights and the MoE router, < 0.1%, are not cast). The word embedding and
-    megatron-core's output layer (`tensor_parallel.ColumnParallelLinear`, not TE) stay bf16."""
-    return counts.decoder_dense + counts.mtp_dense + counts.experts
+def fp8_weight_counts(counts: ParameterCounts) -> ParameterCounts:
+    """The parameters Transformer Engine runs in fp8: the TE linear layers of the decoder (and MTP), taken as all
+    decoder parameters (their norm weights and the MoE router, < 0.1%, are not cast). The word embedding, final
+    norm and megatron-core's output layer (`tensor_parallel.ColumnParallelLinear`, not TE) stay bf16."""
+    return ParameterCounts(
+        decoder_dense=counts.decoder_dense,
+        mtp_dense=counts.mtp_dense,
+        expert=counts.expert,
+        mtp_expert=counts.mtp_expert,
+    )
 
 
 def param_gather_bytes(counts: ParameterCounts, workload: Workload) -> tuple[float, float]:
@@ -367,8 +372,9 @@ def param_gather_bytes(counts: ParameterCounts, workload: Workload) -> tuple[flo
     parameters the TE linear weights travel in fp8, 1 byte (megatron-core keeps them in a uint8 buffer)."""
     dense, experts = BF16_BYTES * float(counts.dense), BF16_BYTES * float(counts.experts)
     if workload.precision == "fp8" and workload.fp8_param:
-        dense -= (BF16_BYTES - FP8_BYTES) * (counts.decoder_dense + counts.mtp_dense)
-        experts -= (BF16_BYTES - FP8_BYTES) * counts.experts
+        fp8 = fp8_weight_counts(counts)
+        dense -= (BF16_BYTES - FP8_BYTES) * fp8.dense
+        experts -= (BF16_BYTES - FP8_BYTES) * fp8.experts
     return dense, experts
 
 
@@ -380,7 +386,7 @@ def _model_state_bytes(
         # cached fp8 weight + its transpose; forward-only passes run under no_grad, where TE's weight quantizer
         # asks for no column-wise (transposed) copy
         cache_bytes = 2 * FP8_BYTES if workload.is_training else FP8_BYTES
-        weight_bytes += cache_bytes * fp8_weight_parameters(counts)
+        weight_bytes += cache_bytes * fp8_weight_counts(counts).total
     # fp8 parameters: fp8 weight + transpose = 2 bytes, in place of the bf16 weight
     if not workload.is_training:
         return weight_bytes, 0.0, 0.0
