@@ -38,6 +38,7 @@ from typing import Any
 
 from ..errors import AutotunerError, ConfigError
 from ..specs.hardware import GPUSpec, get_gpu_spec
+from ..specs.parallel import PRECISIONS
 from ..theory.memory import MemoryAllowance
 
 CALIBRATION_KIND = "megatron-autotuner-calibration"
@@ -238,8 +239,8 @@ def _integer(where: str, value: Any, minimum: int = 1) -> int:
 
 
 def _precision(where: str, value: Any) -> str:
-    if value not in ("bf16", "fp8"):
-        raise ConfigError(where, f"must be bf16 or fp8, got {value!r}")
+    if value not in PRECISIONS:
+        raise ConfigError(where, f"must be {' or '.join(PRECISIONS)}, got {value!r}")
     return value
 
 

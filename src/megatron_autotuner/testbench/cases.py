@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
 from ..specs import ModelSpec, ParallelConfig, Workload, load_model_spec
+from ..specs.parallel import PRECISIONS
 
 # Operators the testbench can build from megatron-core modules.
 OPERATORS = (
@@ -65,8 +66,8 @@ class Case:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.tp == 1:
             object.__setattr__(self, "sequence_parallel", False)
-        if self.dtype not in ("bf16", "fp8"):
-            raise ConfigError("dtype", f"must be bf16 or fp8, got {self.dtype!r}")
+        if self.dtype not in PRECISIONS:
+            raise ConfigError("dtype", f"must be {' or '.join(PRECISIONS)}, got {self.dtype!r}")
         if self.cp > 1 and self.seq_length % (2 * self.cp):
             raise ConfigError("seq_length", f"{self.seq_length} must be divisible by 2*cp={2 * self.cp}")
         if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
