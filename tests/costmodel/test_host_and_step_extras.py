@@ -164,9 +164,9 @@ def test_fp8_cast_bytes_per_layer():
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_fp8_params_step_extras_bytes(recipe):
     """Once per step, byte by byte (`defaults`): without fp8 parameters TE casts every bf16 TE weight (decoder
-    parameters, not the embedding / output layer) at the first micro-batch; with them the optimizer casts its
-    fp32 master shard to fp8 instead of copying it to bf16, the transposes are rebuilt after the all-gather,
-    and the all-gather moves 1 byte per TE weight."""
+    parameters, not the embedding / output layer) at the first micro-batch; with them TE quantizes the
+    optimizer's updated shard (after the bf16 copy, which stays), the transposes are rebuilt after the
+    all-gather, and the all-gather moves 1 byte per TE weight."""
     from megatron_autotuner.costmodel.compute import memory_bound_time_s
     from megatron_autotuner.costmodel.estimate import padded_vocab, stage_parameter_counts
 
@@ -181,15 +181,19 @@ def test_fp8_params_step_extras_bytes(recipe):
     )
     cached = _step(DENSE, p, w)
     assert cached.time.stages[0].step_extra["optimizer"] == pytest.approx(base + cast)
+    # with fp8 params the bf16 copy stays and TE quantizes the updated shard with a slow (SM-bound) kernel: the
+    # once-per-step work grows (H100 traces: +65 ms for 872 M parameters), and its shard part halves with dp
     params = _step(DENSE, p, w.replace(fp8_param=True))
-    shard_bytes = d.OPTIMIZER_BYTES_PER_PARAM * counts.total / 2 + (
-        d.OPTIMIZER_FP8_CAST_BYTES_PER_PARAM[recipe] - d.OPTIMIZER_BF16_COPY_BYTES_PER_PARAM
-    ) * (counts.decoder_dense / 2)
-    expected = memory_bound_time_s(shard_bytes, H200, 10, d.OPTIMIZER_HBM_EFFICIENCY)
-    expected += memory_bound_time_s(d.GRAD_ZERO_BYTES_PER_PARAM * counts.total, H200, 1)
-    expected += memory_bound_time_s(d.GRAD_SCALE_BYTES_PER_PARAM * counts.total, H200, 1)
-    expected += memory_bound_time_s(d.FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM * counts.decoder_dense, H200, 1)
-    assert params.time.stages[0].step_extra["optimizer"] == pytest.approx(expected)
+    assert params.time.stages[0].step_extra["optimizer"] > cached.time.stages[0].step_extra["optimizer"]
+
+    def shard_part(parallel):
+        counts = stage_parameter_counts(DENSE, parallel, 0, padded_vocab(DENSE, 1))
+        with_params = _step(DENSE, parallel, w.replace(fp8_param=True)).time.stages[0].step_extra["optimizer"]
+        no_params = _step(DENSE, parallel, w).time.stages[0].step_extra["optimizer"]
+        transposes = memory_bound_time_s(d.FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM * counts.decoder_dense, H200, 1)
+        return with_params - no_params - transposes + cast
+
+    assert shard_part(ParallelConfig(4)) == pytest.approx(shard_part(p) / 2, rel=0.02)
     # the parameter all-gather is shorter, so exposed DP time never grows
     assert params.time.breakdown["exposed_comm"]["dp"] <= cached.time.breakdown["exposed_comm"]["dp"]
 

@@ -204,13 +204,21 @@ FP8_CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0}
 FP8_TRANSPOSE_BYTES_PER_ELEMENT = 1.0
 FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 2}
 # Once per step the fp8 weights are made: without fp8 parameters TE casts each bf16 TE linear weight at the
-# first micro-batch (the same bytes per element as an activation cast, by recipe); with fp8 parameters
-# (--fp8-param-gather) the optimizer writes the fp8 weight shard straight from the fp32 master (TE
-# `cast_master_weights_to_fp8`; read 4, write 1, plus a read of 4 for the amax with current scaling) instead
-# of the bf16 copy counted in OPTIMIZER_BYTES_PER_PARAM (read 4, write 2), and after the parameter all-gather
-# the transposes are rebuilt (megatron-core `post_all_gather_processing`: read 1, write 1 per local weight).
-OPTIMIZER_BF16_COPY_BYTES_PER_PARAM = 6.0
-OPTIMIZER_FP8_CAST_BYTES_PER_PARAM = {"delayed": 5.0, "tensorwise": 9.0}
+# first micro-batch (the same bytes per element as an activation cast, by recipe). With fp8 parameters
+# (--fp8-param-gather) the optimizer still writes its bf16 copy of the updated master shard (counted in
+# OPTIMIZER_BYTES_PER_PARAM; the H100 traces below show the same copy kernels with and without fp8 params), then
+# TE's `cast_master_weights_to_fp8` quantizes that flat 1-D shard into the fp8 weight with
+# `cast_transpose_general_kernel` (read bf16 2, write fp8 1 and its transpose 1: 4 bytes), a kernel that moves
+# 64 elements per 128-thread block and runs far below HBM speed: in the trace of "L3-8B s8192 fp8 delayed
+# fp8-params" (1x H100, TE 2.20.2, megatron-core 0.19.2; benchmarks/results/validation_h100_x1/fp8_traces) its
+# 16 calls took 65.3 ms for 872 M parameters (12-18 G elements/s), 0.011 of 4.8 TB/s, SM-bound; the step was
+# 6% longer than without fp8 params (1072 vs 1008 ms; tensorwise 1082 vs 1019). Current scaling first reads the
+# master shard for its amax (fp32, 4 bytes, at streaming speed). After the parameter all-gather the transposes
+# are rebuilt (megatron-core `post_all_gather_processing`: read 1, write 1 per local weight; 0.63 ms measured
+# for the same 872 M).
+FP8_PARAM_CAST_BYTES_PER_PARAM = 4.0
+FP8_PARAM_CAST_HBM_EFFICIENCY = 0.0111
+FP8_PARAM_AMAX_BYTES_PER_PARAM = {"delayed": 0.0, "tensorwise": 4.0}
 FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
 
 # ---- output layer -------------------------------------------------------------------------------

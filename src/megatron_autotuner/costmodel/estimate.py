@@ -346,27 +346,27 @@ def layer_calibration_scale(model: ModelSpec, ctx: LayerContext, workload: Workl
 
 def step_end_work_s(counts: ParameterCounts, parallel: ParallelConfig, workload: Workload, gpu: GPUSpec) -> float:
     """Memory-bound work once per training step on the compute stream, reported as "optimizer": the optimizer
-    kernels over the rank's shard (plus the fp32 cast of a bf16 gradient shard; with fp8 parameters the
-    master-to-fp8 cast replaces the bf16 copy), zeroing the main grads, their in-place 1/(dp*cp) scaling before
-    the reduce-scatter, and the fp8 weights' preparation (TE's first-micro-batch cast of bf16 weights, or the
-    transposes rebuilt after the fp8 all-gather). Byte counts in `defaults`."""
+    kernels over the rank's shard (plus the fp32 cast of a bf16 gradient shard), zeroing the main grads, their
+    in-place 1/(dp*cp) scaling before the reduce-scatter, and the fp8 weights' preparation: TE's
+    first-micro-batch cast of bf16 weights, or with fp8 parameters the quantization of the updated shard (an
+    SM-bound TE kernel, `defaults.FP8_PARAM_CAST_HBM_EFFICIENCY`) and the transposes rebuilt after the fp8
+    all-gather. Byte counts in `defaults`."""
     bf16_grads = not parallel.grad_reduce_in_fp32
     shard = optimizer_shard_parameters(counts, parallel)
     opt_bytes = d.OPTIMIZER_BYTES_PER_PARAM + (d.OPTIMIZER_GRAD_CAST_BYTES_PER_PARAM_BF16 if bf16_grads else 0.0)
-    opt_bytes_total = opt_bytes * shard
-    fp8_counts = fp8_weight_counts(counts)
-    fp8_params = fp8_counts.total if workload.precision == "fp8" else 0
-    if fp8_params and workload.fp8_param:
-        fp8_shard = optimizer_shard_parameters(fp8_counts, parallel)
-        cast = d.OPTIMIZER_FP8_CAST_BYTES_PER_PARAM[workload.fp8_recipe] - d.OPTIMIZER_BF16_COPY_BYTES_PER_PARAM
-        opt_bytes_total += cast * fp8_shard
-    work = memory_bound_time_s(opt_bytes_total, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
+    work = memory_bound_time_s(opt_bytes * shard, gpu, 10, d.OPTIMIZER_HBM_EFFICIENCY)
     zero_bytes = d.GRAD_ZERO_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_ZERO_BYTES_PER_PARAM
     work += memory_bound_time_s(zero_bytes * counts.total, gpu, 1)
     if parallel.dp * parallel.cp > 1:
         scale_bytes = d.GRAD_SCALE_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_SCALE_BYTES_PER_PARAM
         work += memory_bound_time_s(scale_bytes * counts.total, gpu, 1)
+    fp8_counts = fp8_weight_counts(counts)
+    fp8_params = fp8_counts.total if workload.precision == "fp8" else 0
     if fp8_params and workload.fp8_param:
+        fp8_shard = optimizer_shard_parameters(fp8_counts, parallel)
+        work += memory_bound_time_s(d.FP8_PARAM_AMAX_BYTES_PER_PARAM[workload.fp8_recipe] * fp8_shard, gpu)
+        cast_bytes = d.FP8_PARAM_CAST_BYTES_PER_PARAM * fp8_shard
+        work += memory_bound_time_s(cast_bytes, gpu, 1, d.FP8_PARAM_CAST_HBM_EFFICIENCY)
         work += memory_bound_time_s(d.FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM * fp8_params, gpu, 1)
     elif fp8_params:
         weight_cast = d.FP8_CAST_BYTES_PER_ELEMENT[workload.fp8_recipe] * fp8_params
