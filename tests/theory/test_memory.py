@@ -9,7 +9,9 @@ from megatron_autotuner.theory.memory import (
     GIB,
     NCCL_COMMUNICATOR_GIB,
     ActivationOptions,
+    MemoryAllowance,
     default_non_torch_gib,
+    forward_moe_fragment_bytes,
     in_flight_microbatches,
     layer_activation_bytes,
     memory_per_stage,
@@ -330,3 +332,29 @@ def test_fp8_forward_only_caches_no_weight_transpose():
     fwd = Workload(seq_length=4096, global_batch_size=8, precision="fp8", mode="forward")
     st = stage_memory(model, p, fwd, 0)
     assert st.weights_bytes == 2 * st.parameters.total + st.parameters.decoder_dense
+
+
+def test_forward_moe_fragments_only_in_forward_moe_passes_with_expandable_segments():
+    """The last MoE block's working set is reserved-but-unallocated under the logits (1x H100 histories): only in
+    forward-only MoE passes with expandable segments; never in training, dense models or the default allocator,
+    and never part of what the allocator hands out."""
+    moe, dense = load_model_spec("Qwen3-30B-A3B").with_num_layers(4), load_model_spec("Qwen3-8B").with_num_layers(4)
+    p = ParallelConfig(1)
+    forward = Workload(8192, 2, 8, mode="forward")
+    expandable = MemoryAllowance.for_allocator(True)
+
+    def stage(model, workload, allowance):
+        return stage_memory(model, p, workload, 0, allowance=allowance)
+
+    with_hole = stage(moe, forward, expandable)
+    assert with_hole.activation_detail["moe_layer_working_set"] > 1.5 * 2**30  # 16k tokens x 8 routed copies
+    assert (
+        forward_moe_fragment_bytes(with_hole.activation_detail) == with_hole.activation_detail["moe_layer_working_set"]
+    )
+    no_hole = MemoryAllowance(fragmentation_fraction=expandable.fragmentation_fraction)
+    grown = with_hole.allowance_bytes - stage(moe, forward, no_hole).allowance_bytes
+    assert grown == pytest.approx(with_hole.activation_detail["moe_layer_working_set"])
+    assert with_hole.allocated_bytes == stage(moe, forward, no_hole).allocated_bytes
+    assert forward_moe_fragment_bytes(stage(dense, forward, expandable).activation_detail) == 0
+    assert forward_moe_fragment_bytes(stage(moe, Workload(8192, 2, 8), expandable).activation_detail) == 0
+    assert not MemoryAllowance.for_allocator(False).expandable_segments

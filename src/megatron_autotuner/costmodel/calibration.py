@@ -318,7 +318,10 @@ def _parse_memory_block(where: str, mem: Any) -> MemoryCalibration:
     expandable = mem.get("expandable_segments")
     if expandable is not None and not isinstance(expandable, bool):
         raise ConfigError(f"{where}.expandable_segments", f"must be true or false, got {expandable!r}")
-    return MemoryCalibration(MemoryAllowance(non_torch_gib=non_torch, fragmentation_fraction=frag), expandable)
+    allowance = MemoryAllowance(
+        non_torch_gib=non_torch, fragmentation_fraction=frag, expandable_segments=bool(expandable)
+    )
+    return MemoryCalibration(allowance, expandable)
 
 
 def _parse_memory(source: str, raw: Any) -> tuple[MemoryCalibration, ...]:
