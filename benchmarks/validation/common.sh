@@ -58,8 +58,22 @@ collect_batch() {
   cp "$OUT/$1.txt" "$2/run.log"
 }
 
-# finish DEST: the evidence folder's size and the script's wall time.
+# copy_memory_histories NAME DEST: the replay of every rank's allocator history (`--memory-history`, small) that
+# validate_batch NAME left, as DEST/memory/LAYOUT/rank_R.history.json (the raw snapshots stay on the machine).
+copy_memory_histories() {
+  local hist layout
+  for hist in "$OUT/$1"/memory/*/rank_*.history.json; do
+    [ -f "$hist" ] || continue
+    layout=$(basename "$(dirname "$hist")")
+    mkdir -p "$2/memory/$layout"
+    cp "$hist" "$2/memory/$layout/"
+  done
+}
+
+# finish DEST: DEST packed as DEST.tgz (the device tool returns a limited number of files: one archive comes
+# back whole where a deep folder may not), the evidence folder's size and the script's wall time.
 finish() {
-  du -sh "$1"
+  tar czf "$1.tgz" -C "$(dirname "$1")" "$(basename "$1")"
+  du -sh "$1" "$1.tgz"
   echo "wall time: $(elapsed)"
 }

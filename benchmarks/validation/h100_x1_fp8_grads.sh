@@ -8,7 +8,7 @@
 #   42.07 -> 40.19 GiB).
 # ~7 min. Run from the repository root on the GPU machine:
 #     bash benchmarks/validation/h100_x1_fp8_grads.sh
-# Copy "$OUT"/evidence to benchmarks/results/validation_h100_x1/fp8_grads.
+# Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h100_x1/fp8_grads.
 OUT="${OUT:-$PWD/outputs/h100_x1_fp8_grads}"
 source "$(dirname "$0")/common.sh"
 record_gpus

@@ -3,7 +3,7 @@
 # parameters; h100_x1_fp8_traces_layouts.json) on nvidia-h100-x1: where the fp8-params run's extra ~6% goes, and the
 # amax / cast kernels of tensorwise. ~2.5 min. Run from the repository root on the GPU machine:
 #     bash benchmarks/validation/h100_x1_fp8_traces.sh
-# Copy "$OUT"/evidence to benchmarks/results/validation_h100_x1/fp8_traces.
+# Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h100_x1/fp8_traces.
 OUT="${OUT:-$PWD/outputs/h100_x1_fp8_traces}"
 source "$(dirname "$0")/common.sh"
 record_gpus

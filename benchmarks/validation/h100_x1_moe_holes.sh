@@ -8,7 +8,7 @@
 #   appear without expert parallelism, and what requests make it.
 # ~4 min. Run from the repository root on the GPU machine:
 #     bash benchmarks/validation/h100_x1_moe_holes.sh
-# Copy "$OUT"/evidence to benchmarks/results/validation_h100_x1/moe_holes.
+# Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h100_x1/moe_holes.
 OUT="${OUT:-$PWD/outputs/h100_x1_moe_holes}"
 source "$(dirname "$0")/common.sh"
 record_gpus
@@ -16,10 +16,6 @@ validate_batch "$HERE/h100_x1_moe_holes_layouts.json" run 150
 EV="$OUT/evidence"
 collect_batch run "$EV"
 copy_traces "$OUT/run" "$EV/traces"
-for hist in "$OUT"/run/memory/*/rank_*.history.json; do
-  [ -f "$hist" ] || continue
-  mkdir -p "$EV/memory/$(basename "$(dirname "$hist")")"
-  cp "$hist" "$EV/memory/$(basename "$(dirname "$hist")")/"
-done
+copy_memory_histories run "$EV"
 ls -la "$OUT"/run/memory/*/ 2>/dev/null | head -20
 finish "$EV"

@@ -6,7 +6,7 @@
 # than that copy (tp2 sp and dp2 without the distributed optimizer: 3.8 / 7.5 GiB), and half the DP gradient
 # traffic. ~4 min. Run from the repository root on the GPU machine:
 #     bash benchmarks/validation/h200_x2_bf16_grads.sh
-# Copy "$OUT"/evidence to benchmarks/results/validation_h200_x2/bf16_grads.
+# Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h200_x2/bf16_grads.
 OUT="${OUT:-$PWD/outputs/h200_x2_bf16_grads}"
 source "$(dirname "$0")/common.sh"
 record_gpus

@@ -10,7 +10,7 @@
 #   for the bf16 forward beside it (+1 byte per decoder parameter, not +2).
 # ~6 min. Run from the repository root on the GPU machine:
 #     bash benchmarks/validation/h200_x2_fp8_recipes.sh
-# Copy "$OUT"/evidence to benchmarks/results/validation_h200_x2/fp8_recipes.
+# Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h200_x2/fp8_recipes.
 OUT="${OUT:-$PWD/outputs/h200_x2_fp8_recipes}"
 source "$(dirname "$0")/common.sh"
 record_gpus

@@ -5,7 +5,7 @@
 # misses again, interleaved variants with larger logits (s8192, mbs2) and more chunks (vpp4), plain pp2, and
 # forward-only passes with 2x / 4x the logits. ~6 min. Run from the repository root on the GPU machine:
 #     bash benchmarks/validation/h200_x2_memory_holes.sh
-# Copy "$OUT"/evidence to benchmarks/results/validation_h200_x2/memory_holes.
+# Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h200_x2/memory_holes.
 OUT="${OUT:-$PWD/outputs/h200_x2_memory_holes}"
 source "$(dirname "$0")/common.sh"
 record_gpus
@@ -13,11 +13,7 @@ validate_batch "$HERE/h200_x2_memory_holes_layouts.json" run 180
 EV="$OUT/evidence"
 collect_batch run "$EV"
 # the replay of every rank's history (small); the raw snapshots stay on the machine except the smallest one
-for hist in "$OUT"/run/memory/*/rank_*.history.json; do
-  [ -f "$hist" ] || continue
-  mkdir -p "$EV/memory/$(basename "$(dirname "$hist")")"
-  cp "$hist" "$EV/memory/$(basename "$(dirname "$hist")")/"
-done
+copy_memory_histories run "$EV"
 ls -S -r "$OUT"/run/memory/*/rank_*.pickle.gz 2>/dev/null | head -1 | while read -r snap; do
   cp "$snap" "$EV/memory/$(basename "$(dirname "$snap")")/"
 done

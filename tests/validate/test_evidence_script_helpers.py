@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ def test_validate_batch_collect_batch_finish(tmp_path):
         "record_gpus\n"
         'validate_batch "$HERE/layouts.json" run 120 --device cpu\n'
         'collect_batch run "$OUT/evidence"\n'
+        'copy_memory_histories run "$OUT/evidence"\n'
         'finish "$OUT/evidence"\n'
     )
     env = {
@@ -65,3 +67,6 @@ def test_validate_batch_collect_batch_finish(tmp_path):
     assert [r["status"] for r in summary["rows"]] == ["ok"]
     assert (ev / "results.jsonl").exists() and (ev / "layouts.json").exists()
     assert (ev / "runs" / "rank_0.jsonl").exists()
+    assert not (ev / "memory").exists()  # no layout recorded a history
+    with tarfile.open(tmp_path / "out" / "evidence.tgz") as packed:
+        assert "evidence/runs/rank_0.jsonl" in packed.getnames()
