@@ -25,8 +25,8 @@ the word embedding on the stage that holds it: buckets do not split parameters) 
 "optimizer" (memory-bound, on the compute stream): the in-place 1/(dp*cp) gradient scaling before the
 reduce-scatter, grad-norm clipping, the Adam step and the copy into the bf16 weights
 (`defaults.OPTIMIZER_BYTES_PER_PARAM`, plus the fp32 cast of a bf16 gradient shard), grad zeroing and
-the fp8 weight casts (or, with fp8 parameters, the master-to-fp8 cast and the transposes rebuilt after the
-all-gather); exposed with the DP communication, the tied-embedding gradient all-reduce between
+the fp8 weight casts (or, with fp8 parameters, TE's quantization of the updated shard and the transposes
+rebuilt after the all-gather); exposed with the DP communication, the tied-embedding gradient all-reduce between
 the first and last stage.
 
 MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
@@ -47,6 +47,7 @@ from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload, num_microbatches, validate_layout
+from ..theory.comm import dp_step_volumes
 from ..theory.flops import full_recompute_layer_mask, iteration_flops
 from ..theory.memory import (
     GIB,
@@ -56,7 +57,6 @@ from ..theory.memory import (
     fp8_weight_counts,
     memory_per_stage,
     optimizer_shard_parameters,
-    param_gather_bytes,
 )
 from ..theory.params import ParameterCounts, stage_layer_range, stage_parameters
 from . import defaults as d
@@ -518,22 +518,16 @@ def stage_time(
     if training:
         window_bwd = sum(bwd.values())
         window_fwd = sum(fwd.values())
-        dp_group, edp = parallel.dp * cp, parallel.edp
         dense_stride, expert_stride = tp, parallel.etp * parallel.ep
         bucket = max(d.DDP_BUCKET_PARAMS, 1_000_000 * parallel.dp)
         grad_t = gather_t = 0.0
-        g = float(mg)
-        if parallel.use_distributed_optimizer:
-            dense_gather, expert_gather = param_gather_bytes(counts, workload)
-            grad_t += collective_time_s("reduce_scatter", dp_group, g * counts.dense, cluster, dense_stride)
-            gather_t += collective_time_s("all_gather", dp_group, dense_gather, cluster, dense_stride)
-            if counts.experts:
-                grad_t += collective_time_s("reduce_scatter", edp, g * counts.experts, cluster, expert_stride)
-                gather_t += collective_time_s("all_gather", edp, expert_gather, cluster, expert_stride)
-        else:
-            grad_t += collective_time_s("all_reduce", dp_group, g * counts.dense, cluster, dense_stride)
-            if counts.experts:
-                grad_t += collective_time_s("all_reduce", edp, g * counts.experts, cluster, expert_stride)
+        for v in dp_step_volumes(counts, parallel, workload):
+            stride = dense_stride if v.dimension == "dp" else expert_stride
+            t = collective_time_s(v.collective, v.group_size, v.message_bytes, cluster, stride)
+            if v.collective == "all_gather":
+                gather_t += t
+            else:
+                grad_t += t
         # A bucket never splits a parameter, so the last gradient bucket of the backward (and the first
         # parameter bucket of the forward) holds at least the word embedding, on the stage that has it:
         # 2x H200, 4-layer Qwen3-8B DP2 (benchmarks/results/validation_h200_x2): its 622 M-parameter
@@ -545,7 +539,7 @@ def stage_time(
             overlap_gather = options.overlap_param_gather and parallel.use_distributed_optimizer
             exposed += gather_t if not overlap_gather else max(gather_t - window_fwd, gather_t * tail)
         if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
-            emb = g * padded * h / tp
+            emb = mg * padded * h / tp
             exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
         extra["dp"] = exposed
         extra["optimizer"] = step_end_work_s(counts, parallel, workload, gpu)

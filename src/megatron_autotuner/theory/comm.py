@@ -30,7 +30,7 @@ from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload, num_microbatches
 from .flops import full_recompute_layer_mask
 from .memory import local_tokens, param_gather_bytes
-from .params import stage_layer_range, stage_parameters
+from .params import ParameterCounts, stage_layer_range, stage_parameters
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 
@@ -152,23 +152,30 @@ def stage_comm_volumes(
 
     if training:
         counts = stage_parameters(model, parallel, stage, padded_vocab_size)
-        dp_group = parallel.dp * cp
-        g = float(parallel.main_grad_bytes)
-        if parallel.use_distributed_optimizer:
-            dense_gather, expert_gather = param_gather_bytes(counts, workload)
-            out.append(CommVolume("dp", "reduce_scatter", dp_group, g * counts.dense, 1, "step"))
-            out.append(CommVolume("dp", "all_gather", dp_group, dense_gather, 1, "step"))
-            if counts.experts:
-                out.append(CommVolume("edp", "reduce_scatter", parallel.edp, g * counts.experts, 1, "step"))
-                out.append(CommVolume("edp", "all_gather", parallel.edp, expert_gather, 1, "step"))
-        else:
-            out.append(CommVolume("dp", "all_reduce", dp_group, g * counts.dense, 1, "step"))
-            if counts.experts:
-                out.append(CommVolume("edp", "all_reduce", parallel.edp, g * counts.experts, 1, "step"))
+        out.extend(dp_step_volumes(counts, parallel, workload))
         if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
             word_embedding = (padded_vocab_size or model.vocab_size) * h // tp
-            out.append(CommVolume("embedding", "all_reduce", 2, g * word_embedding, 1, "step"))
+            out.append(CommVolume("embedding", "all_reduce", 2, parallel.main_grad_bytes * word_embedding, 1, "step"))
     return [c for c in out if c.calls > 0 and c.group_size > 1]
+
+
+def dp_step_volumes(counts: ParameterCounts, parallel: ParallelConfig, workload: Workload) -> list[CommVolume]:
+    """The data-parallel collectives after the last micro-batch, one call each: with the distributed optimizer
+    a reduce-scatter of the main grads and an all-gather of the parameters (`memory.param_gather_bytes`) over
+    dp*cp for dense and edp for expert parameters; without it an all-reduce of the main grads."""
+    g = float(parallel.main_grad_bytes)
+    dense_gather, expert_gather = param_gather_bytes(counts, workload)
+    groups = [("dp", parallel.dp * parallel.cp, counts.dense, dense_gather)]
+    if counts.experts:
+        groups.append(("edp", parallel.edp, counts.experts, expert_gather))
+    out = []
+    for dimension, size, params, gather in groups:
+        if parallel.use_distributed_optimizer:
+            out.append(CommVolume(dimension, "reduce_scatter", size, g * params, 1, "step"))
+            out.append(CommVolume(dimension, "all_gather", size, gather, 1, "step"))
+        else:
+            out.append(CommVolume(dimension, "all_reduce", size, g * params, 1, "step"))
+    return out
 
 
 def comm_bytes_by_dimension(volumes: list[CommVolume]) -> dict[str, float]:
