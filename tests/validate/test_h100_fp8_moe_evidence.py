@@ -6,34 +6,23 @@ fp8_grads kept no per-rank records (the device returned only its top-level files
 read from the run's own results; fp8_traces and moe_holes are re-aggregated from their records."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from megatron_autotuner.validate.layout import Layout
-from megatron_autotuner.validate.predict import predict, predicted_allocated_gib
-from megatron_autotuner.validate.results import aggregate
+from megatron_autotuner.validate.predict import predicted_allocated_gib
 from tests.trace.helpers import kernel_seconds, raw_kernels
+from tests.validate.test_h100_evidence import EVIDENCE
+from tests.validate.test_h100_evidence import _rows as h100_rows
 
 pytest.importorskip("megatron_autotuner.costmodel")
 
-EVIDENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "validation_h100_x1"
 GENERAL_CAST = "cast_transpose_general_kernel"
 
 
 def _rows(sub: str) -> dict[str, tuple[dict, dict, dict]]:
     """label -> (summary row, measured, prediction of the current model)."""
-    summary = json.loads((EVIDENCE / sub / "summary.json").read_text())
-    again = aggregate(EVIDENCE / sub) if (EVIDENCE / sub / "runs").is_dir() else {}
-    out = {}
-    for r in summary["rows"]:
-        assert r["status"] == "ok", r["label"]
-        measured = again[r["layout_id"]]["measured"] if again else r["measured"]
-        assert measured["step_time_s"] == pytest.approx(r["measured"]["step_time_s"])
-        layout = Layout.from_dict(r["layout"])
-        pred = predict(layout, "H100-SXM", gradient_accumulation_fusion=r["gradient_accumulation_fusion"])
-        out[r["label"]] = (r, measured, pred)
-    return out
+    return {r["label"]: (r, m, p) for r, m, p in h100_rows(sub)}
 
 
 def _step(rows, label, which):

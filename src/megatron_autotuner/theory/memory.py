@@ -150,8 +150,18 @@ class MemoryAllowance:
             return self.non_torch_gib
         return default_non_torch_gib(parallel, training)
 
-    def bytes_for(self, activation_bytes: float, parallel: ParallelConfig, training: bool) -> float:
-        return self.non_torch_for(parallel, training) * GIB + self.fragmentation_fraction * activation_bytes
+    def bytes_for(
+        self,
+        activation_bytes: float,
+        parallel: ParallelConfig,
+        training: bool,
+        activation_detail: dict[str, float] | None = None,
+    ) -> float:
+        """Memory outside the allocator + reserved-but-unallocated memory: a fraction of the activations, and
+        with expandable segments the pieces a forward-only MoE pass leaves (`forward_moe_fragment_bytes` of the
+        stage's `activation_detail`, when given)."""
+        fragments = forward_moe_fragment_bytes(activation_detail or {}) if self.expandable_segments else 0.0
+        return self.non_torch_for(parallel, training) * GIB + self.fragmentation_fraction * activation_bytes + fragments
 
 
 @dataclass(frozen=True)
@@ -435,7 +445,7 @@ def _stage_activations(
         # Forward only (no_grad): nothing is kept; the peak is the largest working set of one layer
         # (MLP: fc1 output + activation output) or of the logits on the last stage (bf16 logits +
         # fp32 log-softmax as RL log-prob passes compute).
-        working, moe_working = [], [0.0]
+        working, moe_working = [], []
         for layer in layers:
             if model.is_moe_layer(layer):
                 routed = tokens * model.moe_router_topk * parallel.etp / t
@@ -445,7 +455,7 @@ def _stage_activations(
             else:
                 working.append(e * tokens * 3 * model.ffn_hidden_size / t + e * tokens * h)
         detail["layer_working_set"] = max(working) if working else 0.0
-        if max(moe_working):
+        if moe_working:
             detail["moe_layer_working_set"] = max(moe_working)  # informative: in `layer_working_set` already
         if last:
             detail["logits_working_set"] = (e + FP32_BYTES) * tokens * vocab / t
@@ -545,8 +555,7 @@ def stage_memory(
         activations_bytes=activations,
         activation_detail=detail,
         in_flight_microbatches=in_flight,
-        allowance_bytes=allowance.bytes_for(activations, parallel, workload.is_training)
-        + (forward_moe_fragment_bytes(detail) if allowance.expandable_segments else 0.0),
+        allowance_bytes=allowance.bytes_for(activations, parallel, workload.is_training, detail),
         optimizer_step_bytes=optimizer_step_bytes(counts, parallel, workload.is_training),
     )
 
