@@ -37,8 +37,17 @@ COMMAND_MODULES = [
 ]
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse's own errors (unknown option, bad int, missing value) as one line and exit code 2, like
+    `AutotunerError`s: `mat estimate: error: argument --tp: invalid int value: 'x' (see mat estimate --help)`.
+    Subcommand parsers inherit the class."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="mat",
         description="megatron-autotuner: parallel layouts, operator testbench and TP-overlap tuning for Megatron-Core.",
     )
