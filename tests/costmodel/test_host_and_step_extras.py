@@ -1,6 +1,6 @@
 """The eager-MoE host floor and the per-step memory-bound work (gradient scaling, optimizer)."""
 
-import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -8,9 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from megatron_autotuner.costmodel import CostOptions, estimate
+from megatron_autotuner.costmodel import CostOptions, calibration_from_dict, estimate
 from megatron_autotuner.costmodel import defaults as d
+from megatron_autotuner.costmodel.calibration import MoeHostFloor
+from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec, load_model_spec
+from megatron_autotuner.testbench.calibration import moe_host_floors_from_records
+from megatron_autotuner.testbench.results import all_records, latest_by_case
 
 ROOT = Path(__file__).resolve().parents[2]
 H200 = get_gpu_spec("H200")
@@ -22,15 +26,81 @@ def _step(model, parallel, workload, **options):
     return estimate(model, parallel, workload, H200, CostOptions(**options))
 
 
+def _moe_block_records() -> list[dict]:
+    records = all_records(ROOT / "benchmarks/results/testbench_h200_x2/rerun/moe_block")
+    return [r for r in latest_by_case(records, 0).values() if r["status"] == "ok"]
+
+
 def test_host_floor_constants_are_the_testbench_moe_block():
-    """MOE_HOST_FLOOR_* restate the committed testbench measurement of the MoE block (128 / 64 local experts)."""
-    rows = json.loads((ROOT / "benchmarks/results/testbench_h200_x2/rerun/moe_block_summary.json").read_text())["rows"]
-    by_ep = {r["ep"]: r for r in rows if r["status"] == "ok"}
-    for ep in (1, 2):
-        local = 128 // ep
-        assert by_ep[ep]["fwd_ms"] * 1e-3 == pytest.approx(d.MOE_HOST_FLOOR_FWD_S, rel=0.02)
-        bwd = d.MOE_HOST_FLOOR_BWD_S + local * d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
-        assert by_ep[ep]["bwd_ms"] * 1e-3 == pytest.approx(bwd, rel=0.02)
+    """MOE_HOST_FLOOR_* are what the calibration writer fits to the committed testbench MoE block (128 / 64 local
+    experts on 2x H200): the defaults and a machine's own calibration come from the same rule."""
+    (floor,) = moe_host_floors_from_records(_moe_block_records())
+    assert floor["precision"] == "bf16" and all(p["host_bound"] for p in floor["cases"])
+    assert floor["fwd_s"] == pytest.approx(d.MOE_HOST_FLOOR_FWD_S, rel=0.02)
+    assert floor["bwd_s"] == pytest.approx(d.MOE_HOST_FLOOR_BWD_S, rel=0.02)
+    assert floor["bwd_per_local_expert_s"] == pytest.approx(d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S, rel=0.02)
+    # measured 5-7x the GPU time of the whole layer: the host, not the GPU, sets the pace
+    assert all(
+        p["fwd_ms"] > 5 * p["layer_gpu_fwd_ms"] and p["bwd_ms"] > 4 * p["layer_gpu_bwd_ms"] for p in floor["cases"]
+    )
+
+
+def test_host_floor_fit_leaves_out_gpu_bound_cases_and_scales_one_expert_count():
+    records = _moe_block_records()
+    gpu_bound = [dict(r, real=dict(r["real"], fwd_ms={"median": 1.0}, bwd_ms={"median": 2.0})) for r in records]
+    assert moe_host_floors_from_records(gpu_bound) == []  # no host-bound case: nothing said of the host
+    one = [r for r in records if r["case"]["ep"] == 1]
+    fast_host = [dict(r, real=dict(r["real"], bwd_ms={"median": r["real"]["bwd_ms"]["median"] / 2})) for r in one]
+    (floor,) = moe_host_floors_from_records(fast_host)
+    assert floor["fit"].startswith("default line scaled")
+    assert floor["bwd_s"] + 128 * floor["bwd_per_local_expert_s"] == pytest.approx(
+        one[0]["real"]["bwd_ms"]["median"] * 5e-4
+    )
+    fp8 = [dict(r, case=dict(r["case"], dtype="fp8")) for r in records]
+    assert [f["precision"] for f in moe_host_floors_from_records(records + fp8)] == ["bf16", "fp8"]
+
+
+def _calibration(floors: list[dict]):
+    return calibration_from_dict(
+        {
+            "kind": "megatron-autotuner-calibration",
+            "schema_version": 1,
+            "gpu": "H200",
+            "ops": [],
+            "moe_host_floor": floors,
+        }
+    )
+
+
+def test_a_calibrated_host_floor_replaces_the_default():
+    """A machine whose host runs the eager MoE block in half the time: the step loses half its host-bound time;
+    fp8 without an entry of its own uses the bf16 floor of the same host."""
+    p, w = ParallelConfig(8, ep=2), Workload(2048, 1, 16)
+    half = MoeHostFloor(
+        d.MOE_HOST_FLOOR_FWD_S / 2, d.MOE_HOST_FLOOR_BWD_S / 2, d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S / 2
+    )
+    cal = _calibration([half.to_dict()])
+    assert cal.moe_host_floor("fp8") == cal.moe_host_floor("bf16") == half
+    default = _step(MOE, p, w, moe_host_bound=True)
+    calibrated = _step(MOE, p, w, moe_host_bound=True, calibration=cal)
+    assert 0 < calibrated.time.breakdown["host_bound"] < 0.6 * default.time.breakdown["host_bound"]
+    assert _step(MOE, p, w, calibration=cal).step_time_s == _step(MOE, p, w).step_time_s  # tuned MoE: no floor
+    assert _calibration([]).moe_host_floor("bf16") is None
+
+
+@pytest.mark.parametrize(
+    "floors, field",
+    [
+        ([{"fwd_s": 0.01, "bwd_s": 0.01}], "moe_host_floor[0].bwd_per_local_expert_s"),
+        ([{"fwd_s": -1, "bwd_s": 0.01, "bwd_per_local_expert_s": 0}], "moe_host_floor[0].fwd_s"),
+        ([{"fwd_s": 0, "bwd_s": 0, "bwd_per_local_expert_s": 0, "precision": "fp4"}], "moe_host_floor[0].precision"),
+        ([MoeHostFloor().to_dict()] * 2, "moe_host_floor"),
+        ({"fwd_s": 0.01}, "moe_host_floor"),
+    ],
+)
+def test_bad_host_floor_names_the_field(floors, field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        _calibration(floors)
 
 
 @settings(max_examples=12, deadline=None)

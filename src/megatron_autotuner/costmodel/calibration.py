@@ -10,10 +10,17 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
                                                                                     (optional)
      "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18,
                 "expandable_segments": false}}                                        (optional)
+     "moe_host_floor": [{"precision": "bf16", "fwd_s": 6.1e-3, "bwd_s": 6.4e-3,
+                         "bwd_per_local_expert_s": 55e-6}, ...]                         (optional)
      (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory;
      expandable_segments: the allocator setting of the runs it came from, absent = any. `memory` may
      also be a list of such objects, one per setting: a prediction uses the block of its own setting,
      else the one without a setting, else the cost model's default for its setting.)
+
+`moe_host_floor`: the host time of one eager MoE block per micro-batch on the machine measured (the
+testbench's `moe` operator where it is host-bound, `testbench.calibration.moe_host_floors_from_records`);
+with `CostOptions.moe_host_bound` a MoE block never takes less. A precision without its own entry uses
+the bf16 one (same host), then `defaults.MOE_HOST_FLOOR_*`.
 
 `op` is an operator name of `theory.flops` (qkv, proj, fc1, fc2, experts_fc1, ..., logits,
 core_attention) or "gemm" for a generic matrix product; `phase` is fwd, dgrad, wgrad, bwd or
@@ -40,6 +47,7 @@ from ..errors import AutotunerError, ConfigError
 from ..specs.hardware import GPUSpec, get_gpu_spec
 from ..specs.parallel import PRECISIONS
 from ..theory.memory import MemoryAllowance
+from . import defaults as d
 
 CALIBRATION_KIND = "megatron-autotuner-calibration"
 PHASES = ("fwd", "dgrad", "wgrad", "bwd", "fwd+bwd")
@@ -127,6 +135,31 @@ class MemoryCalibration:
         return out
 
 
+@dataclass(frozen=True)
+class MoeHostFloor:
+    """Host time of one eager megatron-core MoE block per micro-batch: forward `fwd_s`, backward
+    `bwd_s + bwd_per_local_expert_s * local experts`; the block never runs faster than this."""
+
+    fwd_s: float = d.MOE_HOST_FLOOR_FWD_S
+    bwd_s: float = d.MOE_HOST_FLOOR_BWD_S
+    bwd_per_local_expert_s: float = d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
+    precision: str = "bf16"
+
+    def backward_s(self, local_experts: int) -> float:
+        return self.bwd_s + local_experts * self.bwd_per_local_expert_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "precision": self.precision,
+            "fwd_s": self.fwd_s,
+            "bwd_s": self.bwd_s,
+            "bwd_per_local_expert_s": self.bwd_per_local_expert_s,
+        }
+
+
+DEFAULT_MOE_HOST_FLOOR = MoeHostFloor()
+
+
 @dataclass(frozen=True, eq=False)
 class Calibration:
     """A loaded calibration file. Hashes by identity so cached cost functions can take it."""
@@ -138,6 +171,7 @@ class Calibration:
     ops: tuple[OpMeasurement, ...] = ()
     layers: tuple[LayerMeasurement, ...] = ()
     memory: tuple[MemoryCalibration, ...] = ()
+    moe_host_floors: tuple[MoeHostFloor, ...] = ()
     source: str = ""
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -199,6 +233,14 @@ class Calibration:
                     return block.allowance
         return None
 
+    def moe_host_floor(self, precision: str) -> MoeHostFloor | None:
+        """The MoE host floor measured for `precision`, else the bf16 one (same host), else None."""
+        for wanted in (precision, "bf16"):
+            for floor in self.moe_host_floors:
+                if floor.precision == wanted:
+                    return floor
+        return None
+
     def to_summary(self) -> dict[str, Any]:
         return {
             "source": self.source,
@@ -208,6 +250,7 @@ class Calibration:
             "ops": len(self.ops),
             "layers": len(self.layers),
             "memory": [block.to_dict() for block in self.memory],
+            "moe_host_floor": [floor.to_dict() for floor in self.moe_host_floors],
         }
 
 
@@ -338,6 +381,32 @@ def _parse_memory(source: str, raw: Any) -> tuple[MemoryCalibration, ...]:
     return blocks
 
 
+def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: moe_host_floor", "must be a list of objects")
+    floors = []
+    for i, row in enumerate(raw):
+        where = f"{source}: moe_host_floor[{i}]"
+        if not isinstance(row, dict):
+            raise ConfigError(where, "must be an object")
+        floors.append(
+            MoeHostFloor(
+                fwd_s=_number(f"{where}.fwd_s", row.get("fwd_s"), allow_zero=True),
+                bwd_s=_number(f"{where}.bwd_s", row.get("bwd_s"), allow_zero=True),
+                bwd_per_local_expert_s=_number(
+                    f"{where}.bwd_per_local_expert_s", row.get("bwd_per_local_expert_s"), allow_zero=True
+                ),
+                precision=_precision(f"{where}.precision", row.get("precision", "bf16")),
+            )
+        )
+    precisions = [f.precision for f in floors]
+    if len(set(precisions)) != len(precisions):
+        raise ConfigError(f"{source}: moe_host_floor", "has two entries for the same precision")
+    return tuple(floors)
+
+
 def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibration:
     """Validate a parsed calibration document; every problem is one `ConfigError` naming the field."""
     if not isinstance(data, dict):
@@ -369,6 +438,7 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
         ops=ops,
         layers=layers,
         memory=memory,
+        moe_host_floors=_parse_moe_host_floors(source, data.get("moe_host_floor")),
         source=source,
     )
 

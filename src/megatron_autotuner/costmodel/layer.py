@@ -38,8 +38,8 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
 - expert parallelism: dispatch + combine all-to-all of the routed tokens forward and backward,
   exposed (megatron-core's default; no EP overlap).
 - host-bound MoE (`LayerContext.moe_host_bound`, an eager megatron-core MoE block): the block's
-  GPU time is raised to the testbench-measured host floor (`defaults.MOE_HOST_FLOOR_*`); the
-  difference is reported as "host".
+  GPU time is raised to the testbench-measured host floor: the calibration's (`Calibration.moe_host_floor`,
+  measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host".
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
-from .calibration import Calibration
+from .calibration import DEFAULT_MOE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
@@ -85,7 +85,7 @@ class LayerContext:
     cp_comm_type: str = "p2p"
     flash_attention: bool = True
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
-    moe_host_bound: bool = False  # eager MoE block: never faster than `defaults.MOE_HOST_FLOOR_*`
+    moe_host_bound: bool = False  # eager MoE block: never faster than its host floor (see the module doc)
     calibration: Calibration | None = None
     main_grad_bytes: int = 4  # fp32 main grads (2: --grad-reduce-in-bf16); wgrad GEMMs accumulate into them
 
@@ -429,10 +429,11 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         moe_mem = ("router", "moe_permute", "activation", "activation_bwd")
         moe_mem += ("shared_activation", "shared_activation_bwd")
         gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
-        _add(fwd, "host", max(0.0, d.MOE_HOST_FLOOR_FWD_S - gpu_fwd))
+        floor = ctx.calibration.moe_host_floor(ctx.precision) if ctx.calibration is not None else None
+        floor = floor or DEFAULT_MOE_HOST_FLOOR
+        _add(fwd, "host", max(0.0, floor.fwd_s - gpu_fwd))
         if ctx.training:
-            local_experts = max(1, model.num_moe_experts // ctx.ep)
-            floor_bwd = d.MOE_HOST_FLOOR_BWD_S + local_experts * d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
+            floor_bwd = floor.backward_s(max(1, model.num_moe_experts // ctx.ep))
             gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
             gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
             _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))

@@ -7,6 +7,8 @@ Schema (kind "megatron-autotuner-calibration", schema_version 1):
  "layers": [{"model", "num_gpus", "tp", "cp", "ep", "sequence_parallel", "seq_length", "micro_batch_size",
              "precision", "phase", "time_ms", "model_flops", "activation_bytes", "activation_estimated_bytes"}],
  "memory": {}}
+`moe_host_floor` (a list, one entry per precision): the host time of an eager MoE block on this machine, from
+the `moe` cases that are host-bound (`moe_host_floors_from_records`).
 `ops` names are the testbench operators: attention (norm + qkv + core attention + proj), mlp (norm + fc1
 + fc2), moe, decoder, lm_head; column_linear (GEMM h -> fc1 width) and row_linear (GEMM ffn -> h) are
 written as op "gemm" with m/n/k (`testbench_op` keeps the name), so they calibrate the cost model's
@@ -17,15 +19,96 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
-from ..specs import load_model_spec
+from ..specs import ClusterSpec, get_gpu_spec, load_model_spec
 from .results import all_records, latest_by_case
 
 LINEAR_OPS = ("column_linear", "row_linear")
+# A `moe` case counts as host-bound when both phases took at least this many times the cost model's GPU time
+# of its whole decoder layer (attention included: an upper bound on the MoE block's own GPU work).
+HOST_BOUND_RATIO = 1.5
+
+
+def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
+    """One `moe` case: measured fwd / bwd, its local experts, and the GPU time the cost model gives its layer."""
+    from ..costmodel.layer import LayerContext, layer_cost
+
+    case = rec["case"]
+    spec = load_model_spec(case["model"])
+    ctx = LayerContext(
+        cluster=ClusterSpec(get_gpu_spec(rec["gpu_preset"]), rec["world_size"]),
+        tp=case["tp"],
+        sequence_parallel=case["sequence_parallel"],
+        cp=case["cp"],
+        ep=case["ep"],
+        etp=case["etp"],
+        tokens=case["micro_batch_size"] * case["seq_length"] / case["cp"],
+        seq_length=case["seq_length"],
+        precision=case.get("dtype", "bf16"),
+        fused_bias_activation=rec.get("bias_activation_fusion", True),
+    )
+    layer = next(i for i in range(spec.num_layers) if spec.is_moe_layer(i))
+    gpu = layer_cost(spec, layer, ctx)
+    fwd_ms, bwd_ms = rec["real"]["fwd_ms"]["median"], rec["real"]["bwd_ms"]["median"]
+    return {
+        "case_id": rec["case_id"],
+        "local_experts": spec.num_moe_experts // case["ep"],
+        "fwd_ms": fwd_ms,
+        "bwd_ms": bwd_ms,
+        "layer_gpu_fwd_ms": gpu.fwd.total * 1e3,
+        "layer_gpu_bwd_ms": gpu.bwd.total * 1e3,
+        "host_bound": fwd_ms >= HOST_BOUND_RATIO * gpu.fwd.total * 1e3
+        and bwd_ms >= HOST_BOUND_RATIO * gpu.bwd.total * 1e3,
+    }
+
+
+def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eager MoE block's host floor per precision from host-bound `moe` cases (`costmodel.MoeHostFloor`).
+
+    Forward: the median over the cases (flat in the local experts on 2x H200: 9.14 / 9.29 ms at 128 / 64).
+    Backward: a least-squares line in the local experts when the cases hold two or more expert counts (each
+    local expert adds its own kernels), else the default line scaled to the one count measured. Cases that
+    are not host-bound (GPU work near the measured time) say nothing about the host and are left out.
+    """
+    from ..costmodel.calibration import DEFAULT_MOE_HOST_FLOOR
+
+    points: dict[str, list[dict[str, Any]]] = {}
+    for rec in ok:
+        if rec["case"]["op"] == "moe":
+            points.setdefault(rec["case"].get("dtype", "bf16"), []).append(_moe_point(rec))
+    floors = []
+    for precision, pts in sorted(points.items()):
+        used = [p for p in pts if p["host_bound"]]
+        if not used:
+            continue
+        experts = [p["local_experts"] for p in used]
+        bwd = [p["bwd_ms"] * 1e-3 for p in used]
+        if len(set(experts)) >= 2:
+            slope, intercept = statistics.linear_regression(experts, bwd)
+            fit = "least squares in local experts"
+            if slope < 0:
+                slope, intercept = 0.0, statistics.mean(bwd)
+        else:
+            scale = statistics.median(bwd) / DEFAULT_MOE_HOST_FLOOR.backward_s(experts[0])
+            slope = DEFAULT_MOE_HOST_FLOOR.bwd_per_local_expert_s * scale
+            intercept = DEFAULT_MOE_HOST_FLOOR.bwd_s * scale
+            fit = "default line scaled to the one expert count measured"
+        floors.append(
+            {
+                "precision": precision,
+                "fwd_s": statistics.median(p["fwd_ms"] for p in used) * 1e-3,
+                "bwd_s": intercept,
+                "bwd_per_local_expert_s": slope,
+                "fit": fit,
+                "cases": pts,
+            }
+        )
+    return floors
 
 
 def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = None) -> dict[str, Any]:
@@ -94,6 +177,7 @@ def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = No
         "ops": ops,
         "layers": layers,
         "memory": {},
+        "moe_host_floor": moe_host_floors_from_records(ok),
     }
 
 
