@@ -91,7 +91,16 @@ def test_fp8_case_sets_the_hybrid_recipe_and_needs_te():
     fp8 = Case(model="Llama-2-7b", op="column_linear", seq_length=4096, dtype="fp8")
     bf16 = Case(model="Llama-2-7b", op="column_linear", seq_length=4096)
     assert transformer_config_kwargs(fp8.model_spec(), fp8)["fp8"] == "hybrid"
+    assert transformer_config_kwargs(fp8.model_spec(), fp8)["fp8_recipe"] == "delayed"
     assert "fp8" not in transformer_config_kwargs(bf16.model_spec(), bf16)
+    tensorwise = Case(model="Llama-2-7b", op="column_linear", seq_length=4096, dtype="fp8", fp8_recipe="tensorwise")
+    assert transformer_config_kwargs(fp8.model_spec(), tensorwise)["fp8_recipe"] == "tensorwise"
+    # the recipe field came later: delayed-scaling cases keep the ids their committed results carry
+    assert fp8.case_id == "Llama-2-7b.column_linear.tp1.cp1.ep1.s4096.b1.216a64197d" != tensorwise.case_id
+    with pytest.raises(ConfigError, match="^fp8_recipe: needs dtype fp8"):
+        Case(model="Llama-2-7b", op="column_linear", seq_length=4096, fp8_recipe="tensorwise")
+    with pytest.raises(ConfigError, match="^fp8_recipe: must be one of"):
+        Case(model="Llama-2-7b", op="column_linear", seq_length=4096, dtype="fp8", fp8_recipe="mxfp8")
     if not te_available():
         with pytest.raises(ConfigError, match="^dtype: fp8 needs Transformer Engine"):
             build_operator(fp8, "cpu")

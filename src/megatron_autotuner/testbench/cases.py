@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
 from ..specs import ModelSpec, ParallelConfig, Workload, load_model_spec
-from ..specs.parallel import PRECISIONS
+from ..specs.parallel import FP8_RECIPES, PRECISIONS
 
 # Operators the testbench can build from megatron-core modules.
 OPERATORS = (
@@ -50,6 +50,7 @@ class Case:
     sequence_parallel: bool | None = None  # default: on when tp > 1
     num_layers: int = 2  # for gpt_chunk only
     dtype: str = "bf16"
+    fp8_recipe: str = "delayed"  # with dtype fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise)
     cp_comm_type: str = "p2p"
     use_te: bool = True  # TE layer spec; False = megatron-core local spec
 
@@ -68,6 +69,10 @@ class Case:
             object.__setattr__(self, "sequence_parallel", False)
         if self.dtype not in PRECISIONS:
             raise ConfigError("dtype", f"must be {' or '.join(PRECISIONS)}, got {self.dtype!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ConfigError("fp8_recipe", f"must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_recipe != "delayed" and self.dtype != "fp8":
+            raise ConfigError("fp8_recipe", f"needs dtype fp8, got dtype {self.dtype!r}")
         if self.cp > 1 and self.seq_length % (2 * self.cp):
             raise ConfigError("seq_length", f"{self.seq_length} must be divisible by 2*cp={2 * self.cp}")
         if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
@@ -83,8 +88,12 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        """Stable id: readable prefix + hash of every field (resume keys on it)."""
-        fields = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """Stable id: readable prefix + hash of every field (resume keys on it); a field added later counts only
+        when it differs from its default, so earlier results keep their ids."""
+        data = dataclasses.asdict(self)
+        if data["fp8_recipe"] == "delayed":
+            del data["fp8_recipe"]
+        fields = json.dumps(data, sort_keys=True)
         digest = hashlib.sha1(fields.encode()).hexdigest()[:10]
         model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
         sizes = f"tp{self.tp}.cp{self.cp}.ep{self.ep}.s{self.seq_length}.b{self.micro_batch_size}"
@@ -125,6 +134,7 @@ class Case:
             micro_batch_size=self.micro_batch_size,
             global_batch_size=self.micro_batch_size * dp,
             precision=self.dtype,
+            fp8_recipe=self.fp8_recipe,
         )
 
     def layer_index(self, spec: ModelSpec) -> int:

@@ -49,7 +49,8 @@ class _Split:
     etp: int
     sequence_parallel: bool
     cp_comm_type: str
-    dtype: str  # bf16 | fp8 (fp8: TE delayed scaling, hybrid format)
+    dtype: str  # bf16 | fp8 (hybrid format)
+    fp8_recipe: str = "delayed"  # with fp8: delayed | tensorwise
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
@@ -163,8 +164,9 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         apply_rope_fusion=cuda and use_te,
     )
     if layout.precision == "fp8":
-        # Megatron-LM's --fp8-recipe / --fp8-param-gather (fp8 itself, format hybrid, comes from the testbench's
-        # config); with fp8_param megatron-core's TransformerBlock builds its TE layers under TE's fp8_model_init
+        # Megatron-LM's --fp8-recipe / --fp8-param-gather (fp8 itself, format hybrid, and the recipe come from the
+        # testbench's config); with fp8_param megatron-core's TransformerBlock builds its TE layers under TE's
+        # fp8_model_init
         out.update(fp8_recipe=layout.fp8_recipe, fp8_param=layout.fp8_param)
     if layout.recompute == "full":
         out.update(
@@ -187,7 +189,9 @@ def build_model(layout: Layout, device: str, use_te: bool):
 
     spec = layout.model_spec()
     par = layout.parallel()
-    split = _Split(par.tp, par.cp, par.ep, par.etp, par.sequence_parallel, par.cp_comm_type, layout.precision)
+    split = _Split(
+        par.tp, par.cp, par.ep, par.etp, par.sequence_parallel, par.cp_comm_type, layout.precision, layout.fp8_recipe
+    )
     config = build_transformer_config(spec, split, use_te, device, config_overrides(layout, use_te, device))
     chunks = []
     for vp_stage in range(layout.vpp) if layout.vpp else [None]:
