@@ -52,12 +52,23 @@ def test_host_floor_fit_leaves_out_gpu_bound_cases_and_scales_one_expert_count()
     one = [r for r in records if r["case"]["ep"] == 1]
     fast_host = [dict(r, real=dict(r["real"], bwd_ms={"median": r["real"]["bwd_ms"]["median"] / 2})) for r in one]
     (floor,) = moe_host_floors_from_records(fast_host)
-    assert floor["fit"].startswith("default line scaled")
+    assert all(how.startswith("default line scaled") for how in floor["fit"].values())
     assert floor["bwd_s"] + 128 * floor["bwd_per_local_expert_s"] == pytest.approx(
         one[0]["real"]["bwd_ms"]["median"] * 5e-4
     )
     fp8 = [dict(r, case=dict(r["case"], dtype="fp8")) for r in records]
-    assert [f["precision"] for f in moe_host_floors_from_records(records + fp8)] == ["bf16", "fp8"]
+    tensorwise = [dict(r, case=dict(r["case"], dtype="fp8", fp8_recipe="tensorwise")) for r in records]
+    floors = moe_host_floors_from_records(records + fp8 + tensorwise)
+    assert [(f["precision"], f.get("fp8_recipe")) for f in floors] == [
+        ("bf16", None),
+        ("fp8", "delayed"),
+        ("fp8", "tensorwise"),
+    ]
+    # a least-squares line that would start below zero goes through the origin: no negative host time
+    bwd_ms = {1: 30.0, 2: 10.0}  # 128 / 64 local experts: the line would cross zero at 32
+    steep = [dict(r, real=dict(r["real"], bwd_ms={"median": bwd_ms[r["case"]["ep"]]})) for r in records]
+    (floor,) = moe_host_floors_from_records(steep)
+    assert floor["bwd_s"] == 0 and floor["bwd_per_local_expert_s"] > 0 and "origin" in floor["fit"]["bwd"]
 
 
 def _calibration(floors: list[dict]):
@@ -81,6 +92,10 @@ def test_a_calibrated_host_floor_replaces_the_default():
     )
     cal = _calibration([half.to_dict()])
     assert cal.moe_host_floor("fp8") == cal.moe_host_floor("bf16") == half
+    tensorwise = MoeHostFloor(0.02, 0.02, 3e-4, precision="fp8", fp8_recipe="tensorwise")
+    both = _calibration([half.to_dict(), tensorwise.to_dict()])
+    assert both.moe_host_floor("fp8", "tensorwise") == both.moe_host_floor("fp8", "delayed") == tensorwise
+    assert both.moe_host_floor("bf16") == half
     default = _step(MOE, p, w, moe_host_bound=True)
     calibrated = _step(MOE, p, w, moe_host_bound=True, calibration=cal)
     assert 0 < calibrated.time.breakdown["host_bound"] < 0.6 * default.time.breakdown["host_bound"]
@@ -95,6 +110,7 @@ def test_a_calibrated_host_floor_replaces_the_default():
         ([{"fwd_s": -1, "bwd_s": 0.01, "bwd_per_local_expert_s": 0}], "moe_host_floor[0].fwd_s"),
         ([{"fwd_s": 0, "bwd_s": 0, "bwd_per_local_expert_s": 0, "precision": "fp4"}], "moe_host_floor[0].precision"),
         ([MoeHostFloor().to_dict()] * 2, "moe_host_floor"),
+        ([{"fwd_s": 0, "bwd_s": 0, "bwd_per_local_expert_s": 0, "fp8_recipe": "tensorwise"}], "[0].fp8_recipe"),
         ({"fwd_s": 0.01}, "moe_host_floor"),
     ],
 )

@@ -10,8 +10,8 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
                                                                                     (optional)
      "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18,
                 "expandable_segments": false}}                                        (optional)
-     "moe_host_floor": [{"precision": "bf16", "fwd_s": 6.1e-3, "bwd_s": 6.4e-3,
-                         "bwd_per_local_expert_s": 55e-6}, ...]                         (optional)
+     "moe_host_floor": [{"precision": "bf16", "fwd_s": 4.6e-3, "fwd_per_local_expert_s": 31e-6,
+                         "bwd_s": 0.9e-3, "bwd_per_local_expert_s": 133e-6}, ...]       (optional)
      (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory;
      expandable_segments: the allocator setting of the runs it came from, absent = any. `memory` may
      also be a list of such objects, one per setting: a prediction uses the block of its own setting,
@@ -45,7 +45,7 @@ from typing import Any
 
 from ..errors import AutotunerError, ConfigError
 from ..specs.hardware import GPUSpec, get_gpu_spec
-from ..specs.parallel import PRECISIONS
+from ..specs.parallel import FP8_RECIPES, PRECISIONS
 from ..theory.memory import MemoryAllowance
 from . import defaults as d
 
@@ -137,21 +137,32 @@ class MemoryCalibration:
 
 @dataclass(frozen=True)
 class MoeHostFloor:
-    """Host time of one eager megatron-core MoE block per micro-batch: forward `fwd_s`, backward
-    `bwd_s + bwd_per_local_expert_s * local experts`; the block never runs faster than this."""
+    """Host time of one eager megatron-core MoE block per micro-batch, a line in its local experts E: forward
+    `fwd_s + fwd_per_local_expert_s * E`, backward `bwd_s + bwd_per_local_expert_s * E`; the block never runs
+    faster than this."""
 
     fwd_s: float = d.MOE_HOST_FLOOR_FWD_S
     bwd_s: float = d.MOE_HOST_FLOOR_BWD_S
     bwd_per_local_expert_s: float = d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S
     precision: str = "bf16"
+    fwd_per_local_expert_s: float = d.MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S
+    fp8_recipe: str | None = None  # fp8: the recipe measured (tensorwise adds an amax pass per tensor)
+
+    def forward_s(self, local_experts: int) -> float:
+        return self.fwd_s + local_experts * self.fwd_per_local_expert_s
 
     def backward_s(self, local_experts: int) -> float:
         return self.bwd_s + local_experts * self.bwd_per_local_expert_s
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "precision": self.precision,
+        out = (
+            {"precision": self.precision}
+            if self.fp8_recipe is None
+            else {"precision": "fp8", "fp8_recipe": self.fp8_recipe}
+        )
+        return out | {
             "fwd_s": self.fwd_s,
+            "fwd_per_local_expert_s": self.fwd_per_local_expert_s,
             "bwd_s": self.bwd_s,
             "bwd_per_local_expert_s": self.bwd_per_local_expert_s,
         }
@@ -233,12 +244,18 @@ class Calibration:
                     return block.allowance
         return None
 
-    def moe_host_floor(self, precision: str) -> MoeHostFloor | None:
-        """The MoE host floor measured for `precision`, else the bf16 one (same host), else None."""
-        for wanted in (precision, "bf16"):
-            for floor in self.moe_host_floors:
-                if floor.precision == wanted:
-                    return floor
+    def moe_host_floor(self, precision: str, fp8_recipe: str = "delayed") -> MoeHostFloor | None:
+        """The MoE host floor measured for `precision` (and fp8 recipe), else another fp8 recipe's, else the bf16
+        one (same host), else None."""
+        floors = self.moe_host_floors
+        for match in (
+            lambda f: f.precision == precision and f.fp8_recipe in (fp8_recipe if precision == "fp8" else None, None),
+            lambda f: f.precision == precision,
+            lambda f: f.precision == "bf16",
+        ):
+            found = [f for f in floors if match(f)]
+            if found:
+                return found[0]
         return None
 
     def to_summary(self) -> dict[str, Any]:
@@ -381,6 +398,15 @@ def _parse_memory(source: str, raw: Any) -> tuple[MemoryCalibration, ...]:
     return blocks
 
 
+def _fp8_recipe(where: str, row: dict[str, Any]) -> str | None:
+    recipe = row.get("fp8_recipe")
+    if recipe is None:
+        return None
+    if row.get("precision") != "fp8" or recipe not in FP8_RECIPES:
+        raise ConfigError(where, f"must be one of {', '.join(FP8_RECIPES)} with precision fp8, got {recipe!r}")
+    return recipe
+
+
 def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
     if raw is None:
         return ()
@@ -394,16 +420,20 @@ def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
         floors.append(
             MoeHostFloor(
                 fwd_s=_number(f"{where}.fwd_s", row.get("fwd_s"), allow_zero=True),
+                fwd_per_local_expert_s=_number(
+                    f"{where}.fwd_per_local_expert_s", row.get("fwd_per_local_expert_s", 0.0), allow_zero=True
+                ),
                 bwd_s=_number(f"{where}.bwd_s", row.get("bwd_s"), allow_zero=True),
                 bwd_per_local_expert_s=_number(
                     f"{where}.bwd_per_local_expert_s", row.get("bwd_per_local_expert_s"), allow_zero=True
                 ),
                 precision=_precision(f"{where}.precision", row.get("precision", "bf16")),
+                fp8_recipe=_fp8_recipe(f"{where}.fp8_recipe", row),
             )
         )
-    precisions = [f.precision for f in floors]
+    precisions = [(f.precision, f.fp8_recipe) for f in floors]
     if len(set(precisions)) != len(precisions):
-        raise ConfigError(f"{source}: moe_host_floor", "has two entries for the same precision")
+        raise ConfigError(f"{source}: moe_host_floor", "has two entries for the same precision and fp8 recipe")
     return tuple(floors)
 
 

@@ -429,11 +429,13 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         moe_mem = ("router", "moe_permute", "activation", "activation_bwd")
         moe_mem += ("shared_activation", "shared_activation_bwd")
         gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
-        floor = ctx.calibration.moe_host_floor(ctx.precision) if ctx.calibration is not None else None
+        cal = ctx.calibration
+        floor = cal.moe_host_floor(ctx.precision, ctx.fp8_recipe) if cal is not None else None
         floor = floor or DEFAULT_MOE_HOST_FLOOR
-        _add(fwd, "host", max(0.0, floor.fwd_s - gpu_fwd))
+        local_experts = max(1, model.num_moe_experts // ctx.ep)
+        _add(fwd, "host", max(0.0, floor.forward_s(local_experts) - gpu_fwd))
         if ctx.training:
-            floor_bwd = floor.backward_s(max(1, model.num_moe_experts // ctx.ep))
+            floor_bwd = floor.backward_s(local_experts)
             gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
             gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
             _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))

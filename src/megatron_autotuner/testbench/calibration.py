@@ -50,6 +50,7 @@ def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
         tokens=case["micro_batch_size"] * case["seq_length"] / case["cp"],
         seq_length=case["seq_length"],
         precision=case.get("dtype", "bf16"),
+        fp8_recipe=case.get("fp8_recipe", "delayed"),
         fused_bias_activation=rec.get("bias_activation_fusion", True),
     )
     layer = next(i for i in range(spec.num_layers) if spec.is_moe_layer(i))
@@ -67,44 +68,54 @@ def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _host_line(experts: list[int], seconds: list[float], default_line) -> tuple[float, float, str]:
+    """(intercept, slope per local expert, how): least squares with two or more expert counts (slope >= 0),
+    else `default_line(E) = (intercept, slope)` scaled to the one count measured."""
+    if len(set(experts)) >= 2:
+        slope, intercept = statistics.linear_regression(experts, seconds)
+        if slope < 0:
+            return statistics.mean(seconds), 0.0, "flat: the least-squares line fell with more experts"
+        if intercept < 0:  # no negative host time: the least-squares line through the origin
+            slope = sum(x * y for x, y in zip(experts, seconds, strict=True)) / sum(x * x for x in experts)
+            return 0.0, slope, "least squares in local experts, through the origin"
+        return intercept, slope, "least squares in local experts"
+    intercept, slope = default_line
+    scale = statistics.median(seconds) / (intercept + slope * experts[0])
+    return intercept * scale, slope * scale, "default line scaled to the one expert count measured"
+
+
 def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The eager MoE block's host floor per precision from host-bound `moe` cases (`costmodel.MoeHostFloor`).
+    """The eager MoE block's host floor per precision from host-bound `moe` cases (`costmodel.MoeHostFloor`):
+    forward and backward each a line in the local experts (each local expert adds its own kernels), fitted by
+    least squares when the cases hold two or more expert counts, else the default line scaled to the one count
+    measured. Cases that are not host-bound (GPU work near the measured time) say nothing about the host and
+    are left out."""
+    from ..costmodel.calibration import DEFAULT_MOE_HOST_FLOOR as default
 
-    Forward: the median over the cases (flat in the local experts on 2x H200: 9.14 / 9.29 ms at 128 / 64).
-    Backward: a least-squares line in the local experts when the cases hold two or more expert counts (each
-    local expert adds its own kernels), else the default line scaled to the one count measured. Cases that
-    are not host-bound (GPU work near the measured time) say nothing about the host and are left out.
-    """
-    from ..costmodel.calibration import DEFAULT_MOE_HOST_FLOOR
-
-    points: dict[str, list[dict[str, Any]]] = {}
+    points: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
     for rec in ok:
-        if rec["case"]["op"] == "moe":
-            points.setdefault(rec["case"].get("dtype", "bf16"), []).append(_moe_point(rec))
+        case = rec["case"]
+        if case["op"] == "moe":
+            fp8 = case.get("dtype", "bf16") == "fp8"
+            key = ("fp8", case.get("fp8_recipe", "delayed")) if fp8 else (case.get("dtype", "bf16"), None)
+            points.setdefault(key, []).append(_moe_point(rec))
     floors = []
-    for precision, pts in sorted(points.items()):
+    for (precision, recipe), pts in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         used = [p for p in pts if p["host_bound"]]
         if not used:
             continue
         experts = [p["local_experts"] for p in used]
-        bwd = [p["bwd_ms"] * 1e-3 for p in used]
-        if len(set(experts)) >= 2:
-            slope, intercept = statistics.linear_regression(experts, bwd)
-            fit = "least squares in local experts"
-            if slope < 0:
-                slope, intercept = 0.0, statistics.mean(bwd)
-        else:
-            scale = statistics.median(bwd) / DEFAULT_MOE_HOST_FLOOR.backward_s(experts[0])
-            slope = DEFAULT_MOE_HOST_FLOOR.bwd_per_local_expert_s * scale
-            intercept = DEFAULT_MOE_HOST_FLOOR.bwd_s * scale
-            fit = "default line scaled to the one expert count measured"
+        fwd = _host_line(experts, [p["fwd_ms"] * 1e-3 for p in used], (default.fwd_s, default.fwd_per_local_expert_s))
+        bwd = _host_line(experts, [p["bwd_ms"] * 1e-3 for p in used], (default.bwd_s, default.bwd_per_local_expert_s))
         floors.append(
             {
                 "precision": precision,
-                "fwd_s": statistics.median(p["fwd_ms"] for p in used) * 1e-3,
-                "bwd_s": intercept,
-                "bwd_per_local_expert_s": slope,
-                "fit": fit,
+                **({"fp8_recipe": recipe} if recipe else {}),
+                "fwd_s": fwd[0],
+                "fwd_per_local_expert_s": fwd[1],
+                "bwd_s": bwd[0],
+                "bwd_per_local_expert_s": bwd[1],
+                "fit": {"fwd": fwd[2], "bwd": bwd[2]},
                 "cases": pts,
             }
         )
