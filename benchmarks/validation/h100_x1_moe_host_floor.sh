@@ -3,8 +3,8 @@
 # machine's MoE training steps? (The default floor, measured on the 2x H200 host, put a 2-layer Qwen3-30B-A3B
 # step on this kind at +37%: moe_holes/.)
 # 1. testbench `moe` block of Qwen3-30B-A3B shapes at s4096, ep1, with 128 / 64 / 32 experts (models/: the preset
-#    with num_experts changed), bf16 and fp8 (delayed): `mat profile --calibration-out` writes this host's
-#    `moe_host_floor`                                                                                   ~1.5 min
+#    with num_experts changed), bf16 and fp8: `mat profile --calibration-out` writes this host's
+#    `moe_host_floor`; fp8 in both recipes (delayed, tensorwise)                                        ~2 min
 # 2. six 2-layer training steps (h100_x1_moe_host_floor_layouts.json) predicted with that calibration  ~4 min
 # 3. the testbench cases again: did the host's pace drift while the steps ran?                            ~1.5 min
 # Run from the repository root on the GPU machine:
@@ -19,8 +19,9 @@ profile_cases() {  # profile_cases NAME: the testbench cases into "$OUT/NAME", t
   $MAT profile --case-file "$HERE/h100_x1_moe_host_floor_cases.json" --warmup 5 --repeats 20 --case-timeout 240 \
     --output-dir "$OUT/$1" --calibration-out "$EV/$1.calibration.json" --json > "$EV/testbench/$1.summary.json"
   echo "testbench $1 rc=$? ($(elapsed))"
-  mkdir -p "$EV/testbench/$1"
-  cp "$OUT/$1"/collect/*.jsonl "$OUT/$1"/cases.json "$EV/testbench/$1/" 2>/dev/null
+  mkdir -p "$EV/testbench/$1/collect"
+  cp "$OUT/$1"/cases.json "$EV/testbench/$1/" 2>/dev/null
+  cp "$OUT/$1"/collect/*.jsonl "$EV/testbench/$1/collect/" 2>/dev/null
 }
 echo "== 1: testbench before"
 profile_cases testbench_before
