@@ -141,9 +141,9 @@ HOP_LATENCY_S = {"nvlink": 1e-6, "scale_out": 5e-6}
 # took 9.14 / 9.29 ms forward at 128 / 64 local experts, flat, and 20.18 / 14.89 ms backward: 9.6 ms
 # plus 83 us per local expert, while its GPU work is 1-3 ms. A MoE layer's block never takes less.
 # These are one host's: the floor is the host CPU's pace, and another host (1x H100 leases, three of them:
-# benchmarks/results/validation_h100_x1/moe_host_floor) ran it 36% faster to 5% slower (128 experts), with forward growing
-# 25-48 us per local expert. A calibration file measured on the machine (`mat profile --ops moe --calibration-out`,
-# its `moe_host_floor`) replaces these.
+# benchmarks/results/validation_h100_x1/moe_host_floor) ran it 36% faster to 5% slower (128 experts), with
+# forward growing 25-48 us per local expert. A calibration file measured on the machine (`mat profile --ops moe
+# --calibration-out`, its `moe_host_floor`) replaces these.
 MOE_HOST_FLOOR_FWD_S = 9.2e-3
 MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 0.0  # flat on that host; a line on 1x H100's (a calibration says so)
 MOE_HOST_FLOOR_BWD_S = 9.6e-3
