@@ -31,7 +31,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs import get_gpu_spec
 from ..theory.flops import layer_forward_flops_per_token, phase_flops
-from ..theory.memory import GIB, MemoryAllowance, local_tokens
+from ..theory.memory import GIB, ActivationOptions, MemoryAllowance, local_tokens, stage_memory
 from .layout import Layout
 from .predict import estimate_layout, predicted_allocated_gib
 
@@ -227,6 +227,17 @@ def memory_blocks_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | list
     return blocks[0] if len(blocks) == 1 else blocks
 
 
+def _peak_stage_activation_detail(layout: Layout, stage: int) -> dict[str, float]:
+    """The theory's activation working sets of the predicted peak stage (what `MemoryAllowance.bytes_for` needs
+    to count the pieces a forward-only MoE pass leaves under expandable segments)."""
+    from ..costmodel.estimate import padded_vocab
+
+    model, parallel = layout.model_spec(), layout.parallel()
+    options = ActivationOptions(flash_attention=layout.use_te)
+    padded = padded_vocab(model, parallel.tp)
+    return stage_memory(model, parallel, layout.workload(), stage, options, padded_vocab_size=padded).activation_detail
+
+
 def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Peak memory of each comparable run predicted with the allowance calibrated from the *other* runs
     (leave-one-out, among runs with the same allocator setting): what `mat estimate --calibration` would say
@@ -243,8 +254,11 @@ def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         breakdown = row["predicted"]["memory_breakdown_gib"]
         allocated_gib = predicted_allocated_gib(row["predicted"])
         layout = Layout.from_dict(row["layout"])
-        allowance = MemoryAllowance(**memory).bytes_for(
-            breakdown["activations"] * GIB, layout.parallel(), layout.mode == "train"
+        allowance = MemoryAllowance(**memory, expandable_segments=_expandable(row)).bytes_for(
+            breakdown["activations"] * GIB,
+            layout.parallel(),
+            layout.mode == "train",
+            _peak_stage_activation_detail(layout, int(breakdown.get("stage", 0))),
         )
         predicted = allocated_gib + allowance / GIB
         out.append(
