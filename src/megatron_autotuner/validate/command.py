@@ -84,6 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--available-gpus", type=int, default=None, help="record layouts needing more GPUs as failed")
     p.add_argument("--calibration", metavar="JSON", help="predict with this calibration file")
     p.add_argument("--write-calibration", metavar="JSON", help="write a calibration file from the measured runs")
+    p.add_argument(
+        "--measure-host-floor",
+        action="store_true",
+        help="first time the eager MoE block on this machine (testbench moe cases, one GPU) and predict MoE layouts "
+        "with that host floor (written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
+    )
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
     p.add_argument("--dry-run", action="store_true", help="predict and print the torchrun commands; run nothing")
     p.add_argument("--emit-slurm", metavar="FILE", help="write an sbatch script for the layouts and exit")
@@ -164,6 +170,16 @@ def run(args: argparse.Namespace) -> int:
         from ..costmodel import load_calibration
 
         calibration = load_calibration(args.calibration)
+    if args.measure_host_floor and not args.report_only:
+        from .host_floor import host_floor_cases, measure_host_floor
+
+        if args.dry_run:
+            for case in host_floor_cases(layouts, out / "host_floor" / "models"):
+                recipe = f" {case.fp8_recipe}" if case.dtype == "fp8" else ""
+                print(f"host floor case: {case.case_id} ({case.model}, {case.dtype}{recipe})")
+        elif args.device == "cuda":
+            log = (lambda *_: None) if args.json else print
+            calibration = measure_host_floor(layouts, gpu, out / "host_floor", calibration, args.available_gpus, log)
     if args.dry_run:
         preds = batch.predictions_for(layouts, gpu, out, calibration)
         for lay in layouts:
