@@ -3,6 +3,7 @@ block's host floor measured on the machine itself (testbench `moe` cases, 128 / 
 2-layer Qwen3-30B-A3B steps predicted with it, in three leases. Floors are re-fitted from the committed testbench
 records and every step is predicted again with the current model."""
 
+import json
 import statistics
 from pathlib import Path
 
@@ -110,3 +111,32 @@ def test_the_host_pace_drifts_within_a_lease():
         if row["layout"]["name"] == "30B-A3B L2 s4096 bf16"
     ]
     assert len(same_step) == 3 and max(same_step) / min(same_step) > 1.25
+
+
+def test_measure_host_floor_end_to_end():
+    """`mat validate --measure-host-floor` on a fourth lease (measure_host_floor/): two testbench cases, then the two
+    steps predicted with what they measured: +9.4% (bf16) and +1.9% (fp8 tensorwise + fp8 params); the default floor
+    says +5.8% and -39%."""
+    run = EVIDENCE.parent / "measure_host_floor"
+    records = [r for r in latest_by_case(all_records(run / "host_floor"), 0).values() if r["status"] == "ok"]
+    assert {(r["case"]["dtype"], r["case"].get("fp8_recipe", "delayed")) for r in records} == {
+        ("bf16", "delayed"),
+        ("fp8", "tensorwise"),
+    }
+    own = _calibration(moe_host_floors_from_records(records))
+    rows = list(aggregate(run).values())
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
+    for row in rows:
+        lay = Layout.from_dict(row["layout"])
+        measured = row["measured"]["step_time_s"]
+        assert (
+            abs(predict(lay, "H100-SXM", own, gradient_accumulation_fusion=False)["step_time_s"] / measured - 1) < 0.10
+        )
+        # and what the run itself predicted with it, committed in its summary
+        (summary_row,) = [
+            r for r in json.loads((run / "summary.json").read_text())["rows"] if r["layout_id"] == row["layout_id"]
+        ]
+        assert abs(summary_row["predicted"]["step_time_s"] / measured - 1) < 0.10
+    tensorwise = [r for r in rows if r["layout"]["fp8_recipe"] == "tensorwise"][0]
+    default = predict(Layout.from_dict(tensorwise["layout"]), "H100-SXM", gradient_accumulation_fusion=False)
+    assert default["step_time_s"] / tensorwise["measured"]["step_time_s"] - 1 < -0.30
