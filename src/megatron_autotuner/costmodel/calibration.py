@@ -11,7 +11,8 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
      "memory": {"non_torch_gib": 2.9, "fragmentation_fraction": 0.18,
                 "expandable_segments": false}}                                        (optional)
      "moe_host_floor": [{"precision": "bf16", "fwd_s": 4.6e-3, "fwd_per_local_expert_s": 31e-6,
-                         "bwd_s": 0.9e-3, "bwd_per_local_expert_s": 133e-6}, ...]       (optional)
+                         "bwd_s": 0.9e-3, "bwd_per_local_expert_s": 133e-6}, ...]       (optional;
+                         fp8 entries may name their "fp8_recipe": delayed | tensorwise)
      (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory;
      expandable_segments: the allocator setting of the runs it came from, absent = any. `memory` may
      also be a list of such objects, one per setting: a prediction uses the block of its own setting,
@@ -19,8 +20,9 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
 
 `moe_host_floor`: the host time of one eager MoE block per micro-batch on the machine measured (the
 testbench's `moe` operator where it is host-bound, `testbench.calibration.moe_host_floors_from_records`);
-with `CostOptions.moe_host_bound` a MoE block never takes less. A precision without its own entry uses
-the bf16 one (same host), then `defaults.MOE_HOST_FLOOR_*`.
+with `CostOptions.moe_host_bound` (the validate runner's eager MoE) a MoE block never takes less. An fp8
+recipe without its own entry uses another fp8 recipe's, a precision without one the bf16 entry (same host),
+then `defaults.MOE_HOST_FLOOR_*`.
 
 `op` is an operator name of `theory.flops` (qkv, proj, fc1, fc2, experts_fc1, ..., logits,
 core_attention) or "gemm" for a generic matrix product; `phase` is fwd, dgrad, wgrad, bwd or

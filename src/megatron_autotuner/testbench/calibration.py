@@ -7,8 +7,8 @@ Schema (kind "megatron-autotuner-calibration", schema_version 1):
  "layers": [{"model", "num_gpus", "tp", "cp", "ep", "sequence_parallel", "seq_length", "micro_batch_size",
              "precision", "phase", "time_ms", "model_flops", "activation_bytes", "activation_estimated_bytes"}],
  "memory": {}}
-`moe_host_floor` (a list, one entry per precision): the host time of an eager MoE block on this machine, from
-the `moe` cases that are host-bound (`moe_host_floors_from_records`).
+`moe_host_floor` (a list, one entry per precision and fp8 recipe): the host time of an eager MoE block on this
+machine, from the `moe` cases that are host-bound (`moe_host_floors_from_records`).
 `ops` names are the testbench operators: attention (norm + qkv + core attention + proj), mlp (norm + fc1
 + fc2), moe, decoder, lm_head; column_linear (GEMM h -> fc1 width) and row_linear (GEMM ffn -> h) are
 written as op "gemm" with m/n/k (`testbench_op` keeps the name), so they calibrate the cost model's
