@@ -76,7 +76,8 @@ def measure_host_floor(
     if not cases:
         return calibration
     log(f"host floor: {len(cases)} testbench moe case(s) on one GPU -> {out_dir}")
-    run_cases(cases, out_dir, available_gpus=num_gpus, progress=False)
+    # medians of 20 repeats after 5 warm-ups, as the committed leases ran: the host's pace is noisy
+    run_cases(cases, out_dir, warmup=5, repeats=20, available_gpus=num_gpus, progress=False)
     try:
         doc = calibration_from_records(all_records(Path(out_dir)))
     except ConfigError as exc:
