@@ -49,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="K",
         help="run short real megatron-core runs of the top K (needs GPUs and the validate package)",
     )
+    p.add_argument(
+        "--measure-host-floor",
+        action="store_true",
+        help="with --validate: first time the eager MoE block on this machine and predict MoE layouts with it",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -87,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
             validate_plan = validate.validate_plan
         except (ImportError, AttributeError) as exc:
             raise AutotunerError(f"--validate needs megatron_autotuner.validate.validate_plan ({exc})") from exc
-        validate_plan(result, args.validate, out_dir)
+        validate_plan(
+            result,
+            args.validate,
+            out_dir,
+            calibration=options.calibration,
+            measure_host_floor=args.measure_host_floor,
+        )
     if args.json:
         data = result.to_dict(top_k=args.top)
         data["output_dir"] = str(out_dir)

@@ -214,9 +214,11 @@ def validate_plan(
     reference: Layout | None = None,
     steps: int = 5,
     warmup_steps: int = 3,
+    measure_host_floor: bool = False,
     **opts: Any,
 ):
-    """`mat plan --validate K`: run the top-K feasible candidates (+ reference) and compare."""
+    """`mat plan --validate K`: run the top-K feasible candidates (+ reference) and compare, predicting with
+    `opts["calibration"]` (the plan's), and with `measure_host_floor` this machine's MoE host floor first."""
     if gpu is None:
         gpu_obj = _attr(plan_result, "gpu", "gpu_spec")
         gpu = gpu_obj if isinstance(gpu_obj, str) else _attr(gpu_obj, "name")
@@ -231,4 +233,8 @@ def validate_plan(
     out = Path(output_dir)
     if out.name != "validate":
         out = out / "validate"
+    if measure_host_floor and opts.get("device", "cuda") == "cuda":
+        from .host_floor import measure_host_floor as measure
+
+        opts["calibration"] = measure(layouts, gpu, out / "host_floor", opts.get("calibration"))
     return validate_layouts(layouts, out, gpu, **opts)

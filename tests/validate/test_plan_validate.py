@@ -1,0 +1,46 @@
+"""`mat plan --validate K`: what it hands the validation runs (the plan's calibration, a measured host floor)."""
+
+import json
+
+from megatron_autotuner.cli import main
+from megatron_autotuner.costmodel.calibration import MoeHostFloor
+
+PLAN = ["plan", "--model", "Qwen3-30B-A3B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "4096"]
+PLAN += ["--global-batch-size", "64", "--top", "2", "--no-chart", "--validate", "2"]
+
+
+def _calibration_file(tmp_path):
+    path = tmp_path / "cal.json"
+    doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
+    doc["memory"] = {"non_torch_gib": 1.5, "fragmentation_fraction": 0.1}
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_plan_validate_predicts_with_the_plans_calibration_and_a_measured_floor(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake_validate_layouts(layouts, out, gpu, **opts):
+        seen.update(layouts=layouts, out=out, gpu=gpu, **opts)
+
+    measured = MoeHostFloor(5e-3, 4e-3, 1e-4)
+
+    def fake_measure(layouts, gpu, out_dir, calibration=None, *rest, **kw):
+        from dataclasses import replace
+
+        seen["measured_in"] = out_dir
+        return replace(calibration, moe_host_floors=(measured,))
+
+    monkeypatch.setattr("megatron_autotuner.validate.batch.validate_layouts", fake_validate_layouts)
+    monkeypatch.setattr("megatron_autotuner.validate.host_floor.measure_host_floor", fake_measure)
+    cal = _calibration_file(tmp_path)
+    argv = [*PLAN, "--calibration", str(cal), "--output-dir", str(tmp_path / "p")]
+    assert main([*argv, "--json"]) == 0
+    capsys.readouterr()
+    assert len(seen["layouts"]) == 2 and seen["gpu"] == "H100-SXM"
+    assert seen["calibration"].source == str(cal)  # the plan's calibration reaches the validation's predictions
+    assert "measured_in" not in seen and seen["calibration"].moe_host_floors == ()
+    seen.clear()
+    assert main([*argv, "--measure-host-floor", "--json"]) == 0
+    assert seen["measured_in"] == tmp_path / "p" / "validate" / "host_floor"
+    assert seen["calibration"].moe_host_floors == (measured,) and seen["calibration"].memory
