@@ -1,6 +1,7 @@
 """`mat plan --validate K`: what it hands the validation runs (the plan's calibration, a measured host floor)."""
 
 import json
+from pathlib import Path
 
 from megatron_autotuner.cli import main
 from megatron_autotuner.costmodel.calibration import MoeHostFloor
@@ -20,8 +21,10 @@ def _calibration_file(tmp_path):
 def test_plan_validate_predicts_with_the_plans_calibration_and_a_measured_floor(tmp_path, monkeypatch, capsys):
     seen = {}
 
-    def fake_validate_layouts(layouts, out, gpu, **opts):
-        seen.update(layouts=layouts, out=out, gpu=gpu, **opts)
+    def predictions_only(layouts, gpu, out, calibration=None):
+        # what validate_layouts predicts with; the runs themselves are stood in below (no GPU here)
+        seen.update(layouts=layouts, out=out, gpu=gpu, calibration=calibration)
+        return {lay.layout_id: {} for lay in layouts}
 
     measured = MoeHostFloor(5e-3, 4e-3, 1e-4)
 
@@ -31,7 +34,12 @@ def test_plan_validate_predicts_with_the_plans_calibration_and_a_measured_floor(
         seen["measured_in"] = out_dir
         return replace(calibration, moe_host_floors=(measured,))
 
-    monkeypatch.setattr("megatron_autotuner.validate.batch.validate_layouts", fake_validate_layouts)
+    monkeypatch.setattr("megatron_autotuner.validate.batch.predictions_for", predictions_only)
+
+    def make_output_folder(layouts, out, **_):  # the launcher's part that matters here
+        Path(out).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr("megatron_autotuner.validate.launcher.run_layouts", make_output_folder)
     monkeypatch.setattr("megatron_autotuner.validate.host_floor.measure_host_floor", fake_measure)
     cal = _calibration_file(tmp_path)
     argv = [*PLAN, "--calibration", str(cal), "--output-dir", str(tmp_path / "p")]

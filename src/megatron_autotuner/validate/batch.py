@@ -113,8 +113,11 @@ def validate_layouts(
     run: bool = True,
     log=print,
     layouts_per_job: int | None = 1,
+    measure_host_floor: bool = False,
 ) -> ValidationReport:
-    """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch."""
+    """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch. With
+    `measure_host_floor` (and a run on CUDA) this machine's eager MoE host floor is measured first and the
+    predictions use it (`host_floor.measure_host_floor`)."""
     if not layouts:
         raise ConfigError("layouts", "nothing to validate")
     seen: dict[str, Layout] = {}
@@ -122,6 +125,10 @@ def validate_layouts(
         seen.setdefault(lay.layout_id, lay)
     layouts = list(seen.values())
     out = Path(output_dir)
+    if measure_host_floor and run and device == "cuda":
+        from .host_floor import measure_host_floor as measure
+
+        calibration = measure(layouts, gpu, out / "host_floor", calibration, available_gpus, log)
     predictions = predictions_for(layouts, gpu, out, calibration)
     predicted_oom = {k for k, p in predictions.items() if p.get("fits") is False}
     if run:
@@ -214,11 +221,10 @@ def validate_plan(
     reference: Layout | None = None,
     steps: int = 5,
     warmup_steps: int = 3,
-    measure_host_floor: bool = False,
     **opts: Any,
 ):
-    """`mat plan --validate K`: run the top-K feasible candidates (+ reference) and compare, predicting with
-    `opts["calibration"]` (the plan's), and with `measure_host_floor` this machine's MoE host floor first."""
+    """`mat plan --validate K`: run the top-K feasible candidates (+ reference) and compare; `opts` go to
+    `validate_layouts` (the plan's `calibration`, `measure_host_floor`, ...)."""
     if gpu is None:
         gpu_obj = _attr(plan_result, "gpu", "gpu_spec")
         gpu = gpu_obj if isinstance(gpu_obj, str) else _attr(gpu_obj, "name")
@@ -233,8 +239,4 @@ def validate_plan(
     out = Path(output_dir)
     if out.name != "validate":
         out = out / "validate"
-    if measure_host_floor and opts.get("device", "cuda") == "cuda":
-        from .host_floor import measure_host_floor as measure
-
-        opts["calibration"] = measure(layouts, gpu, out / "host_floor", opts.get("calibration"))
     return validate_layouts(layouts, out, gpu, **opts)

@@ -170,16 +170,12 @@ def run(args: argparse.Namespace) -> int:
         from ..costmodel import load_calibration
 
         calibration = load_calibration(args.calibration)
-    if args.measure_host_floor and not args.report_only:
-        from .host_floor import host_floor_cases, measure_host_floor
+    if args.dry_run and args.measure_host_floor:
+        from .host_floor import host_floor_cases
 
-        if args.dry_run:
-            for case in host_floor_cases(layouts, out / "host_floor" / "models"):
-                recipe = f" {case.fp8_recipe}" if case.dtype == "fp8" else ""
-                print(f"host floor case: {case.case_id} ({case.model}, {case.dtype}{recipe})")
-        elif args.device == "cuda":
-            log = (lambda *_: None) if args.json else print
-            calibration = measure_host_floor(layouts, gpu, out / "host_floor", calibration, args.available_gpus, log)
+        for case in host_floor_cases(layouts, out / "host_floor" / "models"):
+            recipe = f" {case.fp8_recipe}" if case.dtype == "fp8" else ""
+            print(f"host floor case: {case.case_id} ({case.model}, {case.dtype}{recipe})")
     if args.dry_run:
         preds = batch.predictions_for(layouts, gpu, out, calibration)
         for lay in layouts:
@@ -190,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     rep = batch.validate_layouts(
         layouts, out, gpu, device=args.device, layout_timeout_s=args.timeout_s, retry_failed=args.retry_failed,
         available_gpus=args.available_gpus, calibration=calibration, write_calibration_to=args.write_calibration,
-        layouts_per_job=args.layouts_per_job or None,
+        layouts_per_job=args.layouts_per_job or None, measure_host_floor=args.measure_host_floor,
         run=not args.report_only, log=(lambda *_: None) if args.json else print,
     )  # fmt: skip
     if args.json:

@@ -40,7 +40,7 @@ def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
                 continue  # fewer experts than each token is routed to: not a model megatron-core builds
             model = lay.model
             if experts != spec.num_moe_experts:
-                variant = dataclasses.replace(spec, num_moe_experts=experts, name=f"{spec.name}-E{experts}")
+                variant = spec.replace(num_moe_experts=experts, name=f"{spec.name}-E{experts}")
                 models_dir.mkdir(parents=True, exist_ok=True)
                 path = models_dir / f"{Path(spec.name).name}-E{experts}.json"
                 path.write_text(json.dumps(variant.to_dict(), indent=1) + "\n")
