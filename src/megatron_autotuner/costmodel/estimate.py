@@ -12,8 +12,8 @@ micro-batch on stage s (all its v model chunks), m micro-batches,
 i.e. (m + pp - 1) * t for 1F1B with equal stages and a bubble of (pp-1)/(m*v) relative to the
 work for the interleaved schedule; the heaviest stage (often the last, holding the output layer
 and loss, or the first, holding the embedding) decides the step. Pipeline send/recv of the
-[s/cp, b, h/x] boundary tensor is exposed once forward and once backward per micro-batch with
-1F1B; interleaving overlaps it (megatron's overlap_p2p_comm) except while filling the pipeline.
+[s/cp, b, h/x] boundary tensor is exposed once forward and once backward per micro-batch and model
+chunk; interleaving with megatron's overlap_p2p_comm hides it except while filling the pipeline.
 
 After the last micro-batch (training): data-parallel gradient reduce-scatter (fp32 main grads, bf16 with
 --grad-reduce-in-bf16) and parameter all-gather (bf16; fp8 for TE linear weights with --fp8-param-gather) of
@@ -75,7 +75,11 @@ class CostOptions:
 
     `overlap_grad_reduce` / `overlap_param_gather`: Megatron's --overlap-grad-reduce and
     --overlap-param-gather (the latter needs the distributed optimizer); `overlap_p2p_comm`:
-    interleaved-schedule p2p overlap; `flash_attention`: fused attention (False: 2021-style
+    interleaved-schedule p2p overlap (off: each model chunk's send/recv is exposed, v per micro-batch and
+    pass); `p2p_scatter_gather`: Megatron-LM's --scatter-gather-tensors-in-pipeline of 2021 (on by default
+    then; megatron-core has no such path): without sequence parallelism each TP rank sends 1/tp of the
+    boundary tensor and the receivers all-gather it over the TP group, exposed (its p2p_communication.py
+    waits and calls torch.cuda.synchronize() after every exchange); `flash_attention`: fused attention (False: 2021-style
     unfused softmax); `fused_bias_activation`: fused SwiGLU / GeLU (Megatron-LM default; the
     testbench's layers ran unfused); `fused_cross_entropy`: --cross-entropy-loss-fusion (NeMo /
     Megatron-Bridge recipes; Megatron-LM's default is the unfused fp32 vocab-parallel loss);
@@ -95,6 +99,7 @@ class CostOptions:
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     overlap_p2p_comm: bool = True
+    p2p_scatter_gather: bool = False
     flash_attention: bool = True
     fused_bias_activation: bool = True
     fused_cross_entropy: bool = True
@@ -507,12 +512,15 @@ def stage_time(
     p2p_mb = p2p_fill = 0.0
     if pp > 1:
         stride = tp * cp * parallel.dp
-        t_p2p = p2p_time_s(e * tokens * h / x, cluster, stride)
+        scatter = options.p2p_scatter_gather and tp > 1 and not sp
+        t_p2p = p2p_time_s(e * tokens * h / (tp if scatter else x), cluster, stride)
+        if scatter:  # each TP rank sends its 1/tp slice, the receivers all-gather the whole tensor
+            t_p2p += collective_time_s("all_gather", tp, e * tokens * h, cluster, 1)
         sends = 2 if training else 1
         if parallel.vpp is not None and options.overlap_p2p_comm:
             p2p_fill = (pp - 1) * sends * t_p2p
-        else:
-            p2p_mb = sends * t_p2p
+        else:  # every model chunk of the stage receives and sends once per micro-batch and pass
+            p2p_mb = (parallel.vpp or 1) * sends * t_p2p
 
     extra: dict[str, float] = {}
     if training:

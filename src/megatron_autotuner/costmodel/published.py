@@ -136,6 +136,8 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
         flash_attention=not narayanan,
         fused_cross_entropy=not narayanan,
         overlap_grad_reduce=not narayanan,
+        overlap_p2p_comm=not narayanan,
+        p2p_scatter_gather=narayanan,
         expandable_segments=nemo2_perf_scripts and row["gpu"] != "B200",
     )
     out = []
