@@ -79,8 +79,8 @@ class CostOptions:
     pass); `p2p_scatter_gather`: Megatron-LM's --scatter-gather-tensors-in-pipeline of 2021 (on by default
     then; megatron-core has no such path): without sequence parallelism each TP rank sends 1/tp of the
     boundary tensor and the receivers all-gather it over the TP group, exposed (its p2p_communication.py
-    waits and calls torch.cuda.synchronize() after every exchange); `flash_attention`: fused attention (False: 2021-style
-    unfused softmax); `fused_bias_activation`: fused SwiGLU / GeLU (Megatron-LM default; the
+    waits and calls torch.cuda.synchronize() after every exchange); `flash_attention`: fused attention
+    (False: 2021-style unfused softmax); `fused_bias_activation`: fused SwiGLU / GeLU (Megatron-LM default; the
     testbench's layers ran unfused); `fused_cross_entropy`: --cross-entropy-loss-fusion (NeMo /
     Megatron-Bridge recipes; Megatron-LM's default is the unfused fp32 vocab-parallel loss);
     `gradient_accumulation_fusion`: wgrad GEMMs accumulate straight into the fp32 main_grad
