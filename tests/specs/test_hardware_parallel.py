@@ -139,7 +139,10 @@ def test_workload_errors():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(precision="fp8", fp8_recipe="mxfp8"), "fp8_recipe: must be one of delayed, tensorwise, got 'mxfp8'"),
+        (
+            dict(precision="fp8", fp8_recipe="mxfp8"),
+            "fp8_recipe: must be one of delayed, tensorwise, blockwise, got 'mxfp8'",
+        ),
         (dict(fp8_recipe="tensorwise"), "fp8_recipe: 'tensorwise' needs precision fp8, got 'bf16'"),
         (dict(fp8_param=True), "fp8_param: needs precision fp8, got 'bf16'"),
         (dict(precision="fp8", fp8_param="yes"), "fp8_param: must be true or false, got 'yes'"),

@@ -59,7 +59,8 @@ def add_precision_arguments(parser: argparse.ArgumentParser | argparse._Argument
         "--fp8-recipe",
         choices=list(FP8_RECIPES),
         default="delayed",
-        help="with --precision fp8: delayed scaling, or per-tensor current scaling (tensorwise, NVIDIA's FP8-CS)",
+        help="with --precision fp8: delayed scaling, per-tensor current scaling (tensorwise, NVIDIA's FP8-CS) or "
+        "1x128 / 128x128 block scaling (blockwise, DeepSeek-V3 style)",
     )
     parser.add_argument(
         "--fp8-param-gather",

@@ -12,7 +12,7 @@ File format (JSON, `schema_version` 1, `kind` "megatron-autotuner-calibration"):
                 "expandable_segments": false}}                                        (optional)
      "moe_host_floor": [{"precision": "bf16", "fwd_s": 4.6e-3, "fwd_per_local_expert_s": 31e-6,
                          "bwd_s": 0.9e-3, "bwd_per_local_expert_s": 133e-6}, ...]       (optional;
-                         fp8 entries may name their "fp8_recipe": delayed | tensorwise)
+                         fp8 entries may name their "fp8_recipe": delayed | tensorwise | blockwise)
      (fragmentation_fraction: reserved-but-unallocated as a fraction of activation memory;
      expandable_segments: the allocator setting of the runs it came from, absent = any. `memory` may
      also be a list of such objects, one per setting: a prediction uses the block of its own setting,

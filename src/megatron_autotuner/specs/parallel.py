@@ -21,9 +21,10 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 PRECISIONS = ("bf16", "fp8")
 # Megatron-LM's --fp8-recipe values this tool models: Transformer Engine's delayed scaling (scale from the amax
 # history of earlier iterations) and per-tensor current scaling ("tensorwise", NVIDIA's FP8-CS recipes: the scale
-# of each tensor from its own amax, an extra read of the tensor before the cast). mxfp8 (Blackwell) and blockwise
-# (DeepSeek-style 1x128 / 128x128 tiles) scale per block and run different GEMM kernels, not measured here.
-FP8_RECIPES = ("delayed", "tensorwise")
+# of each tensor from its own amax, an extra read of the tensor before the cast) and blockwise scaling
+# (DeepSeek-V3 style: TE's Float8BlockScaling, one scale per 1x128 tile of activations and gradients and per 128x128
+# tile of weights, blockwise-scaled GEMM kernels on Hopper). mxfp8 (Blackwell only) is not modelled.
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 MODES = ("train", "forward")
 
 
@@ -159,8 +160,8 @@ class Workload:
 
     `max_token_len`, when set, is verl's dynamic batching: each micro-batch packs up to that many
     tokens per GPU (sequences of `seq_length` each at most), replacing the fixed micro-batch.
-    With precision fp8: `fp8_recipe` is Megatron-LM's `--fp8-recipe` (delayed | tensorwise) and `fp8_param`
-    its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
+    With precision fp8: `fp8_recipe` is Megatron-LM's `--fp8-recipe` (delayed | tensorwise | blockwise) and
+    `fp8_param` its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
     linear weights are stored in fp8 and all-gathered in fp8 instead of bf16.
     """
 
@@ -183,7 +184,7 @@ class Workload:
             raise ConfigError(
                 "fp8_recipe",
                 f"must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r} "
-                "(mxfp8 and blockwise scaling are not modelled)",
+                "(mxfp8 is not modelled)",
             )
         if self.fp8_recipe != "delayed" and self.precision != "fp8":
             raise ConfigError("fp8_recipe", f"{self.fp8_recipe!r} needs precision fp8, got {self.precision!r}")

@@ -50,7 +50,7 @@ class Case:
     sequence_parallel: bool | None = None  # default: on when tp > 1
     num_layers: int = 2  # for gpt_chunk only
     dtype: str = "bf16"
-    fp8_recipe: str = "delayed"  # with dtype fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise)
+    fp8_recipe: str = "delayed"  # with dtype fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise | blockwise)
     cp_comm_type: str = "p2p"
     use_te: bool = True  # TE layer spec; False = megatron-core local spec
 

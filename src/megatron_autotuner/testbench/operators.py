@@ -60,7 +60,7 @@ def transformer_config_kwargs(spec: ModelSpec, case: Case) -> dict[str, Any]:
         # TE delayed scaling, E4M3 forward / E5M2 backward: Megatron-LM's `--fp8-format hybrid`, the format of
         # NVIDIA's fp8 recipes. The GEMMs run in fp8 only inside TE's fp8 autocast (see `build_operator`).
         kwargs["fp8"] = "hybrid"
-        kwargs["fp8_recipe"] = case.fp8_recipe  # delayed | tensorwise (per-tensor current scaling)
+        kwargs["fp8_recipe"] = case.fp8_recipe  # delayed | tensorwise (per-tensor current scaling) | blockwise
     if spec.is_moe:
         kwargs.update(
             num_moe_experts=spec.num_moe_experts,

@@ -53,7 +53,7 @@ class Layout:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     mode: str = "train"
     precision: str = "bf16"
-    # with precision fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise) and --fp8-param-gather
+    # with precision fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise | blockwise) and --fp8-param-gather
     fp8_recipe: str = "delayed"
     fp8_param: bool = False
     use_distributed_optimizer: bool = True

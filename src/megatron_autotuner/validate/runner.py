@@ -50,7 +50,7 @@ class _Split:
     sequence_parallel: bool
     cp_comm_type: str
     dtype: str  # bf16 | fp8 (hybrid format)
-    fp8_recipe: str = "delayed"  # with fp8: delayed | tensorwise
+    fp8_recipe: str = "delayed"  # with fp8: delayed | tensorwise | blockwise
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
