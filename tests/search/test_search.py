@@ -133,6 +133,9 @@ def test_exports_of_fp8_recipe_and_fp8_params():
     args = megatron_lm_args(m, p, w)
     assert "--fp8-recipe tensorwise" in args and "--fp8-param-gather" in args
     assert "--fp8-param-gather" not in megatron_lm_args(m, p, w.replace(fp8_param=False))
+    blockwise = w.replace(fp8_recipe="blockwise")
+    assert "--fp8-recipe blockwise" in megatron_lm_args(m, p, blockwise)
+    assert bridge_overrides(m, p, blockwise)["mixed_precision.fp8_recipe"] == "blockwise"
     bridge = bridge_overrides(m, p, w)
     assert bridge["mixed_precision.fp8_recipe"] == "tensorwise" and bridge["mixed_precision.fp8_param_gather"] is True
     assert bridge_overrides(m, p, w.replace(fp8_param=False))["mixed_precision.fp8_param_gather"] is False

@@ -204,10 +204,23 @@ EMBEDDING_GRAD_FILL_BYTES_PER_PARAM = 2.0
 # TP group (4-byte messages, latency only; not modelled). Byte counts from the kernels' inputs and outputs,
 # not measured here for tensorwise; delayed scaling's 4 is what the H100 fp8 runs of
 # benchmarks/results/validation_h100_x1 were predicted with.
-FP8_CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0}
+# Blockwise scaling (TE Float8BlockScaling) finds each 1x128 tile's amax inside its quantize kernel
+# (`block_scaled_1d_cast_transpose_kernel`) and writes the row-wise fp8 data, the column-wise (transposed) fp8 data,
+# each with one fp32 scale per 128 elements: read 2, write 1 + 1 + 2 x 4/128. In the trace of "L3-8B s8192 fp8
+# blockwise" (1x H100, TE 2.20.2; benchmarks/results/validation_h100_x1/fp8_blockwise) its 288 calls moved those
+# bytes at 2.2 TB/s, as delayed scaling's cast-transpose did (2.25 TB/s); the norm cannot emit block-scaled fp8,
+# so the inputs of qkv and fc1 get their own cast (288 calls vs 208).
+FP8_CAST_BYTES_PER_ELEMENT = {"delayed": 4.0, "tensorwise": 6.0, "blockwise": 4.0625}
 # ... of which the transpose, written only when autograd will need it (not in no_grad forward-only passes)
 FP8_TRANSPOSE_BYTES_PER_ELEMENT = 1.0
-FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 2}
+FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 2, "blockwise": 1}
+# GEMM time of a recipe relative to the per-tensor-scaled fp8 GEMM (`GEMM_EFFICIENCY["fp8"]`): blockwise scaling
+# runs cuBLAS's block-scaled kernels (`nvjet_sm90_q*_Ablk128_Bvec128`, 128x128 tiles), which rescale the
+# accumulator per 128-deep slice of the reduction. The 384 fp8 GEMMs of the same 4-layer step took 310.3 ms with
+# blockwise scaling and 247.7 ms with delayed scaling (247.3 tensorwise; benchmarks/results/validation_h100_x1:
+# fp8_blockwise and fp8_traces traces, 1x H100): 1.25x. The testbench's TE linear layers agree (fwd+bwd with
+# casts: column-parallel fc1 5.90 vs 4.82 ms, row-parallel fc2 3.62 vs 2.72 ms).
+FP8_GEMM_TIME_FACTOR = {"delayed": 1.0, "tensorwise": 1.0, "blockwise": 1.25}
 # Once per step the fp8 weights are made: without fp8 parameters TE casts each bf16 TE linear weight at the
 # first micro-batch (the same bytes per element as an activation cast, by recipe). With fp8 parameters
 # (--fp8-param-gather) the optimizer still writes its bf16 copy of the updated master shard (counted in
@@ -221,9 +234,13 @@ FP8_CAST_KERNELS = {"delayed": 1, "tensorwise": 2}
 # master shard for its amax (fp32, 4 bytes, at streaming speed). After the parameter all-gather the transposes
 # are rebuilt (megatron-core `post_all_gather_processing`: read 1, write 1 per local weight; 0.63 ms measured
 # for the same 872 M).
+# Blockwise scaling quantizes the shard with its own block-scaled kernel, at streaming speed: its fp8-params step
+# took 1087.8 ms against 1086.0 without fp8 parameters (fp8_blockwise), so the slow kernel is the per-tensor
+# recipes' only.
 FP8_PARAM_CAST_BYTES_PER_PARAM = 4.0
 FP8_PARAM_CAST_HBM_EFFICIENCY = 0.0111
-FP8_PARAM_AMAX_BYTES_PER_PARAM = {"delayed": 0.0, "tensorwise": 4.0}
+FP8_PARAM_CAST_SM_BOUND_RECIPES = ("delayed", "tensorwise")
+FP8_PARAM_AMAX_BYTES_PER_PARAM = {"delayed": 0.0, "tensorwise": 4.0, "blockwise": 0.0}
 FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
 
 # ---- output layer -------------------------------------------------------------------------------

@@ -371,7 +371,8 @@ def step_end_work_s(counts: ParameterCounts, parallel: ParallelConfig, workload:
         fp8_shard = optimizer_shard_parameters(fp8_counts, parallel)
         work += memory_bound_time_s(d.FP8_PARAM_AMAX_BYTES_PER_PARAM[workload.fp8_recipe] * fp8_shard, gpu)
         cast_bytes = d.FP8_PARAM_CAST_BYTES_PER_PARAM * fp8_shard
-        work += memory_bound_time_s(cast_bytes, gpu, 1, d.FP8_PARAM_CAST_HBM_EFFICIENCY)
+        sm_bound = workload.fp8_recipe in d.FP8_PARAM_CAST_SM_BOUND_RECIPES
+        work += memory_bound_time_s(cast_bytes, gpu, 1, d.FP8_PARAM_CAST_HBM_EFFICIENCY if sm_bound else None)
         work += memory_bound_time_s(d.FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM * fp8_params, gpu, 1)
     elif fp8_params:
         weight_cast = d.FP8_CAST_BYTES_PER_ELEMENT[workload.fp8_recipe] * fp8_params

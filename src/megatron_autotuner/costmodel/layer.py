@@ -166,11 +166,13 @@ def _gemm_phase_time(op: str, shape: tuple[float, float, float, int], phase: str
     m, n, k, groups = shape
     precision = "bf16" if op == "router" else ctx.precision
     gpu = ctx.cluster.gpu
+    factor = d.FP8_GEMM_TIME_FACTOR[ctx.fp8_recipe] if precision == "fp8" else 1.0
     if phase == "fwd":
-        return gemm_time_s(m, n, k, gpu, precision, groups, op, "fwd", ctx.calibration, sm)
+        return factor * gemm_time_s(m, n, k, gpu, precision, groups, op, "fwd", ctx.calibration, sm)
     if phase == "dgrad":
-        return gemm_time_s(m, k, n, gpu, precision, groups, op, "dgrad", ctx.calibration, sm)
-    return gemm_time_s(k, n, m, gpu, precision, groups, op, "wgrad", ctx.calibration, sm, ctx.main_grad_bytes)
+        return factor * gemm_time_s(m, k, n, gpu, precision, groups, op, "dgrad", ctx.calibration, sm)
+    wgrad = gemm_time_s(k, n, m, gpu, precision, groups, op, "wgrad", ctx.calibration, sm, ctx.main_grad_bytes)
+    return factor * wgrad
 
 
 def _attention_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:
