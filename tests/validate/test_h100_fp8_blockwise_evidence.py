@@ -66,9 +66,9 @@ def test_blockwise_testbench_linears_are_slower_than_delayed():
     for line in (BLOCKWISE / "testbench/collect/rank_0.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec["status"] == "ok":
-            times[(rec["case"]["op"], rec["case"]["fp8_recipe"])] = rec["real"]["fwd_ms"]["median"] + rec["real"][
-                "bwd_ms"
-            ]["median"]
+            times[(rec["case"]["op"], rec["case"]["fp8_recipe"])] = (
+                rec["real"]["fwd_ms"]["median"] + rec["real"]["bwd_ms"]["median"]
+            )
     assert len(times) == 9
     for op in ("column_linear", "row_linear"):
         ratio = times[(op, "blockwise")] / times[(op, "delayed")]

@@ -183,8 +183,7 @@ class Workload:
         if self.fp8_recipe not in FP8_RECIPES:
             raise ConfigError(
                 "fp8_recipe",
-                f"must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r} "
-                "(mxfp8 is not modelled)",
+                f"must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r} (mxfp8 is not modelled)",
             )
         if self.fp8_recipe != "delayed" and self.precision != "fp8":
             raise ConfigError("fp8_recipe", f"{self.fp8_recipe!r} needs precision fp8, got {self.precision!r}")
