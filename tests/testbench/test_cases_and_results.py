@@ -126,6 +126,14 @@ def test_calibration_keeps_each_precision_to_itself():
         r["case"]["dtype"] = "fp8"
     doc = calibration_from_records(fp8_records)
     assert {o["precision"] for o in doc["ops"]} == {"fp8"}
+    # other recipes' cases calibrate nothing: the cost model adds their GEMM and cast costs to the fp8 entries
+    for recipe in ("tensorwise", "blockwise"):
+        other = copy.deepcopy(fp8_records)
+        for r in other:
+            r["case"]["fp8_recipe"] = recipe
+            r["case_id"] += f".{recipe}"  # another case (the real ids hash the recipe in)
+        assert calibration_from_records(fp8_records + other)["ops"] == doc["ops"]
+        assert calibration_from_records(other)["ops"] == []
     cal = calibration_from_dict(doc)
     flops = doc["ops"][0]["flops"]
     assert cal.efficiency("fc1", "fwd", flops, "fp8") is not None

@@ -7,6 +7,7 @@ Schema (kind "megatron-autotuner-calibration", schema_version 1):
  "layers": [{"model", "num_gpus", "tp", "cp", "ep", "sequence_parallel", "seq_length", "micro_batch_size",
              "precision", "phase", "time_ms", "model_flops", "activation_bytes", "activation_estimated_bytes"}],
  "memory": {}}
+fp8 `ops` and `layers` come from delayed-scaling cases only (the cost model adds other recipes' costs itself).
 `moe_host_floor` (a list, one entry per precision and fp8 recipe): the host time of an eager MoE block on this
 machine, from the `moe` cases that are host-bound (`moe_host_floors_from_records`).
 `ops` names are the testbench operators: attention (norm + qkv + core attention + proj), mlp (norm + fc1
@@ -136,6 +137,11 @@ def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = No
     layers: list[dict[str, Any]] = []
     for rec in ok:
         case, real, est = rec["case"], rec["real"], rec["estimated"]
+        if case.get("fp8_recipe", "delayed") != "delayed":
+            # fp8 ops and layers calibrate the per-tensor fp8 GEMMs, on which the cost model adds each recipe's
+            # own cost (`defaults.FP8_GEMM_TIME_FACTOR`, `FP8_CAST_*`): a tensorwise or blockwise case would count
+            # its recipe twice. Such cases still give the MoE host floor of their recipe (below).
+            continue
         common = {k: case[k] for k in ("model", "tp", "cp", "ep", "seq_length", "micro_batch_size")}
         common["precision"] = case.get("dtype", "bf16")  # fp8 cases calibrate fp8 GEMMs, never bf16 ones
         for phase, key in (("fwd", "fwd_flops"), ("bwd", "bwd_flops"), ("fwd+bwd", "fwd_bwd_flops")):

@@ -57,8 +57,8 @@ def transformer_config_kwargs(spec: ModelSpec, case: Case) -> dict[str, Any]:
         cp_comm_type=case.cp_comm_type if case.cp > 1 else None,
     )
     if case.dtype == "fp8":
-        # TE delayed scaling, E4M3 forward / E5M2 backward: Megatron-LM's `--fp8-format hybrid`, the format of
-        # NVIDIA's fp8 recipes. The GEMMs run in fp8 only inside TE's fp8 autocast (see `build_operator`).
+        # E4M3 forward / E5M2 backward: Megatron-LM's `--fp8-format hybrid`, the format of NVIDIA's fp8 recipes.
+        # The GEMMs run in fp8 only inside TE's fp8 autocast (see `build_operator`).
         kwargs["fp8"] = "hybrid"
         kwargs["fp8_recipe"] = case.fp8_recipe  # delayed | tensorwise (per-tensor current scaling) | blockwise
     if spec.is_moe:
