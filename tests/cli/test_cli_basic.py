@@ -98,6 +98,10 @@ def test_theory_table_output(capsys):
         # argparse's own errors: one line too, no usage block
         (["estimate", "--model", "Qwen3-8B", "--tp", "abc"], "argument --tp: invalid int value: 'abc'"),
         (["estimat"], "invalid choice: 'estimat'"),
+        (
+            ["estimate", "--model", "Qwen3-8B", "--precision", "fp8", "--fp8-recipe", "mxfp8"],
+            "argument --fp8-recipe: invalid choice: 'mxfp8' (choose from 'delayed', 'tensorwise', 'blockwise')",
+        ),
         (["trace", "summary"], "the following arguments are required"),
     ],
 )
