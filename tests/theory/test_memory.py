@@ -13,6 +13,7 @@ from megatron_autotuner.theory.memory import (
     default_non_torch_gib,
     forward_moe_fragment_bytes,
     in_flight_microbatches,
+    interleaved_logits_fragment_bytes,
     layer_activation_bytes,
     memory_per_stage,
     mlp_activation_bytes,
@@ -358,3 +359,31 @@ def test_forward_moe_fragments_only_in_forward_moe_passes_with_expandable_segmen
     assert forward_moe_fragment_bytes(stage(dense, forward, expandable).activation_detail) == 0
     assert forward_moe_fragment_bytes(stage(moe, Workload(8192, 2, 8), expandable).activation_detail) == 0
     assert not MemoryAllowance.for_allocator(False).expandable_segments
+
+
+def test_interleaved_last_stage_reserves_one_bf16_logits_with_expandable_segments():
+    """1-GPU stand-in histories: the last stage of an interleaved pipeline holds one bf16 logits buffer reserved
+    but unallocated under expandable segments; not the first stage, not without interleaving, not with the default
+    allocator (its fraction covers it), never in what the allocator hands out; it scales with the logits."""
+    model = load_model_spec("Qwen3-8B").with_num_layers(4)
+    train = Workload(4096, 1, 8)
+    expandable = MemoryAllowance.for_allocator(True)
+    plain = MemoryAllowance(fragmentation_fraction=expandable.fragmentation_fraction)
+    vpp2, pp2 = ParallelConfig(2, pp=2, vpp=2), ParallelConfig(2, pp=2)
+    padded = 151936
+
+    def stage(parallel, s, allowance, workload=train):
+        return stage_memory(model, parallel, workload, s, allowance=allowance, padded_vocab_size=padded)
+
+    last = stage(vpp2, 1, expandable)
+    logits = 2 * 4096 * padded
+    assert interleaved_logits_fragment_bytes(last.activation_detail, vpp2) == logits
+    assert last.allowance_bytes - stage(vpp2, 1, plain).allowance_bytes == pytest.approx(logits)
+    assert last.allocated_bytes == stage(vpp2, 1, plain).allocated_bytes
+    assert stage(vpp2, 0, expandable).allowance_bytes == stage(vpp2, 0, plain).allowance_bytes
+    assert stage(pp2, 1, expandable).allowance_bytes == stage(pp2, 1, plain).allowance_bytes
+    default = MemoryAllowance.for_allocator(False)
+    assert stage(vpp2, 1, default).allowance_bytes == stage(vpp2, 1, MemoryAllowance()).allowance_bytes
+    longer = stage(vpp2, 1, expandable, Workload(8192, 1, 8))
+    assert interleaved_logits_fragment_bytes(longer.activation_detail, vpp2) == 2 * logits
+    assert last.non_torch_bytes == default_non_torch_gib(vpp2, True) * GIB

@@ -83,8 +83,10 @@ def test_expandable_segments_leave_little_reserved_unallocated():
 
 def test_peak_memory_with_expandable_segments():
     """Predicted peak (allocator model + memory outside it by communicator + 0.034 x activations) within 5% for
-    22 of the 23 expandable layouts, all within 11%: the miss is the last pipeline stage of pp2 vpp2 (2.3 GiB
-    reserved unallocated). The MoE forward-only pass (3.8 GiB around 28 GiB of logits) was the second miss until
+    22 of the 23 expandable layouts, all within 7%: the miss is the last pipeline stage of pp2 vpp2 (2.3 GiB
+    reserved unallocated; -10.3% until the interleaved last stage's logits hole was counted, from 1-GPU memory
+    stand-ins: `interleaved_logits_fragment_bytes`; -6.2% now, the rest comes with NCCL's asynchronous p2p).
+    The MoE forward-only pass (3.8 GiB around 28 GiB of logits) was the second miss until
     the MoE working set left in pieces before the logits was counted (`forward_moe_fragment_bytes`, from 1x H100
     runs): -0.8% now, a check the rule was not derived from."""
     rows = _runs("expandable/dense") + _runs("expandable/moe")
@@ -92,7 +94,8 @@ def test_peak_memory_with_expandable_segments():
     errors = {r["lay"].label: _err(r, "peak_memory_gib", "peak_gib") for r in rows}
     assert sum(abs(e) <= 0.05 for e in errors.values()) >= 22, errors
     assert abs(errors["30B-A3B s8192 mbs4 ep2 forward-only"]) < 0.05
-    assert all(abs(e) < 0.11 for e in errors.values()), errors
+    assert -0.07 < errors["8B s4096 pp2 vpp2"] < -0.05
+    assert all(abs(e) < 0.07 for e in errors.values()), errors
     # the allocator part alone: within 0.6 GiB for every layout
     for r in rows:
         allocated = predicted_allocated_gib(r["predicted"])

@@ -615,6 +615,7 @@ def memory_summary(stages: list[StageMemory]) -> tuple[float, dict[str, float], 
         "activations": peak_stage.activations_bytes / GIB,
         "optimizer_step": peak_stage.optimizer_step_bytes / GIB,
         "allowance": peak_stage.allowance_bytes / GIB,
+        "non_torch": peak_stage.non_torch_bytes / GIB,  # of the allowance: outside the caching allocator
         "total": peak_stage.total_bytes / GIB,
         "stage": peak_stage.stage,
     }
