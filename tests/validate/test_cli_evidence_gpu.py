@@ -44,6 +44,21 @@ def test_dry_run_prints_prediction_and_command(tmp_path, capsys):
     assert doc["layouts"][0]["layout"]["num_layers"] == 4 and doc["layouts"][0]["predicted"]["step_time_s"] > 0
 
 
+def test_stand_in_dry_run_lists_one_command_per_rank_and_refuses_timing_options(tmp_path, capsys):
+    pytest.importorskip("megatron_autotuner.costmodel")
+    base = ["validate", "--model", "Qwen3-8B", "--num-layers", "4", "--gpu", "H200", "--num-gpus", "4", "--pp", "2",
+            "--tp", "2", "--seq-len", "4096", "--global-batch-size", "8", "--output-dir", str(tmp_path),
+            "--stand-in"]  # fmt: skip
+    assert main([*base, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    cmds = [line for line in out.splitlines() if "--stand-in-rank" in line]
+    assert [c.split("--stand-in-rank ")[1].split()[0] for c in cmds] == ["0", "1", "2", "3"]
+    assert "torch.distributed.run" not in out
+    assert main([*base, "--write-calibration", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--stand-in measures memory only" in err and "--write-calibration" in err and len(err.splitlines()) == 1
+
+
 def test_emit_slurm_and_errors(tmp_path, capsys):
     script = tmp_path / "job.sbatch"
     rc = main(["validate", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "16", "--tp", "8", "--seq-len",
@@ -257,6 +272,25 @@ def test_gpu_smoke_run(tmp_path):
     row = rep.rows[0]
     assert row["status"] == "ok", row.get("error")
     assert row["measured"]["step_time_s"] > 0 and row["measured"]["max_allocated_gib"] > 0
+
+
+@pytest.mark.gpu
+def test_gpu_stand_ins_measure_every_rank_of_a_four_gpu_layout_on_one(tmp_path):
+    """`mat validate --stand-in` on one GPU: the 4 ranks of tp2 pp2 vpp2 each run alone; the two tensor-parallel
+    ranks of a stage hold equal shards, and the model's allocated / reserved memory is within 5%."""
+    import torch
+
+    from megatron_autotuner.validate import Layout, validate_layouts
+
+    lay = Layout(model="Qwen3-0.6B", num_gpus=4, num_layers=4, tp=2, pp=2, vpp=2, seq_length=2048,
+                 global_batch_size=8, warmup_steps=1, steps=2, expandable_segments=True)  # fmt: skip
+    gpu = "H200" if "H200" in torch.cuda.get_device_name() else "H100-SXM"
+    rep = validate_layouts([lay], tmp_path, gpu, layout_timeout_s=300, log=lambda *a: 0, stand_in=True)
+    row = rep.rows[0]
+    assert row["status"] == "ok" and row["stand_in"] and row["ranks_reported"] == [0, 1, 2, 3], row.get("error")
+    alloc = {p["rank"]: p["max_allocated_gib"] for p in row["per_rank"]}
+    assert alloc[0] == pytest.approx(alloc[1], rel=1e-3) and alloc[2] == pytest.approx(alloc[3], rel=1e-3)
+    assert abs(row["error_rel"]["allocated_memory"]) < 0.05 and abs(row["error_rel"]["reserved_memory"]) < 0.05
 
 
 @pytest.mark.gpu

@@ -7,7 +7,13 @@ import pytest
 
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload
-from megatron_autotuner.validate.launcher import WORKER_MODULE, order_for_job, slurm_script, torchrun_command
+from megatron_autotuner.validate.launcher import (
+    WORKER_MODULE,
+    order_for_job,
+    slurm_script,
+    stand_in_command,
+    torchrun_command,
+)
 from megatron_autotuner.validate.layout import Layout, load_layouts_file
 
 
@@ -110,3 +116,16 @@ def test_committed_gpu_layout_files_are_valid(path):
     for lay in layouts:
         lay.check()
     assert len({lay.layout_id for lay in layouts}) == len(layouts)
+
+
+def test_stand_in_command_and_worker_arguments():
+    """A stand-in is the worker alone (no torchrun) with its rank and world size; the worker refuses a rank
+    outside the world, or one without the other, before it imports torch."""
+    from megatron_autotuner.validate import worker
+
+    cmd = stand_in_command(Path("j.json"), Path("o"), 3, 4, python="py")
+    assert cmd[:3] == ["py", "-m", WORKER_MODULE] and "torch.distributed.run" not in cmd
+    assert cmd[-4:] == ["--stand-in-rank", "3", "--stand-in-world-size", "4"]
+    for bad in (["--stand-in-rank", "2", "--stand-in-world-size", "2"], ["--stand-in-rank", "0"]):
+        with pytest.raises(SystemExit):
+            worker.main(["--layouts", "x.json", "--out-dir", "o", *bad])

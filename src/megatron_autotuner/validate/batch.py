@@ -59,6 +59,12 @@ def targets(rows: list[dict[str, Any]], agreement: list[dict[str, Any]]) -> dict
     ok = [r for r in rows if r["status"] == "ok" and r["error_rel"]["step_time"] is not None]
     mem = [r for r in rows if r["status"] == "ok" and r["error_rel"]["peak_memory"] is not None]
     allocated = [e for r in mem if (e := r["error_rel"].get("allocated_memory")) is not None]
+    # memory stand-ins measure the allocator only: their reservation is their memory figure
+    stand_in = [
+        e
+        for r in rows
+        if r["status"] == "ok" and r.get("stand_in") and (e := r["error_rel"].get("reserved_memory")) is not None
+    ]
     return {
         "layouts_ok": sum(r["status"] == "ok" for r in rows),
         "layouts_failed": sum(r["status"] == "failed" for r in rows),
@@ -68,6 +74,8 @@ def targets(rows: list[dict[str, Any]], agreement: list[dict[str, Any]]) -> dict
         "peak_memory_compared": len(mem),
         "allocated_memory_within_5pct": sum(abs(e) <= MEMORY_TARGET for e in allocated),
         "allocated_memory_compared": len(allocated),
+        "stand_in_reserved_memory_within_5pct": sum(abs(e) <= MEMORY_TARGET for e in stand_in),
+        "stand_in_reserved_memory_compared": len(stand_in),
         "oom_as_predicted": sum(bool(r.get("oom_as_predicted")) for r in rows),
         "oom_compared": sum(r.get("oom_as_predicted") is not None for r in rows),
         "predicted_best_within_3pct": sum(a["predicted_best_ok"] for a in agreement),
@@ -114,10 +122,12 @@ def validate_layouts(
     log=print,
     layouts_per_job: int | None = 1,
     measure_host_floor: bool = False,
+    stand_in: bool = False,
 ) -> ValidationReport:
     """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch. With
     `measure_host_floor` (and a run on CUDA) this machine's eager MoE host floor is measured first and the
-    predictions use it (`host_floor.measure_host_floor`)."""
+    predictions use it (`host_floor.measure_host_floor`). With `stand_in` every rank runs alone on one device
+    (memory only: `launcher.stand_in_command`)."""
     if not layouts:
         raise ConfigError("layouts", "nothing to validate")
     seen: dict[str, Layout] = {}
@@ -145,6 +155,7 @@ def validate_layouts(
             on_job_done=lambda: build_report(layouts, out, gpu, predictions),
             log=log,
             layouts_per_job=layouts_per_job,
+            stand_in=stand_in,
         )
         predictions = predictions_for(layouts, gpu, out, calibration)
     report = build_report(layouts, out, gpu, predictions)

@@ -90,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="first time the eager MoE block on this machine (testbench moe cases, one GPU) and predict MoE layouts "
         "with that host floor (written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
     )
+    p.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="memory only, on one GPU: run every rank of each layout alone, one after another, over torch's fake "
+        "process group (collectives move nothing): each rank's allocated and reserved memory as in the real job; "
+        "no step times, no NCCL buffers",
+    )
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
     p.add_argument("--dry-run", action="store_true", help="predict and print the torchrun commands; run nothing")
     p.add_argument("--emit-slurm", metavar="FILE", help="write an sbatch script for the layouts and exit")
@@ -146,6 +153,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.layouts_per_job < 0:
         raise ConfigError("layouts-per-job", f"must be >= 0 (0: all layouts in one job), got {args.layouts_per_job}")
+    if args.stand_in:
+        for flag in ("emit_slurm", "write_calibration", "measure_host_floor"):
+            if getattr(args, flag):
+                option = "--" + flag.replace("_", "-")
+                raise ConfigError("stand_in", f"--stand-in measures memory only and cannot be used with {option}")
     layouts, gpu = _layouts(args)
     if not gpu:
         raise ConfigError("gpu", "give --gpu (the GPU preset predictions are made for)")
@@ -179,15 +191,28 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         preds = batch.predictions_for(layouts, gpu, out, calibration)
         for lay in layouts:
-            cmd = launcher.torchrun_command(lay.world_size, out / "jobs" / "JOB.json", out, args.device, args.timeout_s)
             print(f"{lay.label} ({lay.layout_id}): predicted {json.dumps(preds[lay.layout_id])}")
-            print("  " + " ".join(cmd))
+            if args.stand_in:
+                cmds = [
+                    launcher.stand_in_command(
+                        out / "jobs" / "JOB.json", out, r, lay.world_size, args.device, args.timeout_s
+                    )
+                    for r in range(lay.world_size)
+                ]
+            else:
+                cmds = [
+                    launcher.torchrun_command(
+                        lay.world_size, out / "jobs" / "JOB.json", out, args.device, args.timeout_s
+                    )
+                ]
+            for cmd in cmds:
+                print("  " + " ".join(cmd))
         return 0
     rep = batch.validate_layouts(
         layouts, out, gpu, device=args.device, layout_timeout_s=args.timeout_s, retry_failed=args.retry_failed,
         available_gpus=args.available_gpus, calibration=calibration, write_calibration_to=args.write_calibration,
         layouts_per_job=args.layouts_per_job or None, measure_host_floor=args.measure_host_floor,
-        run=not args.report_only, log=(lambda *_: None) if args.json else print,
+        stand_in=args.stand_in, run=not args.report_only, log=(lambda *_: None) if args.json else print,
     )  # fmt: skip
     if args.json:
         print(json.dumps(rep.summary, indent=1, default=str))

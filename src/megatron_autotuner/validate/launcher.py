@@ -11,6 +11,10 @@ with the layouts after it; a job that crashes is handled the same way. Layouts p
 run last in their job, so an OOM cannot disturb the layouts after it. Finished layouts (ok or
 failed) are skipped on rerun. Multi-node: `torchrun_command(nnodes=..., rdzv_endpoint=...)` or the
 Slurm script of `slurm_script`.
+
+Memory stand-ins (`stand_in=True`): every rank of a layout runs alone, one process after another, on this
+machine's one device (`stand_in_command`: the worker over torch's fake process group), so the memory of each
+rank of a layout for many GPUs is measured on one; a rerun runs only the ranks that have no record yet.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from ..testbench.launcher import LaunchReport, watch_job
 from .layout import Layout
-from .results import append_record, current_file, finished_layout_ids, launcher_file
+from .results import append_record, current_file, finished_layout_ids, launcher_file, read_records
 from .runner import failure_kind
 
 WORKER_MODULE = "megatron_autotuner.validate.worker"
@@ -61,6 +65,27 @@ def torchrun_command(
         "--out-dir", str(out_dir),
         "--device", device,
         "--timeout-s", str(int(timeout_s)),
+    ]  # fmt: skip
+
+
+def stand_in_command(
+    job_file: Path,
+    out_dir: Path,
+    rank: int,
+    world_size: int,
+    device: str = "cuda",
+    timeout_s: float = 600.0,
+    python: str = sys.executable,
+) -> list[str]:
+    """One memory stand-in: rank `rank` of a `world_size`-rank job, alone in one process (no torchrun)."""
+    return [
+        python, "-m", WORKER_MODULE,
+        "--layouts", str(job_file),
+        "--out-dir", str(out_dir),
+        "--device", device,
+        "--timeout-s", str(int(timeout_s)),
+        "--stand-in-rank", str(rank),
+        "--stand-in-world-size", str(world_size),
     ]  # fmt: skip
 
 
@@ -119,13 +144,16 @@ def run_layouts(
     on_job_done=None,
     log=print,
     layouts_per_job: int | None = 1,
+    stand_in: bool = False,
 ) -> LaunchReport:
     """Run every unfinished layout, `layouts_per_job` per torchrun job (None: all of one world size in one
-    job); records land under `out_dir/runs/`."""
+    job), or rank by rank as memory stand-ins; records land under `out_dir/runs/`."""
     if layouts_per_job is not None and layouts_per_job < 1:
         raise ValueError(f"layouts_per_job must be >= 1 or None, got {layouts_per_job}")
     out = Path(out_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    if stand_in:
+        return _run_stand_ins(layouts, out, device, layout_timeout_s, retry_failed, on_job_done, log)
     done = finished_layout_ids(out, retry_failed)
     pending = [lay for lay in layouts if lay.layout_id not in done]
     report = LaunchReport(out_dir=out, total=len(layouts), skipped_finished=len(layouts) - len(pending))
@@ -185,6 +213,69 @@ def run_layouts(
             report.failed_by_launcher.append(blamed.layout_id)
             log(f"[failed] {blamed.label} ({blamed.layout_id}): {reason}")
             remaining = [lay for lay in unfinished if lay.layout_id != blamed.layout_id] + later
+    current.unlink(missing_ok=True)
+    return report
+
+
+def _recorded_ranks(out: Path, layout_id: str, retry_failed: bool) -> tuple[set[int], bool]:
+    """(ranks with an ok record, whether a rank or the launcher recorded a failure) of one layout."""
+    ok: set[int] = set()
+    failed = False
+    for path in sorted((out / "runs").glob("*.jsonl")):
+        for rec in read_records(path):
+            if rec.get("layout_id") != layout_id:
+                continue
+            if rec.get("status") == "ok" and rec.get("rank") is not None:
+                ok.add(rec["rank"])
+            elif rec.get("status") == "failed" and not retry_failed:
+                failed = True
+    return ok, failed
+
+
+def _run_stand_ins(
+    layouts: list[Layout],
+    out: Path,
+    device: str,
+    layout_timeout_s: float,
+    retry_failed: bool,
+    on_job_done,
+    log,
+) -> LaunchReport:
+    """Each rank of each layout as its own stand-in process; a failed rank ends its layout (recorded)."""
+    report = LaunchReport(out_dir=out, total=len(layouts), skipped_finished=0)
+    current = current_file(out)
+    for lay in layouts:
+        ok, failed = _recorded_ranks(out, lay.layout_id, retry_failed)
+        todo = [r for r in range(lay.world_size) if r not in ok]
+        if failed or not todo:
+            report.skipped_finished += 1
+            continue
+        stem = out / "jobs" / f"stand_in_{lay.layout_id}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        job = stem.with_suffix(".json")
+        job.write_text(json.dumps([lay.to_dict()], indent=1))
+        for rank in todo:
+            log(f"{lay.label}: stand-in for rank {rank} of {lay.world_size}")
+            cmd = stand_in_command(job, out, rank, lay.world_size, device, layout_timeout_s)
+            current.unlink(missing_ok=True)
+            logf_path = stem.parent / f"{stem.name}_rank{rank}.log"
+            with open(logf_path, "w") as logf:
+                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                timed_out, _ = watch_job(proc, current, layout_timeout_s, STARTUP_ALLOWANCE_S)
+            ok, failed = _recorded_ranks(out, lay.layout_id, retry_failed=False)
+            if failed:
+                break  # the worker recorded this rank's failure: the layout is finished
+            if rank not in ok:
+                tail = logf_path.read_text(errors="replace")[-2000:]
+                reason = f"timed out after {layout_timeout_s:.0f} s" if timed_out else f"exited with {proc.returncode}"
+                kind = "timeout" if timed_out else failure_kind(tail)
+                _launcher_failure(out, lay, f"stand-in for rank {rank}: {reason}", kind, tail)
+                report.failed_by_launcher.append(lay.layout_id)
+                log(f"[failed] {lay.label} ({lay.layout_id}): stand-in for rank {rank}: {reason}")
+                break
+        report.ran += 1
+        if on_job_done is not None:
+            on_job_done()
     current.unlink(missing_ok=True)
     return report
 

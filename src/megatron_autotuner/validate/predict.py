@@ -144,6 +144,15 @@ def predicted_allocated_gib(predicted: dict[str, Any]) -> float | None:
     return breakdown["total"] - breakdown.get("allowance", 0.0)
 
 
+def predicted_reserved_gib(predicted: dict[str, Any]) -> float | None:
+    """What the caching allocator should reserve at the peak: the predicted total less the memory outside it;
+    None without that split."""
+    breakdown = predicted.get("memory_breakdown_gib") or {}
+    if "total" not in breakdown or "non_torch" not in breakdown:
+        return None
+    return breakdown["total"] - breakdown["non_torch"]
+
+
 def _rel(predicted: float | None, measured: float | None) -> float | None:
     if predicted is None or measured is None or measured == 0:
         return None
@@ -170,6 +179,7 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
             "per_rank",
             "traces",
             "log_tail",
+            "stand_in",
         ):
             if key in measured_row:
                 row[key] = measured_row[key]
@@ -188,14 +198,20 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
     row["measured_oom"] = row["status"] == "failed" and row.get("failure_kind") == "oom"
     decided = row["status"] == "ok" or row["measured_oom"]
     row["oom_as_predicted"] = None if fits is None or not decided else row["measured_oom"] == (not fits)
-    timed = not m.get("memory_history")
+    timed = not m.get("memory_history") and not m.get("stand_in")
+    allocator_comparable = bool(m.get("peak_gib") or m.get("stand_in"))
     row["error_rel"] = {
         "step_time": _rel(predicted.get("step_time_s"), step) if timed else None,
         "peak_memory": _rel(predicted.get("peak_memory_gib"), m.get("peak_gib")),
         # the allocator's own peak (torch.cuda.max_memory_allocated) against the prediction without its allowance
         # (memory outside the allocator and reserved-but-unallocated): tensors alone
         "allocated_memory": _rel(predicted_allocated_gib(predicted), m.get("max_allocated_gib"))
-        if m.get("peak_gib")
+        if allocator_comparable
+        else None,
+        # the allocator's reservation (torch.cuda.max_memory_reserved) against the prediction without the memory
+        # outside it: what a memory stand-in measures in place of the device's peak
+        "reserved_memory": _rel(predicted_reserved_gib(predicted), m.get("max_reserved_gib"))
+        if allocator_comparable
         else None,
         "mfu": _rel(predicted.get("mfu"), m.get("mfu")) if timed else None,
     }

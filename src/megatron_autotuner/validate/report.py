@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .predict import predicted_reserved_gib
+
 
 def _f(value: Any, fmt: str, scale: float = 1.0) -> str:
     return "-" if value is None else format(value * scale, fmt)
@@ -33,10 +35,15 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
         status = r["status"] if r["status"] != "failed" else f"failed:{r.get('failure_kind')}"
         if p.get("fits") is False:
             status += " (pred OOM)"
+        mem = (m.get("peak_gib"), p.get("peak_memory_gib"), e.get("peak_memory"))
+        if r.get("stand_in"):
+            # memory stand-ins: the allocator's reservation (no NCCL buffers, no real step time)
+            status += " (stand-in: reserved)"
+            mem = (m.get("max_reserved_gib"), predicted_reserved_gib(p), e.get("reserved_memory"))
         lines.append((
             r["label"], status,
             _f(m.get("step_time_s"), ".1f", 1e3), _f(p.get("step_time_s"), ".1f", 1e3), _pct(e.get("step_time")),
-            _f(m.get("peak_gib"), ".2f"), _f(p.get("peak_memory_gib"), ".2f"), _pct(e.get("peak_memory")),
+            _f(mem[0], ".2f"), _f(mem[1], ".2f"), _pct(mem[2]),
             _f(m.get("mfu"), ".3f"), _f(p.get("mfu"), ".3f"), _f(m.get("tokens_per_s_per_gpu"), ".0f"),
         ))  # fmt: skip
     widths = [max(len(str(row[i])) for row in lines) for i in range(len(header))]
@@ -80,6 +87,11 @@ def format_report(report: Any) -> str:
         f"OOM as predicted {t['oom_as_predicted']}/{t['oom_compared']}, "
         f"predicted best within 3% {t['predicted_best_within_3pct']}/{t['groups']}"
     )
+    if t.get("stand_in_reserved_memory_compared"):
+        tail += (
+            f"; stand-ins: reserved memory within 5% {t['stand_in_reserved_memory_within_5pct']}/"
+            f"{t['stand_in_reserved_memory_compared']}"
+        )
     return "\n".join(
         [format_rows(list(report.rows)), format_agreement(list(report.agreement)), tail, f"results: {report.out_dir}"]
     )

@@ -11,7 +11,8 @@ Layout of an output directory:
 Rank record (schema_version 1): {"schema_version", "tool_version", "layout_id", "layout", "rank",
 "world_size", "env", "layer_spec", "status": ok|failed, "failure_kind": oom|nccl|timeout|error|null,
 "error", "measured": {"step_times_s", "loss", "build_s", "max_allocated_gib", "max_reserved_gib",
-"reserved_gib", "device_used_gib", "device_total_gib"}, "memory_before": {...}, "trace"}.
+"reserved_gib", "device_used_gib", "device_total_gib"}, "memory_before": {...}, "trace"}; a memory stand-in's
+records (`validate.worker --stand-in-rank`) add "stand_in": true.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
             )
         else:
             row.update(status="incomplete", failure_kind=None, error="not every rank reported")
+        if any(r.get("stand_in") for r in ranks.values()):
+            row["stand_in"] = True
         if ranks:
             r0 = ranks.get(0) or next(iter(ranks.values()))
             row["env"] = r0.get("env")
@@ -178,6 +181,10 @@ def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, An
     # communicators (H200: 9-15 GiB allocated, non-torch memory growing 1.4 -> 13.6 GiB over 8 layouts), so
     # only a layout that started in a fresh process has a peak that can be compared with a prediction
     fresh = all((p.get("carried_over_allocated_gib") or 0.0) < 0.01 for p in per_rank)
+    if any(rec.get("stand_in") for rec in records):
+        # memory stand-ins (fake process group, one rank per process): their steps moved no data and their memory
+        # outside the allocator has no NCCL buffers, so only the allocator's figures are measurements
+        times, peak = [], []
     return {
         "memory_comparable": fresh,
         "step_time_s": max(times) if times else None,
@@ -192,4 +199,5 @@ def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, An
         "loss": next((p["loss"] for p in reversed(per_rank) if p["loss"] is not None), None),
         # recording the allocator's history slowed these steps: their time is not compared with a prediction
         "memory_history": any(rec.get("measured", {}).get("memory_history") for rec in records),
+        "stand_in": any(rec.get("stand_in") for rec in records),
     }
