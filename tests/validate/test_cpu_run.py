@@ -118,11 +118,11 @@ def test_expandable_segments_run_in_their_own_job(tiny, tmp_path, monkeypatch):
 
 
 def test_stand_ins_run_each_rank_alone_and_resume_the_missing_rank(tiny, tmp_path):
-    """`stand_in=True`: each rank of a 2-rank TP layout runs in its own process over torch's fake process group
+    """`stand_in="all"`: each rank of a 2-rank TP layout runs in its own process over torch's fake process group
     (no torchrun); the records say so, only memory is compared, and a rerun runs only a rank with no record."""
     lay = _lay(tiny, "tp2", num_gpus=2, tp=2, sequence_parallel=False, global_batch_size=4)
     out = tmp_path / "o"
-    rep = validate_layouts([lay], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, stand_in=True)
+    rep = validate_layouts([lay], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, stand_in="all")
     row = rep.rows[0]
     assert row["status"] == "ok" and row["stand_in"] and len(row["per_rank"]) == 2
     assert row["error_rel"]["step_time"] is None and row["measured"]["step_time_s"] is None
@@ -133,7 +133,7 @@ def test_stand_ins_run_each_rank_alone_and_resume_the_missing_rank(tiny, tmp_pat
     rank_file(out, 1).unlink()
     logs = sorted((out / "jobs").glob("*_rank*.log"))
     stamps = {p.name: p.stat().st_mtime_ns for p in logs}
-    rep = validate_layouts([lay], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, stand_in=True)
+    rep = validate_layouts([lay], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, stand_in="all")
     assert rep.rows[0]["status"] == "ok" and len(read_records(rank_file(out, 0))) == 1
     assert len(read_records(rank_file(out, 1))) == 1
     changed = [p.name for p in logs if p.stat().st_mtime_ns != stamps[p.name]]

@@ -129,3 +129,13 @@ def test_stand_in_command_and_worker_arguments():
     for bad in (["--stand-in-rank", "2", "--stand-in-world-size", "2"], ["--stand-in-rank", "0"]):
         with pytest.raises(SystemExit):
             worker.main(["--layouts", "x.json", "--out-dir", "o", *bad])
+
+
+def test_stand_in_ranks_are_the_first_of_each_pipeline_stage_and_refuse_moe_expert_groups():
+    """megatron-core's default order tp-cp-ep-dp-pp: stage s starts at rank s x world / pp."""
+    lay = Layout(model="Qwen3-8B", seq_length=4096, num_gpus=16, tp=2, pp=4, cp=2, global_batch_size=32)
+    assert lay.stand_in_ranks() == [0, 4, 8, 12]
+    assert lay.stand_in_ranks(all_ranks=True) == list(range(16))
+    assert Layout(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, pp=2).stand_in_ranks() == [0, 1]
+    with pytest.raises(ConfigError, match="ep x etp = 2"):
+        Layout(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, ep=2).stand_in_ranks()

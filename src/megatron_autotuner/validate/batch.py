@@ -122,12 +122,17 @@ def validate_layouts(
     log=print,
     layouts_per_job: int | None = 1,
     measure_host_floor: bool = False,
-    stand_in: bool = False,
+    stand_in: str | None = None,
 ) -> ValidationReport:
     """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch. With
     `measure_host_floor` (and a run on CUDA) this machine's eager MoE host floor is measured first and the
-    predictions use it (`host_floor.measure_host_floor`). With `stand_in` every rank runs alone on one device
-    (memory only: `launcher.stand_in_command`)."""
+    predictions use it (`host_floor.measure_host_floor`). With `stand_in` ("stages": the first rank of each
+    pipeline stage, "all": every rank) those ranks run alone on one device (memory only:
+    `launcher.stand_in_command`)."""
+    if stand_in not in (None, "stages", "all"):
+        raise ConfigError("stand_in", f"must be 'stages' or 'all', got {stand_in!r}")
+    for lay in layouts if stand_in else []:
+        lay.stand_in_ranks()  # refuses what a stand-in cannot run, before anything runs
     if not layouts:
         raise ConfigError("layouts", "nothing to validate")
     seen: dict[str, Layout] = {}

@@ -92,10 +92,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--stand-in",
-        action="store_true",
-        help="memory only, on one GPU: run every rank of each layout alone, one after another, over torch's fake "
-        "process group (collectives move nothing): each rank's allocated and reserved memory as in the real job; "
-        "no step times, no NCCL buffers",
+        nargs="?",
+        const="stages",
+        choices=["stages", "all"],
+        help="memory only, on one GPU: run the first rank of each pipeline stage (or all ranks) of each layout alone, "
+        "one after another, over torch's fake process group (collectives move nothing): each rank's allocated and "
+        "reserved memory as in the real job; no step times, no NCCL buffers",
     )
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
     p.add_argument("--dry-run", action="store_true", help="predict and print the torchrun commands; run nothing")
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
                     launcher.stand_in_command(
                         out / "jobs" / "JOB.json", out, r, lay.world_size, args.device, args.timeout_s
                     )
-                    for r in range(lay.world_size)
+                    for r in lay.stand_in_ranks(args.stand_in == "all")
                 ]
             else:
                 cmds = [

@@ -12,9 +12,10 @@ run last in their job, so an OOM cannot disturb the layouts after it. Finished l
 failed) are skipped on rerun. Multi-node: `torchrun_command(nnodes=..., rdzv_endpoint=...)` or the
 Slurm script of `slurm_script`.
 
-Memory stand-ins (`stand_in=True`): every rank of a layout runs alone, one process after another, on this
-machine's one device (`stand_in_command`: the worker over torch's fake process group), so the memory of each
-rank of a layout for many GPUs is measured on one; a rerun runs only the ranks that have no record yet.
+Memory stand-ins (`stand_in="stages"` or `"all"`): the first rank of each pipeline stage (or every rank) of a
+layout runs alone, one process after another, on this machine's one device (`stand_in_command`: the worker over
+torch's fake process group), so the memory of a layout for many GPUs is measured on one; a rerun runs only the
+ranks that have no record yet.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ def run_layouts(
     on_job_done=None,
     log=print,
     layouts_per_job: int | None = 1,
-    stand_in: bool = False,
+    stand_in: str | None = None,
 ) -> LaunchReport:
     """Run every unfinished layout, `layouts_per_job` per torchrun job (None: all of one world size in one
     job), or rank by rank as memory stand-ins; records land under `out_dir/runs/`."""
@@ -153,7 +154,7 @@ def run_layouts(
     out = Path(out_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     if stand_in:
-        return _run_stand_ins(layouts, out, device, layout_timeout_s, retry_failed, on_job_done, log)
+        return _run_stand_ins(layouts, out, device, layout_timeout_s, retry_failed, on_job_done, log, stand_in == "all")
     done = finished_layout_ids(out, retry_failed)
     pending = [lay for lay in layouts if lay.layout_id not in done]
     report = LaunchReport(out_dir=out, total=len(layouts), skipped_finished=len(layouts) - len(pending))
@@ -240,13 +241,15 @@ def _run_stand_ins(
     retry_failed: bool,
     on_job_done,
     log,
+    all_ranks: bool,
 ) -> LaunchReport:
-    """Each rank of each layout as its own stand-in process; a failed rank ends its layout (recorded)."""
+    """Each stand-in rank of each layout (`Layout.stand_in_ranks`) as its own process; a failed rank ends its
+    layout (recorded)."""
     report = LaunchReport(out_dir=out, total=len(layouts), skipped_finished=0)
     current = current_file(out)
     for lay in layouts:
         ok, failed = _recorded_ranks(out, lay.layout_id, retry_failed)
-        todo = [r for r in range(lay.world_size) if r not in ok]
+        todo = [r for r in lay.stand_in_ranks(all_ranks) if r not in ok]
         if failed or not todo:
             report.skipped_finished += 1
             continue

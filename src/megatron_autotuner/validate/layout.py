@@ -136,6 +136,23 @@ class Layout:
     def world_size(self) -> int:
         return self.num_gpus
 
+    def stand_in_ranks(self, all_ranks: bool = False) -> list[int]:
+        """The ranks a memory stand-in runs: every rank, or by default the first of each pipeline stage (the
+        tensor- / context- / data-parallel ranks of a stage hold shards of the same shapes). megatron-core's
+        default rank order tp-cp-ep-dp-pp puts the pipeline stage outermost: stage s starts at s x world / pp.
+        Raises `ConfigError` for MoE layouts with an expert group of more than one rank: their dispatcher sizes
+        buffers from token counts the fake process group does not deliver."""
+        par = self.parallel()
+        if self.model_spec().num_moe_experts and par.ep * par.etp > 1:
+            raise ConfigError(
+                "stand_in",
+                f"{self.label}: MoE with ep x etp = {par.ep * par.etp} exchanges token counts that a stand-in's fake "
+                "process group does not deliver; stand-ins need ep = etp = 1 for MoE layouts",
+            )
+        if all_ranks:
+            return list(range(self.world_size))
+        return [stage * (self.world_size // self.pp) for stage in range(self.pp)]
+
     @property
     def num_microbatches(self) -> int:
         w = self.workload()

@@ -21,6 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..errors import AutotunerError
 from ..testbench.results import append_record, read_records
 
 LAUNCHER_FILE = "launcher.jsonl"
@@ -88,6 +89,19 @@ def _minus(value: float | None, carried: float) -> float | None:
     return None if value is None else value - carried
 
 
+def _stand_in_complete(ranks: dict[int, dict[str, Any]]) -> bool:
+    """Memory stand-ins ran (at least) the first rank of every pipeline stage (`Layout.stand_in_ranks`)."""
+    from .layout import Layout
+
+    recs = list(ranks.values())
+    if not recs or not all(r.get("stand_in") for r in recs):
+        return False
+    try:
+        return set(Layout.from_dict(recs[0]["layout"]).stand_in_ranks()) <= set(ranks)
+    except (AutotunerError, KeyError, TypeError, ValueError):
+        return False
+
+
 def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
     """One measured summary per layout: the latest record of every rank, plus launcher failures.
 
@@ -118,7 +132,7 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
                 error=failed[0].get("error"),
                 failed_rank=failed[0]["rank"],
             )
-        elif world is not None and len(ranks) == world:
+        elif world is not None and (len(ranks) == world or _stand_in_complete(ranks)):
             row.update(status="ok", failure_kind=None, error=None)
         elif layout_id in launcher:
             lrec = launcher[layout_id]
