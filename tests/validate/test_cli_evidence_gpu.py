@@ -291,7 +291,8 @@ def test_gpu_stand_ins_measure_every_rank_of_a_four_gpu_layout_on_one(tmp_path):
     gpu = "H200" if "H200" in torch.cuda.get_device_name() else "H100-SXM"
     rep = validate_layouts([lay], tmp_path, gpu, layout_timeout_s=300, log=lambda *a: 0, stand_in="all")
     row = rep.rows[0]
-    assert row["status"] == "ok" and row["stand_in"] and row["ranks_reported"] == [0, 1, 2, 3], row.get("error")
+    assert row["status"] == "ok" and row["stand_in"], row.get("error")
+    assert [p["rank"] for p in row["per_rank"]] == [0, 1, 2, 3]
     alloc = {p["rank"]: p["max_allocated_gib"] for p in row["per_rank"]}
     assert alloc[0] == pytest.approx(alloc[1], rel=1e-3) and alloc[2] == pytest.approx(alloc[3], rel=1e-3)
     assert abs(row["error_rel"]["allocated_memory"]) < 0.05 and abs(row["error_rel"]["reserved_memory"]) < 0.05
