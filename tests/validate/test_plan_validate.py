@@ -52,3 +52,23 @@ def test_plan_validate_predicts_with_the_plans_calibration_and_a_measured_floor(
     assert main([*argv, "--measure-host-floor", "--json"]) == 0
     assert seen["measured_in"] == tmp_path / "p" / "validate" / "host_floor"
     assert seen["calibration"].moe_host_floors == (measured,) and seen["calibration"].memory
+
+
+def test_plan_validate_stand_in_runs_each_stage_of_the_candidates_on_one_gpu(tmp_path, monkeypatch, capsys):
+    """`mat plan --validate K --stand-in`: the top-K candidates go to the launcher as memory stand-ins (the first
+    rank of each pipeline stage); without --validate the flag is a one-line error."""
+    seen = {}
+
+    def make_output_folder(layouts, out, **kw):
+        seen.update(layouts=layouts, **kw)
+        Path(out).mkdir(parents=True, exist_ok=True)
+
+    monkeypatch.setattr("megatron_autotuner.validate.launcher.run_layouts", make_output_folder)
+    dense = ["plan", "--model", "Qwen3-8B", "--gpu", "H100-SXM", "--num-gpus", "16", "--seq-len", "4096",
+             "--global-batch-size", "64", "--top", "2", "--no-chart", "--output-dir", str(tmp_path / "p")]  # fmt: skip
+    assert main([*dense, "--validate", "2", "--stand-in", "--json"]) == 0
+    capsys.readouterr()
+    assert seen["stand_in"] == "stages" and len(seen["layouts"]) == 2
+    assert main([*dense, "--stand-in"]) == 2
+    err = capsys.readouterr().err
+    assert "--stand-in goes with --validate K" in err and len(err.strip().splitlines()) == 1

@@ -54,6 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --validate: first time the eager MoE block on this machine and predict MoE layouts with it",
     )
+    p.add_argument(
+        "--stand-in",
+        nargs="?",
+        const="stages",
+        choices=["stages", "all"],
+        help="with --validate: memory only, on one GPU (`mat validate --stand-in`): the first rank of each pipeline "
+        "stage (or all ranks) of each candidate alone, over torch's fake process group",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 
@@ -68,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("num_gpus", "seq_len", "global_batch_size"):
         if getattr(args, name) < 1:
             raise ConfigError(name, f"must be a positive integer, got {getattr(args, name)}")
+    if args.stand_in and (args.validate is None or args.measure_host_floor):
+        raise ConfigError("stand_in", "--stand-in goes with --validate K and measures memory only (no host floor)")
     options = cost_options_from_args(args)
     result = plan(
         model,
@@ -98,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
             out_dir,
             calibration=options.calibration,
             measure_host_floor=args.measure_host_floor,
+            stand_in=args.stand_in,
         )
     if args.json:
         data = result.to_dict(top_k=args.top)
