@@ -8,6 +8,7 @@ import importlib
 from ..errors import AutotunerError, ConfigError
 from ..report import output_dir_for, write_plan_report
 from ..search import plan
+from ..validate.command import add_stand_in_argument
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args
 from .layout_args import (
     add_gpu_arguments,
@@ -54,14 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="with --validate: first time the eager MoE block on this machine and predict MoE layouts with it",
     )
-    p.add_argument(
-        "--stand-in",
-        nargs="?",
-        const="stages",
-        choices=["stages", "all"],
-        help="with --validate: memory only, on one GPU (`mat validate --stand-in`): the first rank of each pipeline "
-        "stage (or all ranks) of each candidate alone, over torch's fake process group",
-    )
+    add_stand_in_argument(p, prefix="with --validate: ")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)
 

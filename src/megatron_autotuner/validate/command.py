@@ -11,6 +11,19 @@ from pathlib import Path
 from ..errors import ConfigError
 
 
+def add_stand_in_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
+    """`--stand-in [stages|all]` of `mat validate` and `mat plan --validate K`."""
+    parser.add_argument(
+        "--stand-in",
+        nargs="?",
+        const="stages",
+        choices=["stages", "all"],
+        help=f"{prefix}memory only, on one GPU: run the first rank of each pipeline stage (or all ranks) of each "
+        "layout alone, one after another, over torch's fake process group (collectives move nothing): each rank's "
+        "allocated and reserved memory as in the real job; no step times, no NCCL buffers",
+    )
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from ..cli.layout_args import add_grad_reduce_argument, add_precision_arguments  # cli imports this module
 
@@ -90,15 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="first time the eager MoE block on this machine (testbench moe cases, one GPU) and predict MoE layouts "
         "with that host floor (written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
     )
-    p.add_argument(
-        "--stand-in",
-        nargs="?",
-        const="stages",
-        choices=["stages", "all"],
-        help="memory only, on one GPU: run the first rank of each pipeline stage (or all ranks) of each layout alone, "
-        "one after another, over torch's fake process group (collectives move nothing): each rank's allocated and "
-        "reserved memory as in the real job; no step times, no NCCL buffers",
-    )
+    add_stand_in_argument(p)
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
     p.add_argument("--dry-run", action="store_true", help="predict and print the torchrun commands; run nothing")
     p.add_argument("--emit-slurm", metavar="FILE", help="write an sbatch script for the layouts and exit")
