@@ -199,19 +199,12 @@ def run(args: argparse.Namespace) -> int:
         preds = batch.predictions_for(layouts, gpu, out, calibration)
         for lay in layouts:
             print(f"{lay.label} ({lay.layout_id}): predicted {json.dumps(preds[lay.layout_id])}")
+            job = out / "jobs" / "JOB.json"
             if args.stand_in:
-                cmds = [
-                    launcher.stand_in_command(
-                        out / "jobs" / "JOB.json", out, r, lay.world_size, args.device, args.timeout_s
-                    )
-                    for r in lay.stand_in_ranks(args.stand_in == "all")
-                ]
+                world, ranks = lay.world_size, lay.stand_in_ranks(args.stand_in == "all")
+                cmds = [launcher.stand_in_command(job, out, r, world, args.device, args.timeout_s) for r in ranks]
             else:
-                cmds = [
-                    launcher.torchrun_command(
-                        lay.world_size, out / "jobs" / "JOB.json", out, args.device, args.timeout_s
-                    )
-                ]
+                cmds = [launcher.torchrun_command(lay.world_size, job, out, args.device, args.timeout_s)]
             for cmd in cmds:
                 print("  " + " ".join(cmd))
         return 0

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     env = environment(args.device)
     env["pytorch_cuda_alloc_conf"] = os.environ.get(ALLOC_CONF_ENV, "")
-    lead = rank == (args.stand_in_rank if stand_in else 0)  # the rank that reports progress
+    lead = stand_in or rank == 0  # the rank that reports progress (a stand-in is its own job)
     out_dir = Path(args.out_dir)
     current = current_file(out_dir)
     for layout in layouts:
