@@ -61,6 +61,11 @@ def test_stand_in_dry_run_lists_one_command_per_rank_and_refuses_timing_options(
     assert main([*base, "--write-calibration", str(tmp_path / "c.json")]) == 2
     err = capsys.readouterr().err
     assert "--stand-in measures memory only" in err and "--write-calibration" in err and len(err.splitlines()) == 1
+    moe = ["validate", "--model", "Qwen3-30B-A3B", "--num-layers", "2", "--gpu", "H200", "--num-gpus", "2", "--ep", "2",
+           "--seq-len", "4096", "--output-dir", str(tmp_path), "--stand-in", "--dry-run"]  # fmt: skip
+    assert main(moe) == 2
+    err = capsys.readouterr().err
+    assert "ep x etp = 2" in err and len(err.strip().splitlines()) == 1
 
 
 def test_emit_slurm_and_errors(tmp_path, capsys):
