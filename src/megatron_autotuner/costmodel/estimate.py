@@ -38,7 +38,7 @@ add recomputed forward work.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -46,7 +46,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload, num_microbatches, validate_layout
+from ..specs.parallel import ParallelConfig, Workload, num_microbatches, pipeline_layout_of, validate_layout
 from ..theory.comm import dp_step_volumes
 from ..theory.flops import full_recompute_layer_mask, iteration_flops
 from ..theory.memory import (
@@ -58,7 +58,7 @@ from ..theory.memory import (
     memory_per_stage,
     optimizer_shard_parameters,
 )
-from ..theory.params import ParameterCounts, stage_layer_range, stage_parameters
+from ..theory.params import ParameterCounts, stage_parameters
 from . import defaults as d
 from .calibration import Calibration
 from .collectives import collective_time_s, p2p_time_s
@@ -134,6 +134,8 @@ class StageTime:
     p2p_per_microbatch_s: float
     p2p_fill_s: float
     step_extra: dict[str, float]
+    # one micro-batch of each model chunk (forward + backward, with its p2p when exposed): the fill and drain
+    chunk_s: tuple[float, ...] = ()
 
     @property
     def per_microbatch_s(self) -> float:
@@ -150,6 +152,7 @@ class StageTime:
             "fwd_s": dict(self.fwd),
             "bwd_s": dict(self.bwd),
             "p2p_per_microbatch_s": self.p2p_per_microbatch_s,
+            "per_chunk_s": list(self.chunk_s),
             "after_last_microbatch_s": dict(self.step_extra),
         }
 
@@ -282,31 +285,37 @@ def local_tokens_per_microbatch(parallel: ParallelConfig, workload: Workload) ->
 
 
 @lru_cache(maxsize=4096)
-def _stage_params(model: ModelSpec, tp: int, pp: int, vpp: int | None, ep: int, etp: int, stage: int, padded: int):
-    parallel = ParallelConfig(num_gpus=tp * pp * ep * etp, tp=tp, pp=pp, ep=ep, etp=etp, vpp=vpp)
+def _stage_params(
+    model: ModelSpec, tp: int, pp: int, vpp: int | None, layout, ep: int, etp: int, stage: int, padded: int
+):
+    parallel = ParallelConfig(
+        num_gpus=tp * pp * ep * etp, tp=tp, pp=pp, ep=ep, etp=etp, vpp=vpp, pipeline_layout=layout
+    )
     return stage_parameters(model, parallel, stage, padded)
 
 
 def stage_parameter_counts(model: ModelSpec, parallel: ParallelConfig, stage: int, padded: int) -> ParameterCounts:
-    """`theory.params.stage_parameters`, cached on what it depends on (tp, pp, vpp, ep, etp)."""
-    return _stage_params(model, parallel.tp, parallel.pp, parallel.vpp, parallel.ep, parallel.etp, stage, padded)
+    """`theory.params.stage_parameters`, cached on what it depends on (tp, pp, vpp, layout, ep, etp)."""
+    p = parallel
+    return _stage_params(model, p.tp, p.pp, p.vpp, p.pipeline_layout, p.ep, p.etp, stage, padded)
 
 
 @lru_cache(maxsize=4096)
 def _iteration_flops_cached(
-    model: ModelSpec, pp: int, vpp: int | None, dp: int, workload: Workload, conv: str, pad: int
+    model: ModelSpec, pp: int, vpp: int | None, layout, dp: int, workload: Workload, conv: str, pad: int
 ):
-    parallel = ParallelConfig(num_gpus=dp * pp, pp=pp, vpp=vpp)
+    parallel = ParallelConfig(num_gpus=dp * pp, pp=pp, vpp=vpp, pipeline_layout=layout)
     return iteration_flops(model, parallel, workload, conv, pad)
 
 
 def cached_iteration_flops(
     model: ModelSpec, parallel: ParallelConfig, workload: Workload, convention: str, padded: int
 ):
-    """`theory.flops.iteration_flops`, cached on what it depends on (pp, vpp, dp, workload)."""
+    """`theory.flops.iteration_flops`, cached on what it depends on (pp, vpp, layout, dp, workload)."""
     if workload.max_token_len is None:
         workload = workload.replace(micro_batch_size=1)
-    return _iteration_flops_cached(model, parallel.pp, parallel.vpp, parallel.dp, workload, convention, padded)
+    p = parallel
+    return _iteration_flops_cached(model, p.pp, p.vpp, p.pipeline_layout, p.dp, workload, convention, padded)
 
 
 def _merge(target: dict[str, float], parts: dict[str, float], factor: float = 1.0, rename=None) -> None:
@@ -423,82 +432,109 @@ def stage_time(
     bf16_grads = not parallel.grad_reduce_in_fp32
     accumulate_bytes = d.GRAD_ACCUMULATION_BYTES_PER_PARAM_BF16 if bf16_grads else d.GRAD_ACCUMULATION_BYTES_PER_PARAM
     scale, note = layer_calibration_scale(model, ctx, workload)
-    layers = stage_layer_range(model, parallel, stage)
+    layout = pipeline_layout_of(model, parallel)
+    v = layout.vpp
+    layers = layout.rank_layers(stage)
     full_mask = full_recompute_layer_mask(model, parallel, rc) if training else [False] * model.num_layers
-    kinds = Counter((model.is_moe_layer(i), full_mask[i]) for i in layers)
-    representative = {}
-    for i in layers:
-        representative.setdefault((model.is_moe_layer(i), full_mask[i]), i)
+    # one layer of each kind (MoE or dense, fully recomputed or not): fwd and bwd (+ recompute) parts
+    kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
+    per_chunk_kinds: list[Counter] = []
+    for c in range(v):
+        kinds = Counter((model.is_moe_layer(i), full_mask[i]) for i in layout.chunk_layers(stage, c))
+        per_chunk_kinds.append(kinds)
+        for key in kinds:
+            if key in kind_cost:
+                continue
+            i = next(j for j in layers if (model.is_moe_layer(j), full_mask[j]) == key)
+            lctx = ctx if not key[1] else replace(ctx, full_recompute=True, recompute_modules=())
+            lc: LayerCost = layer_cost(model, i, lctx)
+            if scale != 1.0:
+                lc = lc.scaled(scale)
+            f: dict[str, float] = {}
+            b: dict[str, float] = {}
+            _merge(f, lc.fwd.parts)
+            _merge(b, lc.bwd.parts)
+            _merge(b, lc.recompute.parts, 1.0, _compute_to_recompute)
+            kind_cost[key] = (f, b)
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
-    for key, count in kinds.items():
-        lctx = ctx if not key[1] else LayerContext(**{**ctx.__dict__, "full_recompute": True, "recompute_modules": ()})
-        lc: LayerCost = layer_cost(model, representative[key], lctx)
-        if scale != 1.0:
-            lc = lc.scaled(scale)
-        _merge(fwd, lc.fwd.parts, count)
-        _merge(bwd, lc.bwd.parts, count)
-        _merge(bwd, lc.recompute.parts, count, _compute_to_recompute)
+    chunk_s = [0.0] * v  # one micro-batch of each model chunk, forward + backward
+
+    def add(chunk: int, f: dict[str, float], b: dict[str, float], count: float = 1.0) -> None:
+        _merge(fwd, f, count)
+        _merge(bwd, b, count)
+        chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
+
+    for c, kinds in enumerate(per_chunk_kinds):
+        for key, count in kinds.items():
+            add(c, *kind_cost[key], count)
 
     h = model.hidden_size
     e = E_BF16
+    cal = options.calibration
     if stage == 0:
-        _merge(fwd, {"memory_bound": memory_bound_time_s(2 * e * h * tokens, gpu, 1)})
+        emb_f = {"memory_bound": memory_bound_time_s(2 * e * h * tokens, gpu, 1)}
+        emb_b: dict[str, float] = {}
         if tp > 1:
             coll = "reduce_scatter" if sp else "all_reduce"
-            _merge(fwd, {"tp": collective_time_s(coll, tp, e * tokens * h, cluster, 1)})
+            emb_f["tp"] = collective_time_s(coll, tp, e * tokens * h, cluster, 1)
         if training:
             # dense embedding backward: zero-fill the local table's bf16 gradient, scatter-add into it
             table = padded / tp * h
             fill = memory_bound_time_s(d.EMBEDDING_GRAD_FILL_BYTES_PER_PARAM * table, gpu, 1)
-            _merge(bwd, {"memory_bound": fill + memory_bound_time_s(10 * h * tokens, gpu, 1)})
+            emb_b["memory_bound"] = fill + memory_bound_time_s(10 * h * tokens, gpu, 1)
             if options.gradient_accumulation_fusion:
                 # not a linear layer: its gradient is still added into main_grad by DDP's hook
-                add = memory_bound_time_s(accumulate_bytes * table, gpu, 1, d.GRAD_ACCUMULATION_HBM_EFFICIENCY)
-                _merge(bwd, {"memory_bound": add})
-    if stage == pp - 1:
+                add_t = memory_bound_time_s(accumulate_bytes * table, gpu, 1, d.GRAD_ACCUMULATION_HBM_EFFICIENCY)
+                emb_b["memory_bound"] += add_t
+        add(0, emb_f, emb_b)
+
+    def output_head() -> tuple[dict[str, float], dict[str, float]]:
+        """One output head (final norm, logits GEMM, cross-entropy and their TP collectives), one micro-batch."""
         vocab_local = padded / tp
         norm_f = memory_bound_time_s(2 * e * h * tokens / x, gpu, 1)
         norm_b = memory_bound_time_s(3 * e * h * tokens / x, gpu, 1)
-        logits = {ph: 0.0 for ph in ("fwd", "dgrad", "wgrad")}
-        cal = options.calibration
-        logits["fwd"] = gemm_time_s(tokens, vocab_local, h, gpu, "bf16", 1, "logits", "fwd", cal)
-        logits["dgrad"] = gemm_time_s(tokens, h, vocab_local, gpu, "bf16", 1, "logits", "dgrad", cal)
-        logits["wgrad"] = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal, 1.0, mg)
+        logits_f = gemm_time_s(tokens, vocab_local, h, gpu, "bf16", 1, "logits", "fwd", cal)
+        logits_b = gemm_time_s(tokens, h, vocab_local, gpu, "bf16", 1, "logits", "dgrad", cal)
+        logits_w = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal, 1.0, mg)
         loss = "fused" if options.fused_cross_entropy else "unfused"
         ce_fwd_bytes, ce_bwd_bytes = d.CROSS_ENTROPY_BYTES[loss]
         ce_eff = d.CROSS_ENTROPY_HBM_EFFICIENCY[loss]
         ce_f = memory_bound_time_s(ce_fwd_bytes * vocab_local * tokens, gpu, 4, ce_eff)
         ce_b = memory_bound_time_s(ce_bwd_bytes * vocab_local * tokens, gpu, 2, ce_eff)
-        heads = 1 + model.mtp_num_layers
-        _merge(fwd, {"gemm": logits["fwd"] * heads, "memory_bound": (norm_f + ce_f) * heads})
-        if training:
-            _merge(bwd, {"gemm": (logits["dgrad"] + logits["wgrad"]) * heads, "memory_bound": (norm_b + ce_b) * heads})
+        f = {"gemm": logits_f, "memory_bound": norm_f + ce_f}
+        b = {"gemm": logits_b + logits_w, "memory_bound": norm_b + ce_b} if training else {}
         if tp > 1:
-            small_ar = 3 * collective_time_s("all_reduce", tp, 4.0 * tokens, cluster, 1)
-            tp_f = small_ar * heads
-            tp_b = 0.0
+            f["tp"] = 3 * collective_time_s("all_reduce", tp, 4.0 * tokens, cluster, 1)
             if sp:
-                tp_f += collective_time_s("all_gather", tp, e * tokens * h, cluster, 1) * heads
+                f["tp"] += collective_time_s("all_gather", tp, e * tokens * h, cluster, 1)
                 if training:
                     rs = collective_time_s("reduce_scatter", tp, e * tokens * h, cluster, 1)
-                    tp_b += max(0.0, rs - logits["wgrad"]) * heads
-            _merge(fwd, {"tp": tp_f})
-            if training:
-                _merge(bwd, {"tp": tp_b})
-        for _ in range(model.mtp_num_layers):
-            mtp_ctx = LayerContext(**{**ctx.__dict__, "full_recompute": False, "recompute_modules": ()})
-            lc = layer_cost(model, model.num_layers - 1, mtp_ctx)
-            eh = {
-                "fwd": gemm_time_s(tokens, h / tp, 2 * h, gpu, workload.precision, 1, "eh_proj", "fwd", cal),
-                "bwd": gemm_time_s(tokens, 2 * h, h / tp, gpu, workload.precision, 1, "eh_proj", "dgrad", cal)
-                + gemm_time_s(2 * h, h / tp, tokens, gpu, workload.precision, 1, "eh_proj", "wgrad", cal, 1.0, mg),
-            }
-            _merge(fwd, lc.fwd.parts)
-            _merge(fwd, {"gemm": eh["fwd"], "memory_bound": 2 * norm_f})
-            if training:
-                _merge(bwd, lc.bwd.parts)
-                _merge(bwd, {"gemm": eh["bwd"], "memory_bound": 2 * norm_b})
+                    b["tp"] = max(0.0, rs - logits_w)
+        return f, b
+
+    if stage == pp - 1:
+        add(v - 1, *output_head())
+    mtp_layers = layout.rank_mtp_layers(stage)
+    if mtp_layers:
+        mtp_chunk = next(c for c in range(v) if "m" in layout.stage(stage, c))
+        mtp_ctx = replace(ctx, full_recompute=False, recompute_modules=())
+        lc = layer_cost(model, model.num_layers - 1, mtp_ctx)
+        norm_f = memory_bound_time_s(2 * e * h * tokens / x, gpu, 1)
+        norm_b = memory_bound_time_s(3 * e * h * tokens / x, gpu, 1)
+        prec = workload.precision
+        eh_f = gemm_time_s(tokens, h / tp, 2 * h, gpu, prec, 1, "eh_proj", "fwd", cal)
+        eh_b = gemm_time_s(tokens, 2 * h, h / tp, gpu, prec, 1, "eh_proj", "dgrad", cal) + gemm_time_s(
+            2 * h, h / tp, tokens, gpu, prec, 1, "eh_proj", "wgrad", cal, 1.0, mg
+        )
+        f = dict(lc.fwd.parts)
+        _merge(f, {"gemm": eh_f, "memory_bound": 2 * norm_f})
+        b: dict[str, float] = {}
+        if training:
+            b = dict(lc.bwd.parts)
+            _merge(b, {"gemm": eh_b, "memory_bound": 2 * norm_b})
+        add(mtp_chunk, f, b, mtp_layers)
+        add(mtp_chunk, *output_head(), mtp_layers)  # each MTP layer has its own logits and loss
 
     counts = stage_parameter_counts(model, parallel, stage, padded)
     if training and not options.gradient_accumulation_fusion:
@@ -509,6 +545,8 @@ def stage_time(
             d.GRAD_ACCUMULATION_HBM_EFFICIENCY,
         )
         _merge(bwd, {"memory_bound": accumulate})
+        for c in range(v):  # spread over the chunks by their share of the rank's layers
+            chunk_s[c] += accumulate * len(layout.chunk_layers(stage, c)) / max(len(layers), 1)
 
     p2p_mb = p2p_fill = 0.0
     if pp > 1:
@@ -521,7 +559,8 @@ def stage_time(
         if parallel.vpp is not None and options.overlap_p2p_comm:
             p2p_fill = (pp - 1) * sends * t_p2p
         else:  # every model chunk of the stage receives and sends once per micro-batch and pass
-            p2p_mb = (parallel.vpp or 1) * sends * t_p2p
+            p2p_mb = v * sends * t_p2p
+            chunk_s = [t + sends * t_p2p for t in chunk_s]
 
     extra: dict[str, float] = {}
     if training:
@@ -552,7 +591,25 @@ def stage_time(
             exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
         extra["dp"] = exposed
         extra["optimizer"] = step_end_work_s(counts, parallel, workload, gpu)
-    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra), note
+    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s)), note
+
+
+def pipeline_fill_drain_s(stages: tuple[StageTime, ...] | list[StageTime], critical: int) -> float:
+    """Time the critical rank waits outside its m micro-batches: before its first forward, the first model chunk
+    of every earlier rank runs once (fill) and after its last backward once more (drain); the ranks after it
+    delay its first backward by one pass through their last chunk each.
+
+        fill + drain = sum_{r < c} chunk_0(r) + sum_{r > c} chunk_{v-1}(r)
+
+    With equal chunks this is (sum_r t_r - t_c) / v, Narayanan et al.'s bubble; with an uneven layout the light
+    first and last chunks (embedding / loss accounting) shorten it, a heavy one lengthens it."""
+    fill = 0.0
+    for r, st in enumerate(stages):
+        if r == critical:
+            continue
+        chunks = st.chunk_s or (st.per_microbatch_s,)
+        fill += chunks[0] if r < critical else chunks[-1]
+    return fill
 
 
 def time_model(
@@ -569,12 +626,11 @@ def time_model(
     stages = tuple(r[0] for r in results)
     notes = tuple(sorted({r[1] for r in results if r[1]}))
     m = num_microbatches(parallel, workload)
-    v = parallel.virtual_stages
     per_mb = [s.per_microbatch_s for s in stages]
     t_max = max(per_mb)
     critical = per_mb.index(t_max)
     p2p_fill = max(s.p2p_fill_s for s in stages)
-    pipeline = m * t_max + (sum(per_mb) - t_max) / v + p2p_fill
+    pipeline = m * t_max + pipeline_fill_drain_s(stages, critical) + p2p_fill
     bubble = pipeline - m * t_max - p2p_fill
     extras = [s.step_extra_s for s in stages]
     extra_stage = extras.index(max(extras))

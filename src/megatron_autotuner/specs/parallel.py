@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .model import ModelSpec
+from .pipeline import PipelineLayout, even_layout
 
 RECOMPUTE_GRANULARITIES = ("none", "selective", "full")
 RECOMPUTE_METHODS = ("uniform", "block")
@@ -42,6 +43,9 @@ class ParallelConfig:
     `grad_reduce_in_fp32` (megatron-core `DistributedDataParallelConfig.grad_reduce_in_fp32`): the
     main-grad buffer that accumulates and reduces gradients is fp32 (Megatron-LM's default with bf16);
     False is Megatron-LM's `--grad-reduce-in-bf16` (NVIDIA's fp8 and MoE performance recipes use it).
+    `pipeline_layout`: how the layers split over the pp x vpp virtual stages when not evenly
+    (`specs.pipeline.PipelineLayout`); None is Megatron's even split (`pipeline_layout_of` resolves it). A layout
+    fixes vpp: it is taken from the layout when not given and must agree when given.
     """
 
     num_gpus: int
@@ -56,10 +60,29 @@ class ParallelConfig:
     grad_reduce_in_fp32: bool = True
     tp_comm_overlap: bool = False
     cp_comm_type: str = "p2p"  # p2p (ring) | a2a (Ulysses) | allgather
+    pipeline_layout: PipelineLayout | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_gpus", "tp", "pp", "cp", "ep"):
             _positive(name, getattr(self, name))
+        layout = self.pipeline_layout
+        if layout is not None:
+            if not isinstance(layout, PipelineLayout):
+                raise ConfigError("pipeline_layout", f"must be a PipelineLayout, got {type(layout).__name__}")
+            if layout.pp != self.pp:
+                raise ConfigError(
+                    "pipeline_model_parallel_layout",
+                    f"has {len(layout.stages)} virtual stages for pp={layout.pp}, the layout says pp={self.pp}",
+                )
+            if self.vpp not in (None, 1) and self.vpp != layout.vpp:
+                raise ConfigError(
+                    "vpp",
+                    f"{self.vpp} conflicts with the pipeline layout's {len(layout.stages)} virtual stages / "
+                    f"pp={self.pp} = {layout.vpp}",
+                )
+            object.__setattr__(self, "vpp", layout.vpp_or_none)
+            if layout.form == "even":
+                object.__setattr__(self, "pipeline_layout", None)
         if self.etp is None:
             object.__setattr__(self, "etp", self.tp)
         _positive("etp", self.etp)
@@ -112,7 +135,9 @@ class ParallelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "dp": self.dp, "edp": self.edp}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["pipeline_layout"] = None if self.pipeline_layout is None else self.pipeline_layout.to_dict()
+        return {**data, "dp": self.dp, "edp": self.edp}
 
 
 @dataclass(frozen=True)
@@ -235,9 +260,18 @@ def num_microbatches(parallel: ParallelConfig, workload: Workload) -> int:
     return workload.global_batch_size // (workload.micro_batch_size * parallel.dp)
 
 
+def pipeline_layout_of(model: ModelSpec, parallel: ParallelConfig) -> PipelineLayout:
+    """The layout `parallel` names, else Megatron's even split of the model's layers (raises `ConfigError` when
+    num_layers is not divisible by pp x vpp)."""
+    if parallel.pipeline_layout is not None:
+        return parallel.pipeline_layout
+    return even_layout(model.num_layers, parallel.pp, parallel.vpp, model.mtp_num_layers)
+
+
 def layers_per_stage(model: ModelSpec, parallel: ParallelConfig) -> list[int]:
-    """Decoder layers held by each pipeline rank (even split, as megatron-core requires here)."""
-    return [model.num_layers // parallel.pp] * parallel.pp
+    """Decoder layers held by each pipeline rank (all its virtual stages)."""
+    layout = pipeline_layout_of(model, parallel)
+    return [len(layout.rank_layers(r)) for r in range(parallel.pp)]
 
 
 def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> None:
@@ -247,12 +281,18 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
         raise ConfigError("tp", f"num_attention_heads={model.num_attention_heads} must be divisible by tp={tp}")
     if model.num_query_groups % tp and not model.multi_latent_attention:
         raise ConfigError("tp", f"num_query_groups={model.num_query_groups} must be divisible by tp={tp}")
-    if model.num_layers % pp:
-        raise ConfigError("pp", f"num_layers={model.num_layers} must be divisible by pp={pp}")
-    if parallel.vpp is not None and (model.num_layers // pp) % parallel.vpp:
-        raise ConfigError(
-            "vpp", f"layers per pipeline stage ({model.num_layers // pp}) must be divisible by vpp={parallel.vpp}"
-        )
+    if parallel.pipeline_layout is None:
+        if model.num_layers % pp:
+            raise ConfigError(
+                "pp",
+                f"num_layers={model.num_layers} must be divisible by pp={pp} (or give an uneven pipeline layout)",
+            )
+        if parallel.vpp is not None and (model.num_layers // pp) % parallel.vpp:
+            raise ConfigError(
+                "vpp", f"layers per pipeline stage ({model.num_layers // pp}) must be divisible by vpp={parallel.vpp}"
+            )
+    else:
+        parallel.pipeline_layout.check_model(model.num_layers, model.mtp_num_layers)
     if model.is_moe:
         if model.num_moe_experts % ep:
             raise ConfigError("ep", f"num_moe_experts={model.num_moe_experts} must be divisible by ep={ep}")
@@ -300,15 +340,18 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
             )
     rc = workload.recompute
     if rc.is_full:
-        per_chunk = model.num_layers // pp // parallel.virtual_stages
-        if rc.method == "uniform" and per_chunk % rc.num_layers:
+        # megatron-core checkpoints within each model chunk: groups of recompute_num_layers (uniform), or the
+        # chunk's first recompute_num_layers layers (block)
+        counts = pipeline_layout_of(model, parallel).decoder_counts
+        bad = next((n for n in counts if n % rc.num_layers), None) if rc.method == "uniform" else None
+        if bad is not None:
             raise ConfigError(
                 "recompute_num_layers",
-                f"layers per pipeline chunk ({per_chunk}) must be divisible by {rc.num_layers} with method uniform",
+                f"layers per pipeline chunk ({bad}) must be divisible by {rc.num_layers} with method uniform",
             )
-        if rc.method == "block" and rc.num_layers > per_chunk:
+        if rc.method == "block" and rc.num_layers > max(counts):
             raise ConfigError(
-                "recompute_num_layers", f"{rc.num_layers} exceeds the {per_chunk} layers of a pipeline chunk"
+                "recompute_num_layers", f"{rc.num_layers} exceeds the {max(counts)} layers of a pipeline chunk"
             )
     if rc.granularity == "selective":
         if "mla_up_proj" in rc.modules and not model.multi_latent_attention:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, num_microbatches
+from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, num_microbatches, pipeline_layout_of
 
 FLOPS_CONVENTIONS = ("causal", "full")
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -145,8 +145,13 @@ def full_recompute_layer_mask(model: ModelSpec, parallel: ParallelConfig, recomp
         return [False] * model.num_layers
     if recompute.method == "uniform":
         return [True] * model.num_layers
-    per_chunk = model.num_layers // (parallel.pp * parallel.virtual_stages)
-    return [(i % per_chunk) < recompute.num_layers for i in range(model.num_layers)]
+    mask = [False] * model.num_layers
+    layout = pipeline_layout_of(model, parallel)
+    for rank in range(parallel.pp):
+        for chunk in range(layout.vpp):
+            for position, layer in enumerate(layout.chunk_layers(rank, chunk)):
+                mask[layer] = position < recompute.num_layers
+    return mask
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,11 @@ workspaces, NCCL buffers: measured, by the communicators a layout uses) and allo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload, num_microbatches
+from ..specs.parallel import ParallelConfig, Workload, num_microbatches, pipeline_layout_of
 from .flops import full_recompute_layer_mask
 from .params import ParameterCounts, stage_layer_range, stage_parameters
 
@@ -320,10 +321,38 @@ def in_flight_microbatches(parallel: ParallelConfig, workload: Workload, stage: 
     if not workload.is_training:
         return 0
     m = num_microbatches(parallel, workload)
-    pp, v = parallel.pp, parallel.virtual_stages
+    return sum(in_flight_chunk_counts(parallel.pp, parallel.virtual_stages, stage, m)[0])
+
+
+@lru_cache(maxsize=4096)
+def in_flight_chunk_counts(pp: int, v: int, stage: int, m: int) -> tuple[tuple[int, ...], ...]:
+    """Every distinct count of in-flight micro-batches per model chunk that rank `stage` passes through in the
+    steady state of the schedule (their sum is the in-flight count of `in_flight_microbatches`).
+
+    megatron-core's interleaved schedule (`forward_backward_pipelining_with_interleaving`, micro-batch groups of
+    pp): the k-th forward runs chunk (k mod pp*v) // pp, the k-th backward chunk v - 1 - (k mod pp*v) // pp; after
+    W = min(m*v, 2(pp - stage - 1) + (v - 1)pp + 1) - 1 warm-up forwards each step runs one forward then one
+    backward, so W + 1 chunk-micro-batches are in flight, in a mix of chunks that repeats every pp*v steps. With
+    uneven chunks the heaviest mix sets the peak. 1F1B (v = 1): one vector, min(pp - stage, m).
+    """
     if v == 1:
-        return min(pp - stage, m)
-    return min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
+        return ((min(pp - stage, m),),)
+    total = m * v
+    in_flight = min(total, 2 * (pp - stage - 1) + (v - 1) * pp + 1)
+    group = pp * v
+
+    def forward_chunk(k: int) -> int:
+        return (k % group) // pp
+
+    counts = [0] * v
+    for k in range(in_flight):
+        counts[forward_chunk(k)] += 1
+    seen = {tuple(counts)}
+    for i in range(min(total - in_flight, 2 * group)):
+        counts[v - 1 - (i % group) // pp] -= 1  # backward i
+        counts[forward_chunk(in_flight + i)] += 1  # next forward
+        seen.add(tuple(counts))
+    return tuple(sorted(seen))
 
 
 @dataclass(frozen=True)
@@ -471,34 +500,37 @@ def _stage_activations(
         return peak + detail["pipeline_buffers"], detail, 0
 
     full_mask = full_recompute_layer_mask(model, parallel, workload.recompute)
-    layer_full = [layer_activation_bytes(model, parallel, workload, i, options) for i in layers]
+    layout = pipeline_layout_of(model, parallel)
+    layer_full = {i: layer_activation_bytes(model, parallel, workload, i, options) for i in layers}
     layer_in = layer_input_bytes(model, parallel, workload, e)
     rc = workload.recompute
-    stored = 0.0  # one micro-batch of one chunk-layer set (summed over this rank's layers)
+
+    def kept(layer: int) -> float:
+        if not full_mask[layer]:
+            return layer_full[layer]
+        # uniform: groups of rc.num_layers keep one input each; block: every recomputed layer keeps its input
+        return layer_in / rc.num_layers if rc.method == "uniform" else layer_in
+
+    # one micro-batch of each model chunk of this rank
+    stored = [sum(kept(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp)]
     transient = 0.0
-    for pos, layer in enumerate(layers):
-        if full_mask[layer]:
-            if rc.method == "uniform":
-                # groups of rc.num_layers keep one input each
-                stored += layer_in / rc.num_layers
-            else:
-                stored += layer_in
-        else:
-            stored += layer_full[pos]
-    if rc.is_full:
+    if rc.is_full and layer_full:
         # During backward one recomputed group is materialised in full, once.
         group = rc.num_layers if rc.method == "uniform" else 1
-        transient = max(layer_full) * group
-    # `stored` covers all chunks of this rank for one micro-batch; per chunk-micro-batch it is /v.
-    per_chunk_microbatch = stored / parallel.virtual_stages
-    detail["decoder_layers"] = per_chunk_microbatch * in_flight
+        transient = max(layer_full.values()) * group
+    embedding = 0.0
+    if first and model.hidden_dropout > 0:
+        embedding = 1 * tokens * h / x  # the embedding's dropout mask, kept by the first model chunk
+    m = num_microbatches(parallel, workload)
+    # the heaviest mix of in-flight chunk-micro-batches (equal chunks: in_flight x stored / v)
+    peak_counts = max(
+        in_flight_chunk_counts(parallel.pp, layout.vpp, stage, m),
+        key=lambda n: sum(k * b for k, b in zip(n, stored, strict=True)) + n[0] * embedding,
+    )
+    detail["decoder_layers"] = sum(k * b for k, b in zip(peak_counts, stored, strict=True))
     detail["recompute_working_set"] = transient
     if first:
-        embedding = 0.0
-        if model.hidden_dropout > 0:
-            embedding = 1 * tokens * h / x
-        # the embedding output belongs to the first model chunk only
-        detail["embedding"] = embedding * -(-in_flight // parallel.virtual_stages)
+        detail["embedding"] = embedding * peak_counts[0]
     if last:
         # final norm input + output-layer input (bf16) and the fp32 softmax that
         # vocab_parallel_cross_entropy saves for backward (one micro-batch: the last stage runs
@@ -517,12 +549,13 @@ def _stage_activations(
             # (benchmarks/results/validation_h200_x2/expandable/moe).
             loss_peak = detail["output_layer"] + detail["logits_transient"]
             detail["recompute_working_set"] = max(0.0, transient - loss_peak)
-        if model.mtp_num_layers:
-            detail["mtp"] = model.mtp_num_layers * (
-                layer_activation_bytes(model, parallel, workload, model.num_layers - 1, options)
-                + 2 * e * tokens * 2 * h / x
-                + FP32_BYTES * tokens * vocab / t
-            )
+    mtp_layers = layout.rank_mtp_layers(stage)
+    if mtp_layers:
+        detail["mtp"] = mtp_layers * (
+            layer_activation_bytes(model, parallel, workload, model.num_layers - 1, options)
+            + 2 * e * tokens * 2 * h / x
+            + FP32_BYTES * tokens * vocab / t
+        )
     return sum(detail.values()), detail, in_flight
 
 

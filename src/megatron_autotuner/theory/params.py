@@ -14,9 +14,11 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
   `linear_proj` are column / row parallel; q and kv latent norms are replicated;
 - last stage: final norm and `output_layer` `[vocab/tp, h]`; with tied embeddings and pp > 1 the
   last stage holds its own copy of the word embeddings (kept in sync by an all-reduce);
-- MTP layers (DeepSeek-V3) sit on the last stage: two norms, `eh_proj` `[h/tp, 2h]`, a decoder
-  layer and a final norm; they share embedding and output layer with the main model (with pp > 1
-  the last stage holds its own copy of the embedding for them);
+- MTP layers (DeepSeek-V3) sit on the last stage, or where a pipeline layout string puts them: two norms,
+  `eh_proj` `[h/tp, 2h]`, a decoder layer and a final norm; they share embedding and output layer with the main
+  model (a model chunk with MTP layers builds its own copy of the embedding: `pre_process or mtp_process`);
+- which layers sit on which stage: `specs.pipeline.PipelineLayout` (even, uneven first / last, embedding / loss
+  accounting, layout strings);
 - MoE router bias `[E]` when `add_bias_linear`.
 """
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig
+from ..specs.parallel import ParallelConfig, pipeline_layout_of
 
 
 @dataclass(frozen=True)
@@ -179,15 +181,10 @@ def mtp_layer_parameters(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | 
 def stage_layer_range(model: ModelSpec, parallel: ParallelConfig, stage: int) -> list[int]:
     """Global indices of the decoder layers on pipeline rank `stage` (all its virtual chunks).
 
-    Interleaved: chunk v of rank r holds layers [(v*pp + r)*n, (v*pp + r + 1)*n), n = L/(pp*vpp).
+    Chunk c of rank r holds the layers after those of every earlier virtual stage c*pp + r in Megatron's order
+    (even split: [(c*pp + r)*n, (c*pp + r + 1)*n), n = L/(pp*vpp)).
     """
-    pp, vpp = parallel.pp, parallel.virtual_stages
-    per_chunk = model.num_layers // (pp * vpp)
-    layers: list[int] = []
-    for chunk in range(vpp):
-        start = (chunk * pp + stage) * per_chunk
-        layers.extend(range(start, start + per_chunk))
-    return layers
+    return pipeline_layout_of(model, parallel).rank_layers(stage)
 
 
 def stage_parameters(
@@ -203,17 +200,19 @@ def stage_parameters(
         dense, expert = decoder_layer_parameters(model, layer, tp, ep, etp)
         decoder_dense += dense
         decoder_expert += expert
-    first, last = stage == 0, stage == pp - 1
-    # megatron-core builds the embedding on the first stage and, with MTP, on the last stage too
+    layout = pipeline_layout_of(model, parallel)
+    last = stage == pp - 1
+    # megatron-core builds the embedding on the first stage and in a chunk with MTP layers too
     # (the MTP block embeds the shifted tokens itself): `pre_process or mtp_process`.
-    embedding = embedding_parameters(model, tp, padded_vocab_size) if first or (last and model.mtp_num_layers) else 0
+    embedding = embedding_parameters(model, tp, padded_vocab_size) * layout.rank_embedding_copies(stage)
     output_layer = 0
     if last and (not model.tie_embeddings or pp > 1):
         output_layer = output_layer_parameters(model, tp, padded_vocab_size)
     mtp_dense = mtp_expert = 0
-    if last and model.mtp_num_layers:
+    mtp_layers = layout.rank_mtp_layers(stage)
+    if mtp_layers:
         dense, expert = mtp_layer_parameters(model, tp, ep, etp)
-        mtp_dense, mtp_expert = dense * model.mtp_num_layers, expert * model.mtp_num_layers
+        mtp_dense, mtp_expert = dense * mtp_layers, expert * mtp_layers
     return ParameterCounts(
         embedding=embedding,
         decoder_dense=decoder_dense,
