@@ -47,6 +47,9 @@ class McoreCase:
     etp: int | None = None
     vpp: int | None = None
     padded_vocab_size: int | None = None
+    # megatron-core's uneven-pipeline settings, as TransformerConfig fields: pipeline_model_parallel_layout,
+    # num_layers_in_first/last_pipeline_stage, account_for_embedding/loss_in_pipeline_split
+    pipeline: tuple[tuple[str, Any], ...] = ()
     marks: tuple[Any, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -60,6 +63,7 @@ class McoreCase:
             "etp": self.etp,
             "vpp": self.vpp,
             "padded_vocab_size": self.padded_vocab_size,
+            "pipeline": dict(self.pipeline),
         }
 
 
@@ -133,8 +137,11 @@ def _tail(path: Path, n: int = 6000) -> str:
 # --------------------------------------------------------------------------------------------
 # Rank side: torch / megatron-core are imported only here.
 # --------------------------------------------------------------------------------------------
-def transformer_config(spec: dict[str, Any], tp: int, pp: int, ep: int, etp: int | None, vpp: int | None):
-    """A megatron-core `TransformerConfig` (`MLATransformerConfig` for MLA) equal to the ModelSpec."""
+def transformer_config(
+    spec: dict[str, Any], tp: int, pp: int, ep: int, etp: int | None, vpp: int | None, pipeline: dict | None = None
+):
+    """A megatron-core `TransformerConfig` (`MLATransformerConfig` for MLA) equal to the ModelSpec, with the
+    uneven-pipeline fields of `pipeline`."""
     import torch
     import torch.nn.functional as F
     from megatron.core.activations import squared_relu
@@ -169,6 +176,7 @@ def transformer_config(spec: dict[str, Any], tp: int, pp: int, ep: int, etp: int
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
         mtp_num_layers=spec["mtp_num_layers"] or None,
+        **(pipeline or {}),
     )
     if moe:
         kwargs.update(
@@ -224,7 +232,11 @@ def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None
     """The `GPTModel` chunk(s) of this pipeline rank (one per virtual stage), local layer spec."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_mtp_block_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_layer_local_spec,
+        get_gpt_mtp_block_spec,
+    )
 
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
@@ -236,7 +248,20 @@ def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None
             _use_mla_core_attention(block_spec)
         mtp_spec = None
         if spec["mtp_num_layers"]:
-            mtp_spec = get_gpt_mtp_block_spec(config, block_spec, use_transformer_engine=False, vp_stage=vp_stage)
+            # the MTP layer is shaped like the model's last decoder layer; a chunk that holds no decoder layer (a
+            # layout stage such as "mL") gets that layer's spec on its own, as Megatron-LM's model provider does
+            layer_for_mtp = block_spec
+            if not block_spec.layer_specs:
+                last_is_moe = spec["num_moe_experts"] and (
+                    not spec["moe_layer_pattern"] or spec["moe_layer_pattern"][-1]
+                )
+                layer_for_mtp = get_gpt_layer_local_spec(
+                    num_experts=spec["num_moe_experts"] if last_is_moe else None,
+                    qk_layernorm=spec["qk_layernorm"],
+                    multi_latent_attention=spec["multi_latent_attention"],
+                    normalization=spec["normalization"],
+                )
+            mtp_spec = get_gpt_mtp_block_spec(config, layer_for_mtp, use_transformer_engine=False, vp_stage=vp_stage)
         chunks.append(
             GPTModel(
                 config=config,
@@ -297,7 +322,7 @@ def _run_case(case: dict[str, Any]) -> dict[str, Any]:
         create_gloo_process_groups=False,
     )
     try:
-        config = transformer_config(case["spec"], tp, pp, ep, etp, vpp)
+        config = transformer_config(case["spec"], tp, pp, ep, etp, vpp, case.get("pipeline"))
         chunks = build_gpt_chunks(case["spec"], config, case["padded_vocab_size"])
         result = count_parameters(chunks)
         result.update(

@@ -271,6 +271,15 @@ class PipelineLayout:
         return rank == self.pp - 1
 
     @property
+    def final_norm_rank(self) -> int:
+        """Rank of the decoder's final norm: the loss rank, or with MTP layers the rank of the last decoder layer
+        (megatron-core `TransformerBlock.has_final_layernorm_in_this_stage`)."""
+        if not self.mtp_num_layers:
+            return self.pp - 1
+        last = self.num_layers - 1
+        return next(r for r in range(self.pp) if last in self.rank_layers(r)) if self.num_layers else self.pp - 1
+
+    @property
     def is_even(self) -> bool:
         return len(set(self.decoder_counts)) == 1
 

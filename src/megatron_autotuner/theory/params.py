@@ -13,7 +13,8 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
 - MLA (TE spec): q/kv down projections are *duplicated* (not split by tp), up projections and
   `linear_proj` are column / row parallel; q and kv latent norms are replicated;
 - last stage: final norm and `output_layer` `[vocab/tp, h]`; with tied embeddings and pp > 1 the
-  last stage holds its own copy of the word embeddings (kept in sync by an all-reduce);
+  last stage holds its own copy of the word embeddings (kept in sync by an all-reduce); with MTP the final
+  norm sits with the last decoder layer instead (`TransformerBlock.has_final_layernorm_in_this_stage`);
 - MTP layers (DeepSeek-V3) sit on the last stage, or where a pipeline layout string puts them: two norms,
   `eh_proj` `[h/tp, 2h]`, a decoder layer and a final norm; they share embedding and output layer with the main
   model (a model chunk with MTP layers builds its own copy of the embedding: `pre_process or mtp_process`);
@@ -217,7 +218,7 @@ def stage_parameters(
         embedding=embedding,
         decoder_dense=decoder_dense,
         expert=decoder_expert,
-        final_norm=norm_parameters(model, model.hidden_size) if last else 0,
+        final_norm=norm_parameters(model, model.hidden_size) if stage == layout.final_norm_rank else 0,
         output_layer=output_layer,
         mtp_dense=mtp_dense,
         mtp_expert=mtp_expert,
