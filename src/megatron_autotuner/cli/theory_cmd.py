@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         workload,
         gpu=gpu_from_args(args),
         convention=args.flops_convention,
-        make_vocab_size_divisible_by=None if args.no_vocab_padding else 128,
+        pad_vocab=not args.no_vocab_padding,
     )
     if args.json:
         print_json(report.to_dict())

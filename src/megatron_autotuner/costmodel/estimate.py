@@ -267,8 +267,8 @@ class Estimate:
 
 # ---------------------------------------------------------------------------------------------
 def padded_vocab(model: ModelSpec, tp: int) -> int:
-    """Megatron-LM pads the vocabulary to a multiple of 128 x tp."""
-    return model.padded_vocab_size(tp, 128)
+    """Megatron-LM pads the vocabulary to a multiple of --make-vocab-size-divisible-by (default 128) x tp."""
+    return model.padded_vocab_size(tp)
 
 
 def local_tokens_per_microbatch(parallel: ParallelConfig, workload: Workload) -> float:

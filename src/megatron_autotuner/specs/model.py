@@ -46,6 +46,8 @@ class ModelSpec:
     tie_embeddings: bool = False
     position_embedding_type: str = "rope"
     max_position_embeddings: int = 4096
+    # Megatron-LM's --make-vocab-size-divisible-by: the vocabulary is padded to a multiple of this x tp
+    make_vocab_size_divisible_by: int = 128
     # Dropout probabilities matter for activation memory (dropout masks are stored).
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -80,7 +82,8 @@ class ModelSpec:
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> None:
-        for name in ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size"):
+        names = ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size")
+        for name in (*names, "make_vocab_size_divisible_by"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
@@ -166,9 +169,9 @@ class ModelSpec:
             return self.num_attention_heads * self.v_head_dim
         return self.num_attention_heads * self.kv_channels
 
-    def padded_vocab_size(self, tp: int = 1, divisible_by: int = 128) -> int:
-        """Vocabulary padded as Megatron-LM does (`--make-vocab-size-divisible-by` x TP)."""
-        multiple = divisible_by * tp
+    def padded_vocab_size(self, tp: int = 1, divisible_by: int | None = None) -> int:
+        """Vocabulary padded as Megatron-LM does (`--make-vocab-size-divisible-by` x TP; default the model's)."""
+        multiple = (divisible_by or self.make_vocab_size_divisible_by) * tp
         return -(-self.vocab_size // multiple) * multiple
 
     # ---- (de)serialisation ------------------------------------------------------------------

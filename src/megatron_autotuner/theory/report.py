@@ -70,17 +70,15 @@ def theory_report(
     convention: str = "causal",
     options: ActivationOptions = ActivationOptions(),
     allowance: MemoryAllowance = MemoryAllowance(),
-    make_vocab_size_divisible_by: int | None = 128,
+    pad_vocab: bool = True,
 ) -> TheoryReport:
     """Validate the layout, then compute FLOPs, memory and communication for every stage.
 
-    The vocabulary is padded as Megatron-LM pads it (to a multiple of 128 x tp) unless
-    `make_vocab_size_divisible_by` is None.
+    The vocabulary is padded as Megatron-LM pads it (to a multiple of the model's
+    `make_vocab_size_divisible_by`, 128 by default, x tp) unless `pad_vocab` is False.
     """
     validate_layout(model, parallel, workload)
-    padded = (
-        model.padded_vocab_size(parallel.tp, make_vocab_size_divisible_by) if make_vocab_size_divisible_by else None
-    )
+    padded = model.padded_vocab_size(parallel.tp) if pad_vocab else None
     return TheoryReport(
         model=model,
         parallel=parallel,

@@ -1,0 +1,140 @@
+"""Megatron-LM flags in and out: the catalogue, reading real launches, Megatron's defaults, one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs import load_model_spec
+from megatron_autotuner.specs.megatron_args import (
+    FLAG_TABLE,
+    NO_EFFECT_DESTS,
+    catalog,
+    launch_to_specs,
+    moe_layer_pattern,
+    read_launch,
+    read_launch_file,
+)
+
+LAUNCHES = Path(__file__).resolve().parents[1] / "fixtures" / "launches"
+
+
+def test_every_table_and_no_effect_flag_is_a_real_megatron_lm_argument():
+    _, _, by_dest = catalog()
+    assert not [d for d in FLAG_TABLE if d not in by_dest]
+    assert not [d for d in NO_EFFECT_DESTS if d not in by_dest]
+    # names and defaults exactly as Megatron-LM's argparse has them
+    assert by_dest["overlap_grad_reduce"].default is False
+    assert by_dest["fp8"].flags == ("--fp8-format",)
+    assert by_dest["add_bias_linear"].flags == ("--disable-bias-linear",)
+    assert by_dest["hidden_dropout"].default == 0.1 and by_dest["normalization"].default == "LayerNorm"
+
+
+def test_llama_405b_recipe_reads_as_nvidias_layout():
+    launch = read_launch_file(str(LAUNCHES / "llama31_405b_h100_1024gpu_fp8cs.sh"))
+    imp = launch_to_specs(launch)
+    p, w, m = imp.parallel, imp.workload, imp.model
+    assert (p.num_gpus, p.tp, p.pp, p.vpp, p.cp, p.dp) == (1024, 8, 8, 8, 2, 8)  # torchrun 8 x 128 nodes
+    assert p.pipeline_layout.describe() == "embedding+loss accounted"
+    assert p.pipeline_layout.stage(0, 0) == "Et" and p.pipeline_layout.stage(7, 7) == "tL"
+    assert (m.num_layers, m.hidden_size, m.num_query_groups, m.ffn_hidden_size) == (126, 16384, 8, 53248)
+    assert (w.precision, w.fp8_recipe, w.fp8_param, w.global_batch_size) == ("fp8", "tensorwise", True, 1536)
+    assert p.sequence_parallel and p.tp_comm_overlap and not p.grad_reduce_in_fp32
+    assert imp.options["overlap_grad_reduce"] and imp.options["expandable_segments"]
+
+
+def test_deepseek_v3_recipe_reads_its_layout_string_and_notes_what_is_not_modelled():
+    imp = launch_to_specs(read_launch_file(str(LAUNCHES / "deepseek_v3_h100_1024gpu.sh")))
+    p, m = imp.parallel, imp.model
+    assert (p.tp, p.pp, p.vpp, p.ep, p.etp) == (2, 8, 4, 64, 1)
+    assert p.pipeline_layout.to_string() == "Et|(tt|)*30mL"
+    assert m.moe_layer_pattern[:4] == (0, 0, 0, 1) and m.mtp_num_layers == 1 and m.multi_latent_attention
+    assert imp.workload.recompute.modules == ("mla_up_proj", "mlp")
+    assert imp.options["overlap_grad_reduce"] is False  # the recipe turns it off; Megatron's default is off
+    assert any(n.startswith("--moe-token-dispatcher-type flex") for n in imp.not_modelled)
+
+
+def test_a_launch_without_the_vocabulary_takes_it_from_model_and_says_the_flags_win():
+    launch = read_launch_file(str(LAUNCHES / "qwen3_235b_a22b_h100_256gpu_fp8cs.sh"))
+    with pytest.raises(ConfigError, match="vocab_size"):
+        launch_to_specs(launch)
+    imp = launch_to_specs(launch, load_model_spec("Qwen3-235B-A22B"))
+    assert imp.model.vocab_size == 151936 and imp.model.num_layers == 94
+    assert any("override --model" in n for n in imp.notes)
+    assert (imp.parallel.ep, imp.parallel.pipeline_layout.describe()) == (32, "embedding+loss accounted")
+
+
+def test_megatron_defaults_apply_to_what_a_launch_does_not_say():
+    text = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 1000 --seq-length 512 --micro-batch-size 2"
+    imp = launch_to_specs(read_launch(text), num_gpus=2)
+    m = imp.model
+    # Megatron-LM: LayerNorm, GeLU 4h MLP, biases, learned absolute positions, tied embeddings, dropout 0.1
+    assert (m.normalization, m.activation, m.gated_linear_unit, m.ffn_hidden_size) == ("LayerNorm", "gelu", False, 1024)
+    assert m.add_bias_linear and m.tie_embeddings and m.position_embedding_type == "learned_absolute"
+    assert (m.hidden_dropout, m.attention_dropout, m.num_query_groups) == (0.1, 0.1, 8)
+    assert imp.options["overlap_grad_reduce"] is False and imp.options["overlap_param_gather"] is False
+    assert imp.options["fused_cross_entropy"] is False
+    assert not imp.parallel.use_distributed_optimizer and imp.workload.global_batch_size == 4  # mbs x dp
+    swiglu = launch_to_specs(read_launch(text + " --swiglu"), num_gpus=1).model
+    assert swiglu.ffn_hidden_size == int(4 * 256 * 2 / 3 / 64) * 64  # Megatron-LM validate_args
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "--num-layers 4 --tensor-model-parralel-size 2",
+            "unknown Megatron-LM flag --tensor-model-parralel-size (did you mean --tensor-model-parallel-size?)",
+        ),
+        (
+            "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 10 --seq-length 8 "
+            "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et|tx|L'",
+            "invalid layer character 'x'",
+        ),
+        (
+            "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 10 --seq-length 8 "
+            "--pipeline-model-parallel-size 4 --pipeline-model-parallel-layout 'Et|t|t|t||L'",
+            "has 6 virtual stages, not divisible by pipeline_model_parallel_size=4",
+        ),
+        (
+            "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 10 --seq-length 8 "
+            "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+            "--pipeline-model-parallel-layout 'Et|tt|tL'",
+            "at most one of",
+        ),
+        (
+            "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 10 --seq-length 8 "
+            "--pipeline-model-parallel-size 2 --pipeline-model-parallel-layout 'Et|ttL'",
+            "holds 3 decoder layers 't', the model has num_layers=4",
+        ),
+        ("--num-layers ${LAYERS} --hidden-size 64 --num-attention-heads 4 --vocab-size 10", "shell variable"),
+        ("just some words", "holds no Megatron-LM flags"),
+    ],
+)
+def test_bad_launches_are_one_line_config_errors(text, needle):
+    with pytest.raises(ConfigError) as info:
+        launch_to_specs(read_launch(text), num_gpus=4)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_moe_layer_freq_forms():
+    assert moe_layer_pattern("[0]*3+[1]*5", 8) == (0, 0, 0, 1, 1, 1, 1, 1)
+    assert moe_layer_pattern("([1]*3+[0]*1)*2", 8) == (1, 1, 1, 0, 1, 1, 1, 0)  # Megatron-LM's docstring example
+    assert moe_layer_pattern(2, 4) == (1, 0, 1, 0)
+    with pytest.raises(ConfigError, match="only integer lists"):
+        moe_layer_pattern("[1]*__import__('os')", 4)
+
+
+def test_launch_forms_one_line_several_lines_backslashes_and_torchrun():
+    flags = "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --vocab-size 128 --seq-length 32"
+    one_line = read_launch(flags)
+    several = read_launch(flags.replace(" --", "\n--"))
+    backslashes = read_launch(flags.replace(" --", " \\\n  --"))
+    torchrun = read_launch(
+        "# my run\nexport CUDA_DEVICE_MAX_CONNECTIONS=1\n"
+        "torchrun --nproc_per_node=8 --nnodes 2 pretrain_gpt.py \\\n  " + flags.replace(" --", " \\\n  --")
+    )
+    assert one_line.args == several.args == backslashes.args == torchrun.args
+    assert torchrun.num_gpus == 16 and torchrun.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
