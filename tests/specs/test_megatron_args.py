@@ -67,7 +67,8 @@ def test_a_launch_without_the_vocabulary_takes_it_from_model_and_says_the_flags_
 
 
 def test_megatron_defaults_apply_to_what_a_launch_does_not_say():
-    text = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 1000 --seq-length 512 --micro-batch-size 2"
+    text = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --vocab-size 1000 --seq-length 512"
+    text += " --micro-batch-size 2"
     imp = launch_to_specs(read_launch(text), num_gpus=2)
     m = imp.model
     # Megatron-LM: LayerNorm, GeLU 4h MLP, biases, learned absolute positions, tied embeddings, dropout 0.1
