@@ -13,9 +13,7 @@ from .layout_args import (
     add_workload_arguments,
     gpu_from_args,
     layout_summary,
-    model_from_args,
-    parallel_from_args,
-    workload_from_args,
+    specs_from_args,
 )
 from .output import console, make_table, print_json
 
@@ -24,7 +22,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "estimate",
         help="predicted step time, tokens/s, TFLOP/s, MFU and memory of one layout",
-        description="Cost-model prediction for one layout (no GPU needed).",
+        description="Cost-model prediction for one layout (no GPU needed): from the tool's options, or from your "
+        "own Megatron-LM launch with --megatron-args.",
+        epilog="examples:\n"
+        "  mat estimate --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --tp 2 --seq-len 8192 "
+        "--global-batch-size 64\n"
+        "  mat estimate --megatron-args my_launch.sh --gpu H100-SXM   # flags, or a whole torchrun command",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
     add_gpu_arguments(p, required=True)
@@ -48,6 +52,14 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def print_notes(out, notes, not_modelled) -> None:
+    """The notes of a prediction, and each `not modelled: --flag` line (the estimate stands without them)."""
+    for note in notes:
+        out.print(f"note: {note}")
+    for flag in not_modelled:
+        out.print(f"[yellow]not modelled:[/yellow] {flag}")
+
+
 # The memory table's rows; the optimizer step's fp32 gradient copy replaces the activations at the peak when it is
 # larger (it is held only while the activations are gone), so the total is not the column's sum.
 MEMORY_ROW_LABELS = {"optimizer_step": "optimizer step only (fp32 grad copy)"}
@@ -62,33 +74,43 @@ def add_expandable_segments_argument(p: argparse.ArgumentParser | argparse._Argu
     )
 
 
-def cost_options_from_args(args: argparse.Namespace) -> CostOptions:
+def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None = None) -> CostOptions:
+    """CostOptions from the CLI, with what a Megatron-LM launch said (`launch_options`: overlaps, fusions, MoE
+    execution, expandable segments) taking the place of the tool's defaults."""
     calibration = load_calibration(args.calibration) if getattr(args, "calibration", None) else None
+    fields = dict(launch_options or {})
+    fields["expandable_segments"] = fields.get("expandable_segments", False) or getattr(
+        args, "expandable_segments", False
+    )
     return CostOptions(
         flops_convention=args.flops_convention,
         calibration=calibration,
         memory_margin=args.memory_margin,
-        expandable_segments=getattr(args, "expandable_segments", False),
+        **fields,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    model = model_from_args(args)
     gpu = gpu_from_args(args)
     if gpu is None:
         raise ConfigError("gpu", "is required")
-    parallel = parallel_from_args(args)
-    overlap = args.tp_comm_overlap if args.tp_comm_overlap is not None else parallel.sequence_parallel
-    if overlap and not parallel.sequence_parallel:
-        raise ConfigError("tp_comm_overlap", "needs --sp (TE userbuffers overlap the SP collectives)")
-    parallel = parallel.replace(tp_comm_overlap=overlap)
-    workload = workload_from_args(args, parallel)
-    est = estimate(model, parallel, workload, gpu, cost_options_from_args(args))
+    specs = specs_from_args(args)
+    model, parallel, workload = specs.model, specs.parallel, specs.workload
+    if specs.imported is None:
+        overlap = args.tp_comm_overlap if args.tp_comm_overlap is not None else parallel.sequence_parallel
+        if overlap and not parallel.sequence_parallel:
+            raise ConfigError("tp_comm_overlap", "needs --sp (TE userbuffers overlap the SP collectives)")
+        parallel = parallel.replace(tp_comm_overlap=overlap)
+    elif args.tp_comm_overlap is not None:
+        raise ConfigError("tp_comm_overlap", "goes in the Megatron-LM launch (--tp-comm-overlap) with --megatron-args")
+    est = estimate(model, parallel, workload, gpu, cost_options_from_args(args, specs.options))
+    est = est.with_notes(specs.notes, specs.not_modelled)
     if args.json:
         print_json(est.to_dict())
         return 0
     out = console()
     out.print(f"[bold]{model.name}[/bold] on {parallel.num_gpus} x {gpu.name}: {layout_summary(parallel, workload)}")
+    print_notes(out, est.notes, est.not_modelled)
     rows = [
         ["step time (s)", est.step_time_s],
         ["tokens/s/GPU", est.tokens_per_s_per_gpu],

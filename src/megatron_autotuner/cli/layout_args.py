@@ -3,17 +3,32 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
 from ..specs.hardware import GPUSpec
+from ..specs.megatron_args import ImportedLaunch, launch_to_specs, read_launch_file
 from ..specs.model import ModelSpec
 from ..specs.parallel import FP8_RECIPES, PRECISIONS
+from ..specs.pipeline import PipelineLayout
+
+MEGATRON_ARGS_HELP = (
+    "a Megatron-LM launch as you have it (- for stdin): flags on one or several lines, with trailing "
+    "backslashes, or a whole `torchrun ... pretrain_gpt.py ...` command; the model, layout and workload come "
+    "from it (Megatron's defaults for what it does not say), --model fills in what its flags leave out"
+)
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="preset name, HF config.json path/folder, or HF id in cache")
+def add_model_arguments(parser: argparse.ArgumentParser, megatron_args: bool = True) -> None:
+    parser.add_argument(
+        "--model",
+        help="preset name (mat models), HF config.json path/folder, or HF id in the local cache"
+        + ("; optional with --megatron-args" if megatron_args else ""),
+    )
     parser.add_argument("--num-layers", type=int, help="override the model's layer count (reduced models)")
+    if megatron_args:
+        parser.add_argument("--megatron-args", metavar="FILE", help=MEGATRON_ARGS_HELP)
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -22,13 +37,19 @@ def add_gpu_arguments(parser: argparse.ArgumentParser, required: bool = False) -
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("layout")
-    g.add_argument("--num-gpus", type=int, required=True)
-    g.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    g.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
+    g = parser.add_argument_group("layout (with --megatron-args: from the launch)")
+    g.add_argument("--num-gpus", type=int, help="GPUs of the job (with --megatron-args: default torchrun's world size)")
+    g.add_argument("--tp", type=int, default=None, help="tensor parallel size (default 1)")
+    g.add_argument("--pp", type=int, default=None, help="pipeline parallel size (default 1)")
     g.add_argument("--vpp", type=int, default=None, help="virtual pipeline chunks per rank (interleaved 1F1B)")
-    g.add_argument("--cp", type=int, default=1, help="context parallel size")
-    g.add_argument("--ep", type=int, default=1, help="expert parallel size")
+    g.add_argument(
+        "--pipeline-layout",
+        default=None,
+        help="uneven pipeline: a Megatron layout string such as 'Et|(tt|)*30mL', or 'account' (embedding and loss "
+        "each take a layer's slot, as --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)",
+    )
+    g.add_argument("--cp", type=int, default=None, help="context parallel size (default 1)")
+    g.add_argument("--ep", type=int, default=None, help="expert parallel size (default 1)")
     g.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: tp)")
     g.add_argument(
         "--sp",
@@ -37,9 +58,19 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="sequence parallelism (default: on when tp > 1)",
     )
-    g.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument(
+        "--distributed-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="shard the optimizer state over data-parallel ranks (default on)",
+    )
     add_grad_reduce_argument(g)
-    g.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p")
+    g.add_argument(
+        "--cp-comm-type",
+        choices=["p2p", "a2a", "allgather"],
+        default=None,
+        help="context-parallel attention exchange (default p2p ring)",
+    )
 
 
 def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -47,6 +78,7 @@ def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._Argumen
     parser.add_argument(
         "--grad-reduce-in-bf16",
         action="store_true",
+        default=None,
         help="bf16 main-grad buffer (accumulate and reduce gradients in bf16; Megatron-LM's flag of the same name): "
         "2 bytes per parameter less, half the DP gradient traffic",
     )
@@ -54,40 +86,70 @@ def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._Argumen
 
 def add_precision_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """`--precision` and Megatron-LM's fp8 options `--fp8-recipe` / `--fp8-param-gather`."""
-    parser.add_argument("--precision", choices=list(PRECISIONS), default="bf16")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=None, help="bf16 (default) or fp8")
     parser.add_argument(
         "--fp8-recipe",
         choices=list(FP8_RECIPES),
-        default="delayed",
+        default=None,
         help="with --precision fp8: delayed scaling, per-tensor current scaling (tensorwise, NVIDIA's FP8-CS) or "
         "1x128 / 128x128 block scaling (blockwise, DeepSeek-V3 style)",
     )
     parser.add_argument(
         "--fp8-param-gather",
         action="store_true",
+        default=None,
         help="with --precision fp8: keep TE linear weights in fp8 and all-gather them in fp8 (Megatron-LM's flag; "
         "2 bytes per weight less, needs the distributed optimizer)",
     )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("workload")
-    g.add_argument("--seq-len", type=int, required=True)
-    g.add_argument("--micro-batch-size", type=int, default=1)
-    g.add_argument("--global-batch-size", type=int, default=None, help="default: micro-batch x dp")
-    g.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    g.add_argument("--recompute-method", choices=["uniform", "block"], default="uniform")
-    g.add_argument("--recompute-num-layers", type=int, default=1)
-    g.add_argument("--recompute-modules", nargs="+", default=["core_attn"], help="for --recompute selective")
+    g = parser.add_argument_group("workload (with --megatron-args: from the launch)")
+    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (required without --megatron-args)")
+    g.add_argument("--micro-batch-size", type=int, default=None, help="sequences per micro-batch (default 1)")
+    g.add_argument("--global-batch-size", type=int, default=None, help="sequences per step (default: micro-batch x dp)")
+    g.add_argument(
+        "--recompute", choices=["none", "selective", "full"], default=None, help="activation recompute (default none)"
+    )
+    g.add_argument(
+        "--recompute-method", choices=["uniform", "block"], default=None, help="with --recompute full (default uniform)"
+    )
+    g.add_argument("--recompute-num-layers", type=int, default=None, help="with --recompute full (default 1)")
+    g.add_argument(
+        "--recompute-modules", nargs="+", default=None, help="with --recompute selective (default core_attn)"
+    )
     add_precision_arguments(g)
-    g.add_argument("--mode", choices=["train", "forward"], default="train")
+    add_mode_arguments(g)
+    g.add_argument(
+        "--flops-convention",
+        choices=["causal", "full"],
+        default="causal",
+        help="count causal attention as half the square (Megatron-Bridge) or the whole square (NeMo, dgxc)",
+    )
+
+
+def add_mode_arguments(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--mode` and `--max-token-len`: what a launch file cannot say (verl's RLHF passes)."""
+    g.add_argument(
+        "--mode",
+        choices=["train", "forward"],
+        default="train",
+        help="train (fwd+bwd+optimizer) or forward (RLHF reference / old-log-prob passes)",
+    )
     g.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
-    g.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    if not getattr(args, "model", None):
+        raise ConfigError(
+            "model", "give --model (a preset, config.json or HF id) or --megatron-args with the model flags"
+        )
     model = load_model_spec(args.model)
-    if getattr(args, "num_layers", None):
+    return reduce_layers(model, args)
+
+
+def reduce_layers(model: ModelSpec, args: argparse.Namespace) -> ModelSpec:
+    if getattr(args, "num_layers", None) is not None:
         if args.num_layers < 1:
             raise ConfigError("num_layers", "must be >= 1")
         model = model.with_num_layers(args.num_layers)
@@ -100,47 +162,155 @@ def gpu_from_args(args: argparse.Namespace) -> GPUSpec | None:
     return get_gpu_spec(args.gpu, args.hardware_file)
 
 
-def parallel_from_args(args: argparse.Namespace) -> ParallelConfig:
-    sp = args.sequence_parallel if args.sequence_parallel is not None else args.tp > 1
+def pipeline_layout_from_args(args: argparse.Namespace, model: ModelSpec, pp: int) -> PipelineLayout | None:
+    """`--pipeline-layout`: a Megatron layout string, or 'account' for embedding and loss accounting."""
+    text = getattr(args, "pipeline_layout", None)
+    if text is None:
+        return None
+    if text == "account":
+        return PipelineLayout.accounting(model.num_layers, pp, args.vpp, True, True, model.mtp_num_layers)
+    layout = PipelineLayout.from_string(text, pp)
+    layout.check_model(model.num_layers, model.mtp_num_layers)
+    return layout
+
+
+def parallel_from_args(args: argparse.Namespace, model: ModelSpec | None = None) -> ParallelConfig:
+    if args.num_gpus is None:
+        raise ConfigError("num_gpus", "is required (or give --megatron-args with a torchrun command)")
+    tp = args.tp or 1
+    pp = args.pp or 1
+    sp = args.sequence_parallel if args.sequence_parallel is not None else tp > 1
+    layout = pipeline_layout_from_args(args, model, pp) if model is not None else None
     return ParallelConfig(
         num_gpus=args.num_gpus,
-        tp=args.tp,
-        pp=args.pp,
-        cp=args.cp,
-        ep=args.ep,
+        tp=tp,
+        pp=pp,
+        cp=args.cp or 1,
+        ep=args.ep or 1,
         etp=args.etp,
         vpp=args.vpp,
         sequence_parallel=sp,
-        use_distributed_optimizer=args.distributed_optimizer,
+        use_distributed_optimizer=args.distributed_optimizer is not False,
         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
-        cp_comm_type=args.cp_comm_type,
+        cp_comm_type=args.cp_comm_type or "p2p",
+        pipeline_layout=layout,
     )
 
 
 def workload_from_args(args: argparse.Namespace, parallel: ParallelConfig) -> Workload:
-    gbs = args.global_batch_size or args.micro_batch_size * parallel.dp
+    if args.seq_len is None:
+        raise ConfigError("seq_len", "is required (or give --megatron-args with --seq-length)")
+    mbs = args.micro_batch_size or 1
+    gbs = args.global_batch_size or mbs * parallel.dp
     return Workload(
         seq_length=args.seq_len,
-        micro_batch_size=args.micro_batch_size,
+        micro_batch_size=mbs,
         global_batch_size=gbs,
         recompute=RecomputeConfig(
-            granularity=args.recompute,
-            method=args.recompute_method,
-            num_layers=args.recompute_num_layers,
-            modules=tuple(args.recompute_modules),
+            granularity=args.recompute or "none",
+            method=args.recompute_method or "uniform",
+            num_layers=args.recompute_num_layers or 1,
+            modules=tuple(args.recompute_modules or ("core_attn",)),
         ),
-        precision=args.precision,
+        precision=args.precision or "bf16",
         mode=args.mode,
         max_token_len=args.max_token_len,
-        fp8_recipe=args.fp8_recipe,
-        fp8_param=args.fp8_param_gather,
+        fp8_recipe=args.fp8_recipe or "delayed",
+        fp8_param=bool(args.fp8_param_gather),
     )
+
+
+# CLI options a launch file decides; giving one beside --megatron-args is an error (the launch is the truth)
+LAUNCH_DECIDES = {
+    "tp": "--tensor-model-parallel-size",
+    "pp": "--pipeline-model-parallel-size",
+    "vpp": "--num-virtual-stages-per-pipeline-rank",
+    "pipeline_layout": "--pipeline-model-parallel-layout",
+    "cp": "--context-parallel-size",
+    "ep": "--expert-model-parallel-size",
+    "etp": "--expert-tensor-parallel-size",
+    "sequence_parallel": "--sequence-parallel",
+    "distributed_optimizer": "--use-distributed-optimizer",
+    "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
+    "cp_comm_type": "--cp-comm-type",
+    "seq_len": "--seq-length",
+    "micro_batch_size": "--micro-batch-size",
+    "global_batch_size": "--global-batch-size",
+    "recompute": "--recompute-granularity",
+    "recompute_method": "--recompute-method",
+    "recompute_num_layers": "--recompute-num-layers",
+    "recompute_modules": "--recompute-modules",
+    "precision": "--bf16 / --fp8-format",
+    "fp8_recipe": "--fp8-recipe",
+    "fp8_param_gather": "--fp8-param-gather",
+}
+
+
+@dataclass(frozen=True)
+class ResolvedSpecs:
+    """Model, layout and workload from the CLI options or a Megatron-LM launch, with the launch's cost options
+    (`options`: CostOptions fields) and notes (`not_modelled`: flags the cost model does not model yet)."""
+
+    model: ModelSpec
+    parallel: ParallelConfig
+    workload: Workload
+    options: dict
+    notes: tuple[str, ...] = ()
+    not_modelled: tuple[str, ...] = ()
+    imported: ImportedLaunch | None = None
+
+
+def import_launch(args: argparse.Namespace, need_layout: bool = True) -> ImportedLaunch:
+    """`--megatron-args FILE` read against --model (fills what the flags leave out) and --num-gpus."""
+    for dest, flag in LAUNCH_DECIDES.items():
+        if getattr(args, dest, None) is not None:
+            option = "--" + dest.replace("_", "-")
+            if dest == "sequence_parallel":
+                option = "--sp"
+            raise ConfigError(dest, f"{option} goes in the Megatron-LM launch ({flag}) when --megatron-args is given")
+    base = load_model_spec(args.model) if getattr(args, "model", None) else None
+    imported = launch_to_specs(
+        read_launch_file(args.megatron_args),
+        base,
+        num_gpus=getattr(args, "num_gpus", None),
+        mode=getattr(args, "mode", "train"),
+        max_token_len=getattr(args, "max_token_len", None),
+    )
+    if imported.model is None:
+        raise ConfigError(
+            "model",
+            "the launch does not describe the model (--num-layers --hidden-size --num-attention-heads): give --model",
+        )
+    if need_layout and imported.parallel is None:
+        raise ConfigError("num_gpus", "the launch does not say how many GPUs: give --num-gpus")
+    return imported
+
+
+def specs_from_args(args: argparse.Namespace) -> ResolvedSpecs:
+    """The model, layout and workload of `mat estimate` / `mat theory`: from --megatron-args when given (its flags
+    win over --model), else from the tool's own options."""
+    if getattr(args, "megatron_args", None):
+        imported = import_launch(args)
+        model = imported.model
+        parallel, workload = imported.parallel, imported.workload
+        if getattr(args, "num_layers", None) is not None:
+            raise ConfigError(
+                "num_layers", "goes in the Megatron-LM launch (--num-layers) when --megatron-args is given"
+            )
+        return ResolvedSpecs(
+            model, parallel, workload, imported.options, imported.notes, imported.not_modelled, imported
+        )
+    model = model_from_args(args)
+    parallel = parallel_from_args(args, model)
+    return ResolvedSpecs(model, parallel, workload_from_args(args, parallel), {})
 
 
 def layout_summary(p: ParallelConfig, w: Workload) -> str:
     """One line for a table header: the split, then what one iteration processes and in what precision."""
+    layout = "" if p.pipeline_layout is None else f" layout={p.pipeline_layout.describe()}"
     return (
-        f"tp={p.tp} pp={p.pp} vpp={p.vpp or '-'} cp={p.cp} dp={p.dp} ep={p.ep} etp={p.etp} sp={p.sequence_parallel} "
+        f"tp={p.tp} pp={p.pp} vpp={p.vpp or '-'}{layout} cp={p.cp} dp={p.dp} ep={p.ep} etp={p.etp} "
+        f"sp={p.sequence_parallel} "
         f"| seq={w.seq_length} mbs={w.micro_batch_size} gbs={w.global_batch_size} recompute={w.recompute.granularity} "
         f"{w.precision_label} mode={w.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
     )

@@ -5,17 +5,21 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from ..costmodel.estimate import estimate
 from ..errors import AutotunerError, ConfigError
 from ..report import output_dir_for, write_plan_report
 from ..search import plan
+from ..search.current import CurrentRun, compare_with_best
 from ..validate.command import add_stand_in_argument
-from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args
+from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
 from .layout_args import (
     add_gpu_arguments,
     add_grad_reduce_argument,
+    add_mode_arguments,
     add_model_arguments,
     add_precision_arguments,
     gpu_from_args,
+    import_launch,
     model_from_args,
 )
 from .output import console, make_table, print_json
@@ -25,17 +29,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan",
         help="rank all layouts by predicted throughput, with memory pruning and launcher snippets",
-        description="Search tp/pp/vpp/cp/dp/ep/etp/sp/micro-batch/recompute/distributed-optimizer layouts.",
+        description="Search tp/pp/vpp (even and uneven pipeline layouts)/cp/dp/ep/etp/sp/micro-batch/recompute/"
+        "distributed-optimizer layouts. With --megatron-args, your own launch is predicted beside the best ones, "
+        "with the flags to change.",
+        epilog="examples:\n"
+        "  mat plan --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --seq-len 8192 --global-batch-size 64\n"
+        "  mat plan --megatron-args my_launch.sh --gpu H100-SXM   # your run vs the best, and the flags to change",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_model_arguments(p)
     add_gpu_arguments(p, required=True)
-    p.add_argument("--num-gpus", type=int, required=True)
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--global-batch-size", type=int, required=True)
-    p.add_argument("--mode", choices=["train", "forward"], default="train")
+    p.add_argument("--num-gpus", type=int, help="GPUs to plan for (with --megatron-args: default the launch's)")
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (with --megatron-args: the launch's)")
+    p.add_argument("--global-batch-size", type=int, help="sequences per step (with --megatron-args: the launch's)")
+    add_mode_arguments(p)
     add_precision_arguments(p)
-    p.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
-    p.add_argument("--flops-convention", choices=["causal", "full"], default="causal")
+    p.add_argument(
+        "--flops-convention",
+        choices=["causal", "full"],
+        default="causal",
+        help="count causal attention as half the square (Megatron-Bridge) or the whole square (NeMo, dgxc)",
+    )
     p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
     add_expandable_segments_argument(p)
     add_grad_reduce_argument(p)
@@ -63,33 +77,55 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise ConfigError("top", f"must be >= 1, got {args.top}")
-    model = model_from_args(args)
     gpu = gpu_from_args(args)
     if gpu is None:
         raise ConfigError("gpu", "is required")
-    for name in ("num_gpus", "seq_len", "global_batch_size"):
-        if getattr(args, name) < 1:
-            raise ConfigError(name, f"must be a positive integer, got {getattr(args, name)}")
     if args.stand_in and (args.validate is None or args.measure_host_floor):
         raise ConfigError("stand_in", "--stand-in goes with --validate K and measures memory only (no host floor)")
+    current = None
+    if args.megatron_args:
+        for name in ("seq_len", "global_batch_size", "precision", "fp8_recipe", "fp8_param_gather"):
+            if getattr(args, name) is not None:
+                raise ConfigError(name, f"--{name.replace('_', '-')} comes from the launch with --megatron-args")
+        if args.num_layers is not None:
+            raise ConfigError("num_layers", "goes in the Megatron-LM launch (--num-layers) with --megatron-args")
+        imported = import_launch(args)
+        model, mine, work = imported.model, imported.parallel, imported.workload
+        current = estimate(model, mine, work, gpu, cost_options_from_args(args, imported.options))
+        current = current.with_notes(imported.notes, imported.not_modelled)
+        num_gpus, seq, gbs = mine.num_gpus, work.seq_length, work.global_batch_size
+        precision, recipe, fp8_param = work.precision, work.fp8_recipe, work.fp8_param
+        grad_fp32 = mine.grad_reduce_in_fp32
+    else:
+        model = model_from_args(args)
+        for name in ("num_gpus", "seq_len", "global_batch_size"):
+            if getattr(args, name) is None:
+                raise ConfigError(name, "is required (or give --megatron-args with your launch)")
+        num_gpus, seq, gbs = args.num_gpus, args.seq_len, args.global_batch_size
+        precision, recipe = args.precision or "bf16", args.fp8_recipe or "delayed"
+        fp8_param, grad_fp32 = bool(args.fp8_param_gather), not args.grad_reduce_in_bf16
+    for name, value in (("num_gpus", num_gpus), ("seq_len", seq), ("global_batch_size", gbs)):
+        if value < 1:
+            raise ConfigError(name, f"must be a positive integer, got {value}")
     options = cost_options_from_args(args)
     result = plan(
         model,
         gpu,
-        args.num_gpus,
-        args.seq_len,
-        args.global_batch_size,
+        num_gpus,
+        seq,
+        gbs,
         mode=args.mode,
-        precision=args.precision,
+        precision=precision,
         max_token_len=args.max_token_len,
         memory_margin=args.memory_margin,
         options=options,
-        grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
-        fp8_recipe=args.fp8_recipe,
-        fp8_param=args.fp8_param_gather,
+        grad_reduce_in_fp32=grad_fp32,
+        fp8_recipe=recipe,
+        fp8_param=fp8_param,
     )
+    comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = output_dir_for("plan", args.output_dir)
-    files = write_plan_report(result, out_dir, args.top, chart=not args.no_chart)
+    files = write_plan_report(result, out_dir, args.top, chart=not args.no_chart, current=comparison)
     if args.validate is not None:
         try:
             validate = importlib.import_module("megatron_autotuner.validate")
@@ -106,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.json:
         data = result.to_dict(top_k=args.top)
+        if comparison is not None:
+            data["current_run"] = comparison.to_dict()
         data["output_dir"] = str(out_dir)
         data["files"] = files
         print_json(data)
@@ -113,9 +151,9 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     precision = result.base_workload.precision_label
     out.print(
-        f"[bold]{model.name}[/bold] on {args.num_gpus} x {gpu.name}, seq {args.seq_len}, "
-        f"global batch {args.global_batch_size}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
-        f"{', bf16 main grads' if args.grad_reduce_in_bf16 else ''}: "
+        f"[bold]{model.name}[/bold] on {num_gpus} x {gpu.name}, seq {seq}, "
+        f"global batch {gbs}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
+        f"{'' if grad_fp32 else ', bf16 main grads'}: "
         f"{result.considered} layouts considered, "
         f"{len(result.candidates)} fit, {len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
     )
@@ -138,6 +176,26 @@ def run(args: argparse.Namespace) -> int:
             rows,
         )
     )
+    if comparison is not None:
+        print_current_run(out, comparison)
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     return 0
+
+
+def print_current_run(out, comparison: CurrentRun) -> None:
+    """Your launch beside the best candidate: step time, the gain, and the Megatron-LM flags to change."""
+    e = comparison.estimate
+    fits = "fits" if e.fits else "DOES NOT FIT"
+    out.print(
+        f"[bold]your launch[/bold]: {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tok/s/GPU, MFU "
+        f"{e.mfu:.3f}, {e.peak_memory_gib:.1f} GiB ({fits})"
+    )
+    gain = comparison.speedup - 1
+    if gain > 0:
+        out.print(f"the best layout is predicted {gain:.1%} faster; change these Megatron-LM flags:")
+        for change in comparison.changes:
+            out.print(f"  {change}")
+    else:
+        out.print("no candidate is predicted faster than your launch")
+    print_notes(out, (), e.not_modelled)

@@ -14,9 +14,7 @@ from .layout_args import (
     add_workload_arguments,
     gpu_from_args,
     layout_summary,
-    model_from_args,
-    parallel_from_args,
-    workload_from_args,
+    specs_from_args,
 )
 from .output import console, make_table, print_json
 
@@ -37,9 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    model = model_from_args(args)
-    parallel = parallel_from_args(args)
-    workload = workload_from_args(args, parallel)
+    specs = specs_from_args(args)
+    model, parallel, workload = specs.model, specs.parallel, specs.workload
     report = theory_report(
         model,
         parallel,

@@ -57,6 +57,7 @@ from ..theory.memory import (
     fp8_weight_counts,
     memory_per_stage,
     optimizer_shard_parameters,
+    stage_signature,
 )
 from ..theory.params import ParameterCounts, stage_parameters
 from . import defaults as d
@@ -188,6 +189,11 @@ class Estimate:
     fits: bool
     time: TimeResult
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # flags of a Megatron-LM launch the cost model does not model yet (the estimate stands without them)
+    not_modelled: tuple[str, ...] = field(default_factory=tuple)
+
+    def with_notes(self, notes: tuple[str, ...] = (), not_modelled: tuple[str, ...] = ()) -> Estimate:
+        return replace(self, notes=self.notes + tuple(notes), not_modelled=self.not_modelled + tuple(not_modelled))
 
     @property
     def num_gpus(self) -> int:
@@ -233,6 +239,10 @@ class Estimate:
                 "workload": self.workload.to_dict(),
                 "flops_convention": self.options.flops_convention,
                 "overlap_grad_reduce": self.options.overlap_grad_reduce,
+                "overlap_p2p_comm": self.options.overlap_p2p_comm,
+                "fused_cross_entropy": self.options.fused_cross_entropy,
+                "moe_host_bound": self.options.moe_host_bound,
+                "expandable_segments": self.options.expandable_segments,
                 "overlap_param_gather": self.options.overlap_param_gather and self.parallel.use_distributed_optimizer,
                 "calibration": self.options.calibration.to_summary() if self.options.calibration else None,
                 "memory_margin": self.options.memory_margin,
@@ -262,6 +272,7 @@ class Estimate:
             "critical_stage": self.time.critical_stage,
             "stages": [s.to_dict() for s in self.time.stages],
             "notes": list(self.notes) + list(self.time.notes),
+            "not_modelled": list(self.not_modelled),
         }
 
 
@@ -622,7 +633,15 @@ def time_model(
 ) -> TimeResult:
     """Step time and its breakdown (no validation, no memory): the search's inner loop."""
     padded = padded or padded_vocab(model, parallel.tp)
-    results = [stage_time(model, parallel, workload, s, cluster, options, padded) for s in range(parallel.pp)]
+    # ranks with the same layers, embedding, loss and MTP take the same time (`stage_signature`): one computation
+    by_signature: dict[tuple, tuple[StageTime, str | None]] = {}
+    results = []
+    for s in range(parallel.pp):
+        key = stage_signature(model, parallel, s)
+        if key not in by_signature:
+            by_signature[key] = stage_time(model, parallel, workload, s, cluster, options, padded)
+        st, note = by_signature[key]
+        results.append((st if st.stage == s else replace(st, stage=s), note))
     stages = tuple(r[0] for r in results)
     notes = tuple(sorted({r[1] for r in results if r[1]}))
     m = num_microbatches(parallel, workload)

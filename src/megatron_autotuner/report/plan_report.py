@@ -61,8 +61,12 @@ def plot_plan(result: Any, path: Path, top_k: int) -> Path:
     return path
 
 
-def write_plan_report(result: Any, out_dir: Path, top_k: int, chart: bool = True) -> dict[str, Any]:
-    """Write plan.json, top-K export snippets under rank_<k>/, and plan.png; return the index."""
+def write_plan_report(
+    result: Any, out_dir: Path, top_k: int, chart: bool = True, current: Any = None
+) -> dict[str, Any]:
+    """Write plan.json, top-K export snippets under rank_<k>/, and plan.png; return the index. `current`: the
+    user's own launch against the best (`search.current.CurrentRun`), written into plan.json and
+    `flag_changes.txt`."""
     files: dict[str, Any] = {"plan": str(out_dir / "plan.json"), "exports": {}}
     for c in result.top(top_k):
         sub = out_dir / f"rank_{c.rank}"
@@ -74,6 +78,12 @@ def write_plan_report(result: Any, out_dir: Path, top_k: int, chart: bool = True
     if chart and result.candidates:
         files["chart"] = str(plot_plan(result, out_dir / "plan.png", top_k))
     data = result.to_dict(top_k=top_k)
+    if current is not None:
+        data["current_run"] = current.to_dict()
+        changes = out_dir / "flag_changes.txt"
+        lines = [f"# your launch -> rank 1 (predicted {current.speedup - 1:+.1%} faster)"]
+        changes.write_text("\n".join(lines + [str(c) for c in current.changes]) + "\n")
+        files["flag_changes"] = str(changes)
     data["files"] = files
     (out_dir / "plan.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return files

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
-from ..costmodel.estimate import CostOptions, Estimate, estimate, padded_vocab
+from ..costmodel.estimate import CostOptions, Estimate, estimate, padded_vocab, time_model
 from ..errors import ConfigError
-from ..specs.hardware import GPUSpec
+from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, validate_layout
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
-from .space import RECOMPUTE_CHOICES, SearchSpace, iter_model_parallel, micro_batch_choices, vpp_choices
+from .space import RECOMPUTE_CHOICES, SearchSpace, iter_model_parallel, layout_choices, micro_batch_choices
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,8 @@ def layout_label(p: ParallelConfig, w: Workload) -> str:
     parts = [f"tp{p.tp}", f"pp{p.pp}"]
     if p.vpp:
         parts.append(f"vpp{p.vpp}")
+    if p.pipeline_layout is not None:
+        parts.append(f"({p.pipeline_layout.describe()})")
     parts += [f"cp{p.cp}", f"dp{p.dp}"]
     if p.ep > 1 or p.etp != p.tp:
         parts += [f"ep{p.ep}", f"etp{p.etp}"]
@@ -192,9 +194,12 @@ def plan(
     recomputes = ("none",) if forward else space.recompute
     dist_opts = (True,) if forward else space.distributed_optimizer
     feasible: list[tuple[ParallelConfig, Workload, list]] = []
+    layouts_by_pp: dict[int, list] = {}
     rejections: list[Rejection] = []
     considered = 0
     structural = 0
+    # Structures: everything but the distributed optimizer, recompute and micro-batch.
+    structures: list[tuple] = []
     for tp, pp, cp, ep, etp in iter_model_parallel(model, num_gpus, seq_length, gpu.gpus_per_node, space):
         dp = num_gpus // (tp * pp * cp)
         sps = [tp > 1] if (tp == 1 or (model.is_moe and ep > 1)) else [s for s in space.sequence_parallel]
@@ -212,51 +217,118 @@ def plan(
             mbs_list = micro_batch_choices(global_batch_size // dp, space, forward)
         else:
             mbs_list = [1]
-        padded = padded_vocab(model, tp)
-        for vpp in vpp_choices(model, pp, space):
+        if pp not in layouts_by_pp:
+            layouts_by_pp[pp] = layout_choices(model, pp, space, seq_length)
+        for vpp, pipeline_layout in layouts_by_pp[pp]:
             for sp in sps:
-                for dist in dist_opts:
-                    for rc_name in recomputes:
-                        too_big = False
-                        for mbs in mbs_list:
-                            considered += 1
-                            try:
-                                parallel = ParallelConfig(
-                                    num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, sp and tp > 1
-                                )
-                                workload = base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
-                            except ConfigError as exc:
-                                structural += 1
-                                rejections.append(Rejection(f"tp{tp} pp{pp} cp{cp} ep{ep} vpp{vpp}", f"invalid: {exc}"))
-                                break
-                            label = layout_label(parallel, workload)
-                            if too_big:
-                                rejections.append(
-                                    Rejection(label, "memory: a smaller micro-batch already does not fit")
-                                )
-                                continue
-                            try:
-                                validate_layout(model, parallel, workload)
-                            except ConfigError as exc:
-                                structural += 1
-                                rejections.append(Rejection(label, f"invalid: {exc}"))
-                                continue
-                            stages = memory_per_stage(model, parallel, workload, act_options, allowance, padded)
-                            peak = max(s.total_bytes for s in stages)
-                            if peak > usable:
-                                too_big = True
-                                rejections.append(
-                                    Rejection(
-                                        label,
-                                        f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
-                                        f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g}))",
-                                        peak / GIB,
-                                    )
-                                )
-                                continue
-                            feasible.append((parallel, workload, stages))
+                structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, mbs_list))
+
+    def config(st: tuple, dist: bool, rc_name: str, mbs: int) -> tuple[ParallelConfig, Workload]:
+        tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, _ = st
+        parallel = ParallelConfig(
+            num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, sp and tp > 1,
+            pipeline_layout=pipeline_layout,
+        )  # fmt: skip
+        return parallel, base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
+
+    def fits(parallel: ParallelConfig, workload: Workload) -> tuple[bool, float, list]:
+        stages = memory_per_stage(model, parallel, workload, act_options, allowance, padded_vocab(model, parallel.tp))
+        peak = max(st.total_bytes for st in stages)
+        return peak <= usable, peak, stages
+
+    # Screening: each structure at its smallest micro-batch with the distributed optimizer, with the least
+    # recompute that fits; a structure that fits with none of them is rejected whole, and only structures within
+    # `space.screen_slack` of the fastest (or the `space.screen_keep` fastest) are searched in full.
+    lightest_first = [r for r in ("none", "selective", "full") if r in recomputes]
+    dist_probe = True in dist_opts
+    screened: list[tuple[float, tuple]] = []
+    for st in structures:  # counted as considered when rejected here; a kept one counts each of its variants
+        try:
+            parallel, workload = config(st, dist_probe, lightest_first[-1], st[-1][0])
+            validate_layout(model, parallel, workload)
+        except ConfigError as exc:
+            considered += 1
+            structural += 1
+            rejections.append(Rejection(f"tp{st[0]} pp{st[1]} cp{st[2]} ep{st[3]} vpp{st[5]}", f"invalid: {exc}"))
+            continue
+        # the most recompute first: if that does not fit, nothing of this structure does
+        ok, peak, _ = fits(parallel, workload)
+        found = None
+        if ok:
+            for rc_name in lightest_first:
+                parallel, workload = config(st, dist_probe, rc_name, st[-1][0])
+                ok, _, _ = fits(parallel, workload)
+                if ok:
+                    found = (parallel, workload)
+                    break
+        if found is None:
+            considered += 1
+            rejections.append(
+                Rejection(
+                    layout_label(parallel, workload),
+                    f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
+                    f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g})) with {lightest_first[-1]} recompute "
+                    "at the smallest micro-batch",
+                    peak / GIB,
+                )
+            )
+            continue
+        step = time_model(model, found[0], found[1], ClusterSpec(gpu, num_gpus), options).step_time_s
+        screened.append((step, st))
+    screened.sort(key=lambda x: x[0])
+    kept = []
+    for i, (step, st) in enumerate(screened):
+        if i < space.screen_keep or step <= screened[0][0] * (1 + space.screen_slack):
+            kept.append(st)
+            continue
+        parallel, workload = config(st, dist_probe, "none", st[-1][0])
+        considered += 1
+        rejections.append(
+            Rejection(
+                layout_label(parallel, workload),
+                f"screened: {step / screened[0][0] - 1:.0%} slower than the fastest layout at its smallest "
+                "micro-batch (its recompute / micro-batch variants were not searched)",
+            )
+        )
+
+    for st in kept:
+        mbs_list = st[-1]
+        any_fit = False  # with the distributed optimizer (tried first): without it needs more memory
+        for dist in sorted(dist_opts, reverse=True):
+            for rc_name in recomputes:
+                too_big = not dist and True in dist_opts and not any_fit
+                for mbs in mbs_list:
+                    considered += 1
+                    parallel, workload = config(st, dist, rc_name, mbs)
+                    label = layout_label(parallel, workload)
+                    if too_big:
+                        why = "a smaller micro-batch" if dist or any_fit else "the distributed optimizer"
+                        rejections.append(Rejection(label, f"memory: {why} already does not fit"))
+                        continue
+                    try:
+                        validate_layout(model, parallel, workload)
+                    except ConfigError as exc:
+                        structural += 1
+                        rejections.append(Rejection(label, f"invalid: {exc}"))
+                        continue
+                    ok, peak, stages = fits(parallel, workload)
+                    if not ok:
+                        too_big = True
+                        rejections.append(
+                            Rejection(
+                                label,
+                                f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
+                                f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g}))",
+                                peak / GIB,
+                            )
+                        )
+                        continue
+                    feasible.append((parallel, workload, stages))
+                    any_fit = True
     if considered == structural:
-        raise ConfigError("num_gpus", _nearest_gpu_count_message(model, gpu, num_gpus, seq_length, global_batch_size))
+        raise ConfigError(
+            "num_gpus", _nearest_gpu_count_message(model, gpu, num_gpus, seq_length, global_batch_size, space)
+        )
     estimates = []
     for parallel, workload, stages in feasible:
         estimates.append(estimate(model, parallel, workload, gpu, options, memory_stages=stages))
@@ -282,16 +354,16 @@ def plan(
     )
 
 
-def _has_valid_layout(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int) -> bool:
-    for tp, pp, cp, _ep, _etp in iter_model_parallel(model, n, seq, gpu.gpus_per_node, SearchSpace()):
+def _has_valid_layout(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int, space: SearchSpace) -> bool:
+    for tp, pp, cp, _ep, _etp in iter_model_parallel(model, n, seq, gpu.gpus_per_node, space):
         if gbs % (n // (tp * pp * cp)) == 0:
             return True
     return False
 
 
-def _nearest_gpu_count_message(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int) -> str:
-    below = next((m for m in range(n - 1, 0, -1) if _has_valid_layout(model, gpu, m, seq, gbs)), None)
-    above = next((m for m in range(n + 1, 4 * n + 9) if _has_valid_layout(model, gpu, m, seq, gbs)), None)
+def _nearest_gpu_count_message(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int, space: SearchSpace) -> str:
+    below = next((m for m in range(n - 1, 0, -1) if _has_valid_layout(model, gpu, m, seq, gbs, space)), None)
+    above = next((m for m in range(n + 1, 4 * n + 9) if _has_valid_layout(model, gpu, m, seq, gbs, space)), None)
     near = " or ".join(str(m) for m in (below, above) if m is not None) or "none found"
     return (
         f"no valid layout of {model.name} divides {n} GPUs with global batch {gbs} and seq {seq} "

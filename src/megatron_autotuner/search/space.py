@@ -4,7 +4,9 @@ optimizer) combination megatron-core accepts for one model, GPU count and worklo
 Rules (megatron-core `initialize_model_parallel`, Megatron-LM `arguments.py`, via
 `specs.validate_layout`): tp divides heads, query groups and ffn, and stays inside one NVLink
 node (tp <= gpus_per_node, the standard practice: TP collectives are on the critical path);
-pp divides the layer count (even stages); vpp divides the layers per stage; cp is a power of two
+any pp up to the layer count, each with the pipeline layouts NVIDIA's recipes use (`layout_choices`): even
+splits, embedding / loss accounting, first / last stage counts and, for models with dense-first layers or MTP
+(or where nothing else splits), a layout string balanced by FLOPs; cp is a power of two
 with seq % 2cp == 0; tp*pp*cp divides num_gpus; ep divides the expert count and etp*ep*pp the
 GPU count; micro-batch * dp divides the global batch. Sequence parallelism is enumerated on and
 off for dense models (MoE with ep > 1 and tp > 1 requires it); TE TP-communication overlap is on
@@ -13,11 +15,15 @@ whenever sequence parallelism is (NVIDIA's recipes do so).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..errors import ConfigError
 from ..specs.model import ModelSpec
 from ..specs.parallel import RecomputeConfig
+from ..specs.pipeline import PipelineLayout, balanced_layout
+from ..theory.flops import layer_forward_flops_per_token, logits_flops_per_token, mtp_forward_flops_per_token
 
 RECOMPUTE_CHOICES = {
     "none": RecomputeConfig(),
@@ -42,6 +48,14 @@ class SearchSpace:
     max_vpp: int = 8
     max_cp: int = 32
     max_micro_batch: int = 8
+    # uneven pipeline layouts (accounting, first / last counts, balanced layout strings); False: even splits only
+    uneven_pipelines: bool = True
+    # screening: each structure (tp pp vpp layout cp ep etp sp) is first timed at its smallest micro-batch with the
+    # least recompute that fits; only those within this fraction of the fastest, or the `screen_keep` fastest, are
+    # searched over recompute x micro-batch x distributed optimizer (a larger micro-batch or less recompute gained
+    # 3-15% in the plans of 8-1024 GPUs; float("inf") searches everything)
+    screen_slack: float = 0.25
+    screen_keep: int = 48
 
 
 def powers_of_two(limit: int) -> list[int]:
@@ -72,10 +86,80 @@ def cp_choices(seq_length: int, space: SearchSpace) -> list[int]:
 
 
 def pp_choices(model: ModelSpec, space: SearchSpace) -> list[int]:
-    return [pp for pp in (space.pp or divisors(model.num_layers)) if model.num_layers % pp == 0]
+    """Pipeline sizes: divisors of the layer count, and with uneven layouts every size up to layers + 2 (each
+    stage holds at least one of the embedding, a decoder layer or the loss)."""
+    if space.pp is not None:
+        return list(space.pp)
+    if not space.uneven_pipelines:
+        return divisors(model.num_layers)
+    return list(range(1, model.num_layers + 3))
+
+
+def layout_choices(model: ModelSpec, pp: int, space: SearchSpace, seq_length: int) -> list[tuple]:
+    """(vpp, PipelineLayout or None for Megatron's even split) pairs for `pp`: per vpp, the even split when the
+    layers divide; embedding + loss accounting (NVIDIA's Llama-3.1-405B and Qwen3 recipes) or loss accounting
+    when layers + 2 (+ 1) divide; otherwise first / last stage counts; and at vpp 1, 2, 4 and 8 a layout string
+    balanced by forward FLOPs for models with dense-first layers or MTP (NVIDIA's DeepSeek-V3 recipe), or when
+    nothing else splits."""
+    L = model.num_layers
+    if pp == 1:
+        return [(None, None)]
+    vpps = [1, *range(2, space.max_vpp + 1)]
+    if space.vpp is not None:
+        vpps = [v for v in vpps if v in space.vpp]
+    out: list[tuple] = []
+    irregular = bool(model.mtp_num_layers) or (model.is_moe and len(set(model.moe_layer_pattern)) > 1)
+    for v in vpps:
+        k = pp * v
+        if k > L + 2:
+            break
+        vpp = v if v > 1 else None
+        forms: list[PipelineLayout | None] = []
+        if L % k == 0:
+            forms.append(None)
+        if space.uneven_pipelines:
+            mtp = model.mtp_num_layers
+            if (L + 2) % k == 0:
+                forms.append(PipelineLayout.accounting(L, pp, vpp, True, True, mtp))
+            elif (L + 1) % k == 0:
+                forms.append(PipelineLayout.accounting(L, pp, vpp, False, True, mtp))
+            if not forms and pp > 2:
+                forms += _first_last_layouts(L, pp, v, mtp)
+            # balanced strings, at the vpp sizes NVIDIA's layout strings use (1, 2, 4, 8)
+            if (irregular or not forms) and v in (1, 2, 4, 8):
+                with contextlib.suppress(ConfigError):  # more stages than layers
+                    forms.append(_balanced(model, pp, v, seq_length))
+        out += [(vpp, f) for f in forms]
+    return out
+
+
+def _first_last_layouts(L: int, pp: int, v: int, mtp: int) -> list[PipelineLayout]:
+    """`--decoder-first/last-pipeline-num-layers` splits: middle ranks get n layers (a multiple of v, the smallest
+    that leaves first and last at most n), first and last share the rest, the last (loss) one no heavier."""
+    out = []
+    n = -(-L // pp)
+    n += (-n) % v
+    rest = L - (pp - 2) * n
+    if rest < 2 * v:
+        return out
+    last = (rest // 2) - (rest // 2) % v
+    first = rest - last
+    if first % v or first > n or last < v:
+        return out
+    with contextlib.suppress(ConfigError):
+        out.append(PipelineLayout.first_last(L, pp, v if v > 1 else None, first, last, mtp))
+    return out
+
+
+def _balanced(model: ModelSpec, pp: int, v: int, seq_length: int) -> PipelineLayout:
+    weights = [sum(layer_forward_flops_per_token(model, i, seq_length).values()) for i in range(model.num_layers)]
+    loss = logits_flops_per_token(model)
+    mtp = mtp_forward_flops_per_token(model, seq_length) + loss
+    return balanced_layout(weights, pp, v, 0.0, loss, (mtp,) * model.mtp_num_layers)
 
 
 def vpp_choices(model: ModelSpec, pp: int, space: SearchSpace) -> list[int | None]:
+    """Even-split virtual pipeline sizes (kept for callers that do not search layouts)."""
     if pp == 1:
         return [None]
     per_stage = model.num_layers // pp

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from ..errors import ConfigError
@@ -235,16 +235,25 @@ class PipelineLayout:
     def stage(self, rank: int, chunk: int) -> str:
         return self.stages[chunk * self.pp + rank]
 
-    @property
+    # (cached: the search asks these for every stage of thousands of layouts)
+    @cached_property
     def decoder_counts(self) -> tuple[int, ...]:
         """Decoder layers per virtual stage, Megatron order."""
         return tuple(s.count("t") for s in self.stages)
 
-    @property
+    @cached_property
+    def _offsets(self) -> tuple[int, ...]:
+        offsets, total = [], 0
+        for n in self.decoder_counts:
+            offsets.append(total)
+            total += n
+        return tuple(offsets)
+
+    @cached_property
     def num_layers(self) -> int:
         return sum(self.decoder_counts)
 
-    @property
+    @cached_property
     def mtp_num_layers(self) -> int:
         return sum(s.count("m") for s in self.stages)
 
@@ -252,12 +261,16 @@ class PipelineLayout:
         """Global decoder-layer indices of chunk `chunk` of rank `rank` (`get_layer_offset`: layers of every
         earlier virtual stage in Megatron order)."""
         index = chunk * self.pp + rank
-        offset = sum(self.decoder_counts[:index])
+        offset = self._offsets[index]
         return range(offset, offset + self.decoder_counts[index])
+
+    @cached_property
+    def _rank_layers(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(i for c in range(self.vpp) for i in self.chunk_layers(r, c)) for r in range(self.pp))
 
     def rank_layers(self, rank: int) -> list[int]:
         """Every decoder layer of pipeline rank `rank`, all its chunks."""
-        return [i for c in range(self.vpp) for i in self.chunk_layers(rank, c)]
+        return list(self._rank_layers[rank])
 
     def rank_mtp_layers(self, rank: int) -> int:
         return sum(self.stage(rank, c).count("m") for c in range(self.vpp))
@@ -270,7 +283,7 @@ class PipelineLayout:
     def rank_has_loss(self, rank: int) -> bool:
         return rank == self.pp - 1
 
-    @property
+    @cached_property
     def final_norm_rank(self) -> int:
         """Rank of the decoder's final norm: the loss rank, or with MTP layers the rank of the last decoder layer
         (megatron-core `TransformerBlock.has_final_layernorm_in_this_stage`)."""
@@ -366,3 +379,36 @@ def _even_counts(num_layers: int, pp: int, v: int, embedding: bool, loss: bool) 
 def even_layout(num_layers: int, pp: int, vpp: int | None, mtp_num_layers: int) -> PipelineLayout:
     """`PipelineLayout.even`, cached: the layout of every config that names none."""
     return PipelineLayout.even(num_layers, pp, vpp, mtp_num_layers)
+
+
+def balanced_layout(
+    weights: list[float],
+    pp: int,
+    vpp: int,
+    embedding_weight: float = 0.0,
+    loss_weight: float = 0.0,
+    mtp_weights: tuple[float, ...] = (),
+) -> PipelineLayout:
+    """A layout string that splits the model into pp x vpp virtual stages of near-equal work: the embedding, each
+    decoder layer (`weights`, e.g. forward FLOPs per token), the MTP layers and the loss, in that order, cut into
+    contiguous groups; the k-th cut falls where the running weight is nearest k/(pp*vpp) of the total. No group
+    is empty (NVIDIA's layouts have none), so the embedding joins the first layers and the loss the last."""
+    stages = pp * vpp
+    items = [("E", embedding_weight)] + [("t", w) for w in weights] + [("m", w) for w in mtp_weights]
+    items.append(("L", loss_weight))
+    n = len(items)
+    if stages > n:
+        raise ConfigError("pp", f"{stages} virtual stages for {n} layers (embedding and loss included)")
+    prefix = [0.0]
+    for _, w in items:
+        prefix.append(prefix[-1] + w)
+    total = prefix[-1]
+    cuts = [0]
+    for k in range(1, stages):
+        lo = cuts[-1] + 1  # at least one item in the group before
+        hi = n - (stages - k)  # at least one item in each group after
+        target = total * k / stages
+        cuts.append(min(range(lo, hi + 1), key=lambda i: (abs(prefix[i] - target), i)))
+    cuts.append(n)
+    groups = ["".join(ch for ch, _ in items[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    return PipelineLayout(pp, tuple(groups), "string")

@@ -93,6 +93,7 @@ def nccl_communicators(parallel: ParallelConfig, training: bool) -> dict[str, in
     return n
 
 
+@lru_cache(maxsize=4096)
 def default_non_torch_gib(parallel: ParallelConfig, training: bool) -> float:
     """Base + sum of NCCL_COMMUNICATOR_GIB over `nccl_communicators` (see the constants above)."""
     if training:
@@ -460,21 +461,37 @@ def optimizer_step_bytes(counts: ParameterCounts, parallel: ParallelConfig, trai
     return FP32_BYTES * optimizer_shard_parameters(counts, parallel)
 
 
-def _stage_activations(
+@dataclass(frozen=True)
+class _StageStatic:
+    """What a stage's memory needs that does not depend on how many micro-batches it holds in flight: shared by
+    every stage with the same layers, embedding, loss and MTP (`memory_per_stage` computes it once per kind)."""
+
+    counts: ParameterCounts
+    model_state: tuple[float, float, float]
+    optimizer_step: float
+    stored: tuple[float, ...]  # one micro-batch of each model chunk (training)
+    embedding: float  # per in-flight micro-batch of the first chunk (first stage)
+    detail: dict[str, float]  # everything else (forward-only: the whole activation detail)
+    forward_only: bool
+
+
+def _stage_static(
     model: ModelSpec,
     parallel: ParallelConfig,
     workload: Workload,
     stage: int,
     options: ActivationOptions,
     padded_vocab_size: int | None,
-) -> tuple[float, dict[str, float], int]:
+) -> _StageStatic:
+    counts = stage_parameters(model, parallel, stage, padded_vocab_size)
+    model_state = _model_state_bytes(counts, parallel, workload)
+    step = optimizer_step_bytes(counts, parallel, workload.is_training)
     e = options.bytes_per_element
     tokens = local_tokens(workload, parallel)
     h, t, x = model.hidden_size, parallel.tp, _sp_divisor(parallel)
     vocab = padded_vocab_size or model.vocab_size
     first, last = stage == 0, stage == parallel.pp - 1
     layers = stage_layer_range(model, parallel, stage)
-    in_flight = in_flight_microbatches(parallel, workload, stage)
     detail: dict[str, float] = {}
 
     if not workload.is_training:
@@ -496,41 +513,34 @@ def _stage_activations(
         if last:
             detail["logits_working_set"] = (e + FP32_BYTES) * tokens * vocab / t
         detail["pipeline_buffers"] = 2 * e * tokens * h / x * (parallel.pp > 1)
-        peak = max(detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0))
-        return peak + detail["pipeline_buffers"], detail, 0
+        return _StageStatic(counts, model_state, step, (), 0.0, detail, True)
 
     full_mask = full_recompute_layer_mask(model, parallel, workload.recompute)
     layout = pipeline_layout_of(model, parallel)
-    layer_full = {i: layer_activation_bytes(model, parallel, workload, i, options) for i in layers}
+    by_kind: dict[bool, float] = {}
+    for i in layers:
+        if model.is_moe_layer(i) not in by_kind:
+            by_kind[model.is_moe_layer(i)] = layer_activation_bytes(model, parallel, workload, i, options)
     layer_in = layer_input_bytes(model, parallel, workload, e)
     rc = workload.recompute
 
     def kept(layer: int) -> float:
         if not full_mask[layer]:
-            return layer_full[layer]
+            return by_kind[model.is_moe_layer(layer)]
         # uniform: groups of rc.num_layers keep one input each; block: every recomputed layer keeps its input
         return layer_in / rc.num_layers if rc.method == "uniform" else layer_in
 
     # one micro-batch of each model chunk of this rank
-    stored = [sum(kept(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp)]
+    stored = tuple(sum(kept(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp))
     transient = 0.0
-    if rc.is_full and layer_full:
+    if rc.is_full and by_kind:
         # During backward one recomputed group is materialised in full, once.
         group = rc.num_layers if rc.method == "uniform" else 1
-        transient = max(layer_full.values()) * group
+        transient = max(by_kind.values()) * group
     embedding = 0.0
     if first and model.hidden_dropout > 0:
         embedding = 1 * tokens * h / x  # the embedding's dropout mask, kept by the first model chunk
-    m = num_microbatches(parallel, workload)
-    # the heaviest mix of in-flight chunk-micro-batches (equal chunks: in_flight x stored / v)
-    peak_counts = max(
-        in_flight_chunk_counts(parallel.pp, layout.vpp, stage, m),
-        key=lambda n: sum(k * b for k, b in zip(n, stored, strict=True)) + n[0] * embedding,
-    )
-    detail["decoder_layers"] = sum(k * b for k, b in zip(peak_counts, stored, strict=True))
     detail["recompute_working_set"] = transient
-    if first:
-        detail["embedding"] = embedding * peak_counts[0]
     if last:
         # final norm input + output-layer input (bf16) and the fp32 softmax that
         # vocab_parallel_cross_entropy saves for backward (one micro-batch: the last stage runs
@@ -556,7 +566,29 @@ def _stage_activations(
             + 2 * e * tokens * 2 * h / x
             + FP32_BYTES * tokens * vocab / t
         )
-    return sum(detail.values()), detail, in_flight
+    return _StageStatic(counts, model_state, step, stored, embedding, detail, False)
+
+
+def _stage_activations(
+    static: _StageStatic, parallel: ParallelConfig, workload: Workload, stage: int
+) -> tuple[float, dict[str, float], int]:
+    """(activation bytes, detail, in-flight micro-batches) of rank `stage` from its static part."""
+    if static.forward_only:
+        detail = dict(static.detail)
+        peak = max(detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0))
+        return peak + detail["pipeline_buffers"], detail, 0
+    m = num_microbatches(parallel, workload)
+    stored, embedding = static.stored, static.embedding
+    vectors = in_flight_chunk_counts(parallel.pp, len(stored), stage, m)
+    if len(vectors) == 1 or (len(set(stored)) == 1 and not embedding):
+        peak_counts = vectors[0]
+    else:  # the heaviest mix of in-flight chunk-micro-batches (equal chunks: in_flight x stored / v)
+        peak_counts = max(vectors, key=lambda n: sum(k * b for k, b in zip(n, stored, strict=True)) + n[0] * embedding)
+    detail = {"decoder_layers": sum(k * b for k, b in zip(peak_counts, stored, strict=True))}
+    detail.update(static.detail)
+    if stage == 0:
+        detail["embedding"] = embedding * peak_counts[0]
+    return sum(detail.values()), detail, sum(peak_counts)
 
 
 def forward_moe_fragment_bytes(detail: dict[str, float]) -> float:
@@ -595,14 +627,16 @@ def stage_memory(
     options: ActivationOptions = ActivationOptions(),
     allowance: MemoryAllowance = MemoryAllowance(),
     padded_vocab_size: int | None = None,
+    static: _StageStatic | None = None,
 ) -> StageMemory:
-    """Peak memory of one rank of pipeline stage `stage`."""
-    counts = stage_parameters(model, parallel, stage, padded_vocab_size)
-    weights, grads, optimizer = _model_state_bytes(counts, parallel, workload)
-    activations, detail, in_flight = _stage_activations(model, parallel, workload, stage, options, padded_vocab_size)
+    """Peak memory of one rank of pipeline stage `stage` (`static`: its precomputed in-flight-independent part)."""
+    if static is None:
+        static = _stage_static(model, parallel, workload, stage, options, padded_vocab_size)
+    weights, grads, optimizer = static.model_state
+    activations, detail, in_flight = _stage_activations(static, parallel, workload, stage)
     return StageMemory(
         stage=stage,
-        parameters=counts,
+        parameters=static.counts,
         weights_bytes=weights,
         gradients_bytes=grads,
         optimizer_bytes=optimizer,
@@ -610,8 +644,27 @@ def stage_memory(
         activation_detail=detail,
         in_flight_microbatches=in_flight,
         allowance_bytes=allowance.bytes_for(activations, parallel, workload.is_training, detail),
-        optimizer_step_bytes=optimizer_step_bytes(counts, parallel, workload.is_training),
+        optimizer_step_bytes=static.optimizer_step,
         non_torch_bytes=allowance.non_torch_for(parallel, workload.is_training) * GIB,
+    )
+
+
+def stage_signature(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tuple:
+    """What makes two pipeline ranks hold the same parameters and per-micro-batch work: the kind of each layer
+    of each chunk (MoE or not), and whether the rank holds the embedding, the loss, the final norm, MTP layers."""
+    return _signature(model, pipeline_layout_of(model, parallel), stage)
+
+
+@lru_cache(maxsize=65536)
+def _signature(model: ModelSpec, layout, stage: int) -> tuple:
+    chunks = tuple(tuple(model.is_moe_layer(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp))
+    return (
+        chunks,
+        stage == 0,
+        stage == layout.pp - 1,
+        layout.rank_embedding_copies(stage),
+        layout.rank_mtp_layers(stage),
+        layout.final_norm_rank == stage,
     )
 
 
@@ -623,7 +676,14 @@ def memory_per_stage(
     allowance: MemoryAllowance = MemoryAllowance(),
     padded_vocab_size: int | None = None,
 ) -> list[StageMemory]:
-    """`stage_memory` for every pipeline stage; the job needs max(total_bytes) per GPU."""
-    return [
-        stage_memory(model, parallel, workload, s, options, allowance, padded_vocab_size) for s in range(parallel.pp)
-    ]
+    """`stage_memory` for every pipeline stage; the job needs max(total_bytes) per GPU. Ranks with the same
+    `stage_signature` share their in-flight-independent part (the signature keeps each layer's position in its
+    chunk, which is all that block recompute looks at)."""
+    statics: dict[tuple, _StageStatic] = {}
+    out = []
+    for s in range(parallel.pp):
+        key = stage_signature(model, parallel, s)
+        if key not in statics:
+            statics[key] = _stage_static(model, parallel, workload, s, options, padded_vocab_size)
+        out.append(stage_memory(model, parallel, workload, s, options, allowance, padded_vocab_size, statics[key]))
+    return out

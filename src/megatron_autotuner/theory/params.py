@@ -26,6 +26,7 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, pipeline_layout_of
@@ -154,6 +155,21 @@ def decoder_layer_parameters(
     return dense + mlp_parameters(model, model.ffn_hidden_size, tp), 0
 
 
+@lru_cache(maxsize=65536)
+def _rank_layer_kinds(model: ModelSpec, layout, rank: int) -> tuple[int, int]:
+    """(MoE, dense) decoder layers of pipeline rank `rank`."""
+    layers = layout.rank_layers(rank)
+    moe = sum(1 for layer in layers if model.is_moe_layer(layer))
+    return moe, len(layers) - moe
+
+
+@lru_cache(maxsize=4096)
+def _layer_parameters(model: ModelSpec, is_moe: bool, tp: int, ep: int, etp: int | None) -> tuple[int, int]:
+    """`decoder_layer_parameters` of an MoE (or dense) layer: every layer of a kind has the same shape."""
+    index = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == is_moe)
+    return decoder_layer_parameters(model, index, tp, ep, etp)
+
+
 def embedding_parameters(model: ModelSpec, tp: int = 1, padded_vocab_size: int | None = None) -> int:
     """Word embeddings (vocab/tp x h) plus learned absolute position embeddings if any."""
     vocab = padded_vocab_size or model.vocab_size
@@ -197,11 +213,13 @@ def stage_parameters(
     """Parameters held by one rank of pipeline stage `stage` (0-based) under `parallel`."""
     tp, ep, etp, pp = parallel.tp, parallel.ep, parallel.etp, parallel.pp
     decoder_dense = decoder_expert = 0
-    for layer in stage_layer_range(model, parallel, stage):
-        dense, expert = decoder_layer_parameters(model, layer, tp, ep, etp)
-        decoder_dense += dense
-        decoder_expert += expert
     layout = pipeline_layout_of(model, parallel)
+    moe_layers, dense_layers = _rank_layer_kinds(model, layout, stage)
+    for is_moe, n in ((True, moe_layers), (False, dense_layers)):
+        if n:
+            dense, expert = _layer_parameters(model, is_moe, tp, ep, etp)
+            decoder_dense += n * dense
+            decoder_expert += n * expert
     last = stage == pp - 1
     # megatron-core builds the embedding on the first stage and in a chunk with MTP layers too
     # (the MTP block embeds the shifted tokens itself): `pre_process or mtp_process`.
