@@ -87,11 +87,12 @@ def test_exports():
     p = ParallelConfig(64, tp=4, pp=4, cp=2, vpp=5, sequence_parallel=True, tp_comm_overlap=True)
     w = Workload(8192, 1, 128, RecomputeConfig("selective"))
     args = " ".join(megatron_lm_args(m, p, w))
-    assert "--tensor-model-parallel-size 4" in args and "--num-layers-per-virtual-pipeline-stage 4" in args
+    assert "--tensor-model-parallel-size 4" in args and "--num-virtual-stages-per-pipeline-rank 5" in args
     assert "--tp-comm-overlap" in args and "--recompute-granularity selective" in args
-    assert bridge_overrides(m, p, w)["model.virtual_pipeline_model_parallel_size"] == 5
+    assert bridge_overrides(m, p, w)["model"]["virtual_pipeline_model_parallel_size"] == 5
     verl = verl_megatron_snippet(m, p, w.replace(max_token_len=16384, recompute=RecomputeConfig(), mode="forward"))
-    assert verl["actor_rollout_ref"]["ref"]["log_prob_max_token_len_per_gpu"] == 16384
+    # verl multiplies the per-GPU token budget by the CP size: the export divides it (cp=2)
+    assert verl["actor_rollout_ref"]["ref"]["log_prob_max_token_len_per_gpu"] == 16384 // 2
     files = export_all(m, p, w)
     assert "tp_comm_overlap.yaml" in files
     assert "tp_comm_overlap.yaml" not in export_all(m, p.replace(tp_comm_overlap=False), w)
@@ -111,17 +112,16 @@ def test_exports_of_bf16_main_grads_and_fp8():
     files = export_all(m, p, w)
     bridge = yaml.safe_load(files["bridge_overrides.yaml"])
     assert bridge == bridge_overrides(m, p, w)
-    assert bridge["ddp.grad_reduce_in_fp32"] is False and bridge["mixed_precision.grad_reduce_in_fp32"] is False
-    assert (bridge["mixed_precision.fp8"], bridge["mixed_precision.fp8_recipe"]) == ("hybrid", "delayed")
+    mp = bridge["mixed_precision"]
+    assert bridge["ddp"]["grad_reduce_in_fp32"] is False and mp["grad_reduce_in_fp32"] is False
+    assert (mp["fp8"], mp["fp8_recipe"]) == ("hybrid", "delayed")
     assert "--fp8-format hybrid" in megatron_lm_args(m, p, w) and "--fp8-recipe delayed" in megatron_lm_args(m, p, w)
-    assert files["bridge_overrides.yaml"].startswith("# mixed_precision.* keys need")
-    plain = export_all(m, p.replace(grad_reduce_in_fp32=True), w.replace(precision="bf16"))
-    assert (
-        "mixed_precision" not in plain["bridge_overrides.yaml"]
-        and "ddp.grad_reduce" not in plain["bridge_overrides.yaml"]
+    plain = yaml.safe_load(
+        export_all(m, p.replace(grad_reduce_in_fp32=True), w.replace(precision="bf16"))["bridge_overrides.yaml"]
     )
+    assert plain["mixed_precision"]["fp8"] is None and plain["ddp"]["grad_reduce_in_fp32"] is True
     actor = verl_megatron_snippet(m, p, w)["actor_rollout_ref"]["actor"]["megatron"]
-    assert actor["override_ddp_config"] == {"grad_reduce_in_fp32": False}
+    assert actor["override_ddp_config"]["grad_reduce_in_fp32"] is False
     ref = verl_megatron_snippet(m, p, w.replace(mode="forward"))["actor_rollout_ref"]["ref"]["megatron"]
     assert "override_ddp_config" not in ref
 
@@ -149,23 +149,20 @@ def test_exports_of_fp8_recipe_and_fp8_params():
     assert "--fp8-param-gather" not in megatron_lm_args(m, p, w.replace(fp8_param=False))
     blockwise = w.replace(fp8_recipe="blockwise")
     assert "--fp8-recipe blockwise" in megatron_lm_args(m, p, blockwise)
-    assert bridge_overrides(m, p, blockwise)["mixed_precision.fp8_recipe"] == "blockwise"
-    bridge = bridge_overrides(m, p, w)
-    assert bridge["mixed_precision.fp8_recipe"] == "tensorwise" and bridge["mixed_precision.fp8_param_gather"] is True
-    assert bridge_overrides(m, p, w.replace(fp8_param=False))["mixed_precision.fp8_param_gather"] is False
+    assert bridge_overrides(m, p, blockwise)["mixed_precision"]["fp8_recipe"] == "blockwise"
+    mp = bridge_overrides(m, p, w)["mixed_precision"]
+    assert mp["fp8_recipe"] == "tensorwise" and mp["fp8_param_gather"] is True
+    assert bridge_overrides(m, p, w.replace(fp8_param=False))["mixed_precision"]["fp8_param_gather"] is False
     role = verl_megatron_snippet(m, p, w)["actor_rollout_ref"]["actor"]
-    assert role["megatron"]["override_transformer_config"] == {
-        "fp8": "hybrid",
-        "fp8_recipe": "tensorwise",
-        "fp8_param": True,
-    }
-    assert role["megatron"]["override_ddp_config"] == {"fp8_param_gather": True}
+    tc = role["megatron"]["override_transformer_config"]
+    assert (tc["fp8"], tc["fp8_recipe"], tc["fp8_param"]) == ("hybrid", "tensorwise", True)
+    assert role["megatron"]["override_ddp_config"]["fp8_param_gather"] is True
     assert role["optim"] == {"override_optimizer_config": {"fp8_recipe": "tensorwise"}}
+    # the ref shares the actor's layout and transformer overrides (verl links them); it has no optimizer
     ref = verl_megatron_snippet(m, p, w.replace(mode="forward"))["actor_rollout_ref"]["ref"]
-    assert ref["megatron"]["override_transformer_config"]["fp8_param"] is True
     assert "override_ddp_config" not in ref["megatron"] and "optim" not in ref
     bf16 = verl_megatron_snippet(m, p, Workload(8192, 1, 64))["actor_rollout_ref"]["actor"]
-    assert "override_transformer_config" not in bf16["megatron"] and "optim" not in bf16
+    assert "fp8" not in bf16["megatron"]["override_transformer_config"] and "optim" not in bf16
 
 
 def test_plan_with_fp8_params_needs_the_distributed_optimizer(capsys, tmp_path):

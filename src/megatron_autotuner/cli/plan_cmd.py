@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_expandable_segments_argument(p)
     add_grad_reduce_argument(p)
     p.add_argument("--calibration", help="calibration JSON from the testbench")
+    p.add_argument(
+        "--tp-comm-overlap-cfg",
+        metavar="YAML",
+        help="a tuned TE userbuffers yaml (mat overlap writes one) to export with TP-overlap layouts instead of TE's "
+        "defaults",
+    )
     p.add_argument("--top", type=int, default=5, help="layouts to show and export (default 5)")
     p.add_argument("--output-dir", help="report directory (default outputs/<UTC timestamp>-plan/)")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
@@ -125,7 +131,14 @@ def run(args: argparse.Namespace) -> int:
     )
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = output_dir_for("plan", args.output_dir)
-    files = write_plan_report(result, out_dir, args.top, chart=not args.no_chart, current=comparison)
+    tuned = None
+    if args.tp_comm_overlap_cfg:
+        try:
+            with open(args.tp_comm_overlap_cfg, encoding="utf-8") as fh:
+                tuned = fh.read(1 << 20)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("tp_comm_overlap_cfg", f"cannot read {args.tp_comm_overlap_cfg}: {exc}") from exc
+    files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
     if args.validate is not None:
         try:
             validate = importlib.import_module("megatron_autotuner.validate")

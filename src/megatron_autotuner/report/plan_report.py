@@ -62,7 +62,12 @@ def plot_plan(result: Any, path: Path, top_k: int) -> Path:
 
 
 def write_plan_report(
-    result: Any, out_dir: Path, top_k: int, chart: bool = True, current: Any = None
+    result: Any,
+    out_dir: Path,
+    top_k: int,
+    chart: bool = True,
+    current: Any = None,
+    tuned_tp_overlap_yaml: str | None = None,
 ) -> dict[str, Any]:
     """Write plan.json, top-K export snippets under rank_<k>/, and plan.png; return the index. `current`: the
     user's own launch against the best (`search.current.CurrentRun`), written into plan.json and
@@ -72,7 +77,8 @@ def write_plan_report(
         sub = out_dir / f"rank_{c.rank}"
         sub.mkdir(exist_ok=True)
         expandable = result.options.expandable_segments
-        for name, text in export_all(result.model, c.parallel, c.workload, expandable_segments=expandable).items():
+        files_text = export_all(result.model, c.parallel, c.workload, expandable, result.options, tuned_tp_overlap_yaml)
+        for name, text in files_text.items():
             (sub / name).write_text(text)
         files["exports"][str(c.rank)] = str(sub)
     if chart and result.candidates:

@@ -916,9 +916,17 @@ def _pattern_expression(pattern: tuple[int, ...]) -> str:
     return "+".join(parts)
 
 
+# Written even at Megatron-LM's default: a reader (and Megatron-Bridge, whose fp8 default is tensorwise) should
+# not have to know the default to see the split and the fp8 recipe.
+ALWAYS_RENDERED = frozenset(
+    {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size", "fp8_recipe"}
+)
+
+
 def render_flags(args: dict[str, Any]) -> list[str]:
     """Megatron-LM flags for argument values (one string per flag with its values, shell-quoted), in
-    `FLAG_TABLE` order; values equal to Megatron-LM's default are left out, as a launch would."""
+    `FLAG_TABLE` order; values equal to Megatron-LM's default are left out, as a launch would, except
+    `ALWAYS_RENDERED`."""
     out: list[str] = []
     dests = [d for d in FLAG_TABLE if d in args] + [d for d in args if d not in FLAG_TABLE]
     for dest in dests:
@@ -932,7 +940,7 @@ def _render_one(dest: str, value: Any) -> list[str]:
     if entry.action in ("store_true", "store_false"):
         on = entry.action == "store_true"
         return [entry.flags[0]] if bool(value) == on and bool(value) != bool(default) else []
-    if value is None or _same(value, default):
+    if value is None or (_same(value, default) and dest not in ALWAYS_RENDERED):
         return []
     values = value if isinstance(value, list) else [value]
     return [" ".join([entry.flags[0], *(shlex.quote(str(v)) for v in values)])]

@@ -1,0 +1,238 @@
+"""verl overrides for a Megatron-LM launch: `actor_rollout_ref.{actor,ref,rollout}` keys of verl's
+`ppo_trainer.yaml` (model_engine=megatron), as a nested dict, a yaml file or `key=value` command-line lines.
+
+The input is the same Megatron-LM argument dict as `export.bridge` (argparse dests; missing = Megatron's
+default). Pure Python: no torch, no verl import.
+
+Sources (each fact below cites one of these):
+- verl: volcengine/verl@b178a3c (b178a3cd56f5, 0.8.0.dev), and the PyPI wheel verl==0.9.1, which has the same
+  keys (the tests check the exports against the wheel's own config files and validation)
+- Megatron-LM @ d98e8a6 (through `export.bridge.MegatronArgs`)
+
+Colocated actor / ref / rollout share one GPU set, so the reference model runs with the actor's parallel layout:
+the same sizes are written to `ref.megatron`, and `ref.megatron.override_transformer_config` is verl's
+interpolation of the actor's (verl/trainer/config/ref/megatron_ref.yaml @ b178a3c), so never a different one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from .bridge import MegatronArgs
+
+VERL_REF = "volcengine/verl@b178a3c"
+MODES = ("train", "forward")
+
+
+def _layout(a: MegatronArgs) -> dict[str, Any]:
+    """McoreEngineConfig parallel sizes (verl/workers/config/engine.py McoreEngineConfig @ b178a3c)."""
+    vpp = a.vpp
+    out: dict[str, Any] = {
+        "tensor_model_parallel_size": a.tp,
+        "pipeline_model_parallel_size": a.pp,
+        "virtual_pipeline_model_parallel_size": vpp,
+        "context_parallel_size": a.cp,
+        "sequence_parallel": bool(a["sequence_parallel"]),
+        "expert_model_parallel_size": a.ep,
+        "expert_tensor_parallel_size": a.etp,
+    }
+    # McoreEngineConfig.__post_init__ accepts dtype bfloat16 / float16 only (verl/workers/config/engine.py).
+    prec = a.precision
+    if prec == "fp32":
+        raise ValueError("verl's megatron engine trains in bf16 or fp16 (McoreEngineConfig dtype); the launch is fp32")
+    out["dtype"] = "bfloat16" if prec == "bf16" else "float16"
+    return out
+
+
+def _transformer_overrides(a: MegatronArgs, training: bool) -> dict[str, Any]:
+    """`megatron.override_transformer_config`: verl sets each key on the Megatron-Bridge model provider after
+    its own defaults (`setattr(provider, key, value)` after moe_token_dispatcher_type="alltoall"; verl 0.9.1
+    also defaults overlap_p2p_comm = vpp > 1 and batch_p2p_comm=False), or passes them to
+    TransformerConfig(**kwargs) with the vanilla mbridge (_build_tf_config,
+    verl/workers/engine/megatron/transformer_impl.py:119 and :154 @ b178a3c; the same in
+    verl/workers/megatron_workers.py:189 and :222). So the keys are TransformerConfig field names."""
+    otc: dict[str, Any] = {**a.pipeline_layout_fields()}
+    otc["overlap_p2p_comm"] = a.overlap_p2p_comm
+    otc["batch_p2p_comm"] = a.batch_p2p_comm
+    if a.cp > 1:
+        otc["cp_comm_type"] = a.cp_comm_type
+    moe = a.moe_fields()
+    for key in (
+        "moe_token_dispatcher_type",
+        "moe_grouped_gemm",
+        "moe_permute_fusion",
+        "moe_shared_expert_overlap",
+        "moe_router_fusion",
+        "moe_router_dtype",
+        "moe_flex_dispatcher_backend",
+    ):
+        if key in moe:
+            otc[key] = moe[key]
+    otc["gradient_accumulation_fusion"] = bool(a["gradient_accumulation_fusion"])
+    otc["cross_entropy_loss_fusion"] = bool(a["cross_entropy_loss_fusion"])
+    if training:
+        # verl's defaults carry recompute here (recompute_granularity / _modules / _method / _num_layers under
+        # actor.megatron.override_transformer_config, verl/trainer/config/engine/megatron.yaml @ b178a3c).
+        # A forward-only layout says nothing about the training recompute, so it is written in train mode only.
+        otc.update(a.recompute_fields())
+    # fp8 as the existing export/__init__.py verl snippet: fp8, fp8_recipe, fp8_param.
+    otc.update(a.fp8_fields())
+    return otc
+
+
+def _token_budget(max_token_len: int, cp: int) -> int:
+    # verl multiplies the per-GPU token budget by the CP size before packing micro-batches:
+    # verl/workers/actor/megatron_actor.py:223 and :806 @ b178a3c
+    # (`max_token_len * self.config.megatron.context_parallel_size`), and in the engine workers
+    # verl/workers/engine/utils.py:76 (`max_token_len_per_gpu * sp_size`) with
+    # verl/workers/engine/megatron/transformer_impl.py:460 (`sp_size=self.engine_config.context_parallel_size`).
+    # So the value written is the micro-batch's token budget divided by CP.
+    if max_token_len < cp:
+        raise ValueError(f"max_token_len {max_token_len} is smaller than the CP size {cp}")
+    return max_token_len // cp
+
+
+def verl_overrides(args: dict[str, Any], *, mode: str, max_token_len: int | None) -> dict[str, Any]:
+    """Nested verl overrides under `actor_rollout_ref` for a Megatron-LM layout.
+
+    mode "train" (the actor update): `actor.megatron` layout, transformer overrides (incl. recompute), DDP /
+    optimizer overrides, and the actor's micro-batch (`ppo_micro_batch_size_per_gpu`, or dynamic batching with
+    `ppo_max_token_len_per_gpu`). The log-prob passes get the same micro-batch (a forward pass needs less
+    memory than the training step at the same micro-batch), so verl's validate_config accepts the result alone.
+
+    mode "forward" (old / ref log-prob): the shared layout and the log-prob micro-batch keys only: the actor's
+    old-log-prob pass reads `rollout.log_prob_*`, the reference `ref.log_prob_*` (verl/workers/engine_workers.py
+    init_model @ b178a3c:428-433 and :472-493). The actor's training micro-batch is left to the caller.
+
+    `max_token_len`: the token budget of one micro-batch (all its sequences, before the CP split); None means
+    a fixed micro-batch of `micro_batch_size` sequences.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    a = MegatronArgs(args)
+    training = mode == "train"
+    dynamic = max_token_len is not None
+    if not dynamic and a["micro_batch_size"] is None:
+        raise ValueError("micro_batch_size is required without max_token_len")
+
+    layout = _layout(a)
+    actor_megatron: dict[str, Any] = dict(layout)
+    actor_megatron["override_transformer_config"] = _transformer_overrides(a, training)
+    actor: dict[str, Any] = {"megatron": actor_megatron}
+    if training:
+        actor_megatron["use_distributed_optimizer"] = bool(a["use_distributed_optimizer"])
+        # override_ddp_config updates verl's DistributedDataParallelConfig dict (verl/utils/megatron_utils.py
+        # @ b178a3c:139-145, defaults grad_reduce_in_fp32=True, overlap_grad_reduce=False). verl wires grad-reduce
+        # overlap like Megatron-LM's training loop (no_sync_func / grad_sync_func, megatron_utils.py:1233-1247).
+        # With overlap_param_gather, megatron-core's DDP defers the parameter all-gather to the next forward's
+        # pre-hooks (distributed_data_parallel.py:352, 0.16.1) and Megatron-LM forces it with
+        # disable_forward_pre_hook() before it reads weights; verl has no such call (none in verl @ b178a3c or
+        # 0.9.1) before it sends weights to the rollout, so overlap_param_gather is not exported to verl.
+        ddp: dict[str, Any] = {
+            "grad_reduce_in_fp32": a.grad_reduce_in_fp32,
+            "overlap_grad_reduce": bool(a["overlap_grad_reduce"]),
+        }
+        if a["ddp_bucket_size"] is not None:
+            ddp["bucket_size"] = int(a["ddp_bucket_size"])
+        if a["fp8"] is not None and a["fp8_param_gather"]:
+            ddp["fp8_param_gather"] = True
+            # As the existing export: with fp8 parameters the distributed optimizer casts master weights by
+            # recipe (optim.override_optimizer_config.fp8_recipe).
+            actor["optim"] = {"override_optimizer_config": {"fp8_recipe": a["fp8_recipe"]}}
+        actor_megatron["override_ddp_config"] = ddp
+
+    # verl asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz
+    # (verl/workers/engine_workers.py:472 @ b178a3c), so both are always written.
+    actor["use_dynamic_bsz"] = dynamic
+    log_prob: dict[str, Any] = {"log_prob_use_dynamic_bsz": dynamic}
+    if dynamic:
+        budget = _token_budget(int(max_token_len), a.cp)
+        log_prob["log_prob_max_token_len_per_gpu"] = budget
+        if training:
+            actor["ppo_max_token_len_per_gpu"] = budget
+    else:
+        mbs = int(a["micro_batch_size"])
+        # validate_config requires ref.log_prob_micro_batch_size_per_gpu (with a reference policy) and
+        # rollout.log_prob_micro_batch_size_per_gpu when actor.use_dynamic_bsz is off
+        # (verl/utils/config.py:154-168 @ b178a3c).
+        log_prob["log_prob_micro_batch_size_per_gpu"] = mbs
+        if training:
+            actor["ppo_micro_batch_size_per_gpu"] = mbs
+
+    # The reference model's key is log_prob_use_dynamic_bsz (verl/trainer/config/ref/ref.yaml @ b178a3c; the
+    # engine worker pops it into ref.use_dynamic_bsz itself, engine_workers.py:433).
+    ref: dict[str, Any] = {"megatron": dict(layout), **log_prob}
+    rollout: dict[str, Any] = dict(log_prob)
+    return {"actor_rollout_ref": {"actor": actor, "ref": ref, "rollout": rollout}}
+
+
+# A Hydra primary config on top of verl's ppo_trainer.yaml with the megatron engine, as verl's own
+# verl/trainer/config/ppo_megatron_trainer.yaml @ b178a3c composes it; verl's config folder is found through
+# Hydra's search path (the `verl.trainer.config` package).
+VERL_HYDRA_HEAD: dict[str, Any] = {
+    "hydra": {"searchpath": ["pkg://verl.trainer.config"]},
+    "defaults": ["ppo_trainer", {"override model_engine": "megatron"}, "_self_"],
+}
+
+
+def verl_overrides_yaml(args: dict[str, Any], *, mode: str, max_token_len: int | None) -> str:
+    """`verl_overrides` as a Hydra config file: `python -m verl.trainer.main_ppo --config-path DIR
+    --config-name NAME` (NAME.yaml in DIR) composes verl's defaults with it. The keys after `defaults` are the
+    nested overrides; keep only those to paste them into a config of your own."""
+    header = (
+        "# verl config (model_engine=megatron) written by megatron-autotuner:\n"
+        "#   python -m verl.trainer.main_ppo --config-path <this folder> --config-name <this file, no .yaml> ...\n"
+    )
+    body = {**VERL_HYDRA_HEAD, **verl_overrides(args, mode=mode, max_token_len=max_token_len)}
+    return header + yaml.safe_dump(body, sort_keys=False)
+
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./-]*")
+
+
+def _hydra_value(value: Any) -> str:
+    """A value in Hydra's command-line override grammar."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in ("null", "true", "false", "nan", "inf"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _flatten(prefix: str, node: dict[str, Any]) -> list[tuple[str, Any]]:
+    items: list[tuple[str, Any]] = []
+    for key, value in node.items():
+        path = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value:
+            items += _flatten(path, value)
+        else:
+            items.append((path, value))
+    return items
+
+
+# Pass-through dicts of verl's schema: their keys are not in verl's yaml, so Hydra needs `++` (add or override).
+_PASS_THROUGH = ("override_transformer_config", "override_ddp_config", "override_optimizer_config")
+
+
+def verl_override_lines(args: dict[str, Any], *, mode: str, max_token_len: int | None) -> list[str]:
+    """`key=value` arguments for `python -m verl.trainer.main_ppo model_engine=megatron ...` (Hydra syntax; keys
+    inside verl's pass-through dicts get `++`). Each item is one argv entry: quote it for a shell
+    (`shlex.join`)."""
+    lines = []
+    for path, value in _flatten("", verl_overrides(args, mode=mode, max_token_len=max_token_len)):
+        prefix = "++" if any(f".{name}." in path for name in _PASS_THROUGH) else ""
+        lines.append(f"{prefix}{path}={_hydra_value(value)}")
+    return lines
+
+
+__all__ = ["verl_override_lines", "verl_overrides", "verl_overrides_yaml"]
