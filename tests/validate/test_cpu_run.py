@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs import ModelSpec
 from megatron_autotuner.validate import validate_layouts
 from megatron_autotuner.validate.layout import Layout
@@ -138,3 +139,16 @@ def test_stand_ins_run_each_rank_alone_and_resume_the_missing_rank(tiny, tmp_pat
     assert len(read_records(rank_file(out, 1))) == 1
     changed = [p.name for p in logs if p.stat().st_mtime_ns != stamps[p.name]]
     assert len(changed) == 1 and changed[0].endswith("_rank1.log")
+
+
+def test_a_pipeline_layout_string_reaches_megatron_core(tiny, tmp_path):
+    """The runner hands a layout string to megatron-core's TransformerConfig, which builds what it says. (pp > 1
+    cannot run on CPU: megatron-core's p2p calls torch.cuda.synchronize(); the GPU test runs uneven stages.)"""
+    lay = _lay(tiny, "layout", pipeline_layout="EttL")
+    assert lay.parallel().pipeline_layout.rank_layers(0) == [0, 1]
+    out = tmp_path / "o"
+    rep = validate_layouts([lay], out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, stand_in="stages")
+    assert rep.rows[0]["status"] == "ok", rep.rows[0].get("error")
+    bad = _lay(tiny, "bad", pipeline_layout="EtttL")  # 3 layers in the layout, 2 in the model
+    with pytest.raises(ConfigError, match="holds 3 decoder layers"):
+        bad.check()

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
 from ..specs import ModelSpec, ParallelConfig, RecomputeConfig, Workload, load_model_spec, validate_layout
+from ..specs.pipeline import PipelineLayout
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Layout:
         "grad_reduce_in_fp32",
         "fp8_recipe",
         "fp8_param",
+        "pipeline_layout",
     )
 
     model: str
@@ -40,6 +42,9 @@ class Layout:
     tp: int = 1
     pp: int = 1
     vpp: int | None = None
+    # an uneven pipeline as Megatron's --pipeline-model-parallel-layout string (every form can be written so);
+    # fixes vpp
+    pipeline_layout: str | None = None
     cp: int = 1
     ep: int = 1
     etp: int | None = None
@@ -81,6 +86,8 @@ class Layout:
             object.__setattr__(self, "sequence_parallel", False)
         if self.vpp == 1:
             object.__setattr__(self, "vpp", None)
+        if self.pipeline_layout is not None and self.vpp is None:
+            object.__setattr__(self, "vpp", PipelineLayout.from_string(self.pipeline_layout, self.pp).vpp_or_none)
         for key in ("warmup_steps", "steps"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
@@ -108,6 +115,9 @@ class Layout:
             use_distributed_optimizer=self.use_distributed_optimizer,
             grad_reduce_in_fp32=self.grad_reduce_in_fp32,
             cp_comm_type=self.cp_comm_type,
+            pipeline_layout=None
+            if self.pipeline_layout is None
+            else PipelineLayout.from_string(self.pipeline_layout, self.pp),
         )
 
     def workload(self) -> Workload:
@@ -186,6 +196,8 @@ class Layout:
                 parts.append(f"{key}{getattr(self, key)}")
         if self.vpp:
             parts.append(f"vpp{self.vpp}")
+        if self.pipeline_layout:
+            parts.append(f"layout={self.pipeline_layout}")
         parts.append(f"dp{self.parallel().dp}")
         parts.append(f"mbs{self.micro_batch_size}")
         if self.recompute != "none":
@@ -229,6 +241,7 @@ class Layout:
             tp=parallel.tp,
             pp=parallel.pp,
             vpp=parallel.vpp,
+            pipeline_layout=None if parallel.pipeline_layout is None else parallel.pipeline_layout.to_string(),
             cp=parallel.cp,
             ep=parallel.ep,
             etp=parallel.etp,

@@ -163,6 +163,9 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         masked_softmax_fusion=cuda,
         apply_rope_fusion=cuda and use_te,
     )
+    if layout.pipeline_layout is not None:
+        # megatron-core parses the string itself (TransformerConfig: PipelineParallelLayerLayout.from_str)
+        out["pipeline_model_parallel_layout"] = layout.pipeline_layout
     if layout.precision == "fp8":
         # Megatron-LM's --fp8-recipe / --fp8-param-gather (fp8 itself, format hybrid, and the recipe come from the
         # testbench's config); with fp8_param megatron-core's TransformerBlock builds its TE layers under TE's
