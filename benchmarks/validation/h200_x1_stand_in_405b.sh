@@ -10,13 +10,15 @@
 # call resumes where it stopped. From the repository root:
 #     bash benchmarks/validation/h200_x1_stand_in_405b.sh
 # Copy "$OUT"/evidence (or unpack "$OUT"/evidence.tgz) to benchmarks/results/validation_h200_x1/stand_in_405b.
+# LAYOUTS=benchmarks/validation/h200_x1_stand_in_405b_bf16_layouts.json: the same layout in bf16 (-> stand_in_405b_bf16)
 OUT="${OUT:-$PWD/outputs/h200_x1_stand_in_405b}"
 source "$(dirname "$0")/common.sh"
+LAYOUTS="${LAYOUTS:-$HERE/h200_x1_stand_in_405b_layouts.json}"
 record_gpus
-timeout "${BUDGET_S:-540}" $VALIDATE --layouts "$HERE/h200_x1_stand_in_405b_layouts.json" --stand-in \
+timeout "${BUDGET_S:-540}" $VALIDATE --layouts "$LAYOUTS" --stand-in \
   --output-dir "$OUT/run" --timeout-s 300 2>&1 | tee -a "$OUT/run.txt"
 # the report of what has run so far (the timeout may have cut the run's own)
-$VALIDATE --layouts "$HERE/h200_x1_stand_in_405b_layouts.json" --stand-in --output-dir "$OUT/run" --report-only \
+$VALIDATE --layouts "$LAYOUTS" --stand-in --output-dir "$OUT/run" --report-only \
   2>&1 | tail -8
 EV="$OUT/evidence"
 collect_batch run "$EV"
