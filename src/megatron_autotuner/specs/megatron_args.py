@@ -88,6 +88,7 @@ FLAG_TABLE: dict[str, str] = {
     "kv_channels": "model.kv_channels (default hidden / heads)",
     "swiglu": "model.gated_linear_unit + activation silu (off: gelu)",
     "squared_relu": "model.activation squared_relu",
+    "quick_geglu": "model.gated_linear_unit + activation gelu (quick GeGLU: a gated GeLU, costed as one)",
     "normalization": "model.normalization",
     "add_bias_linear": "model.add_bias_linear (--disable-bias-linear)",
     "add_qkv_bias": "model.add_qkv_bias",
@@ -261,8 +262,11 @@ _NOT_MODELLED_NOTES = {
     "delay_wgrad_compute": "delayed wgrad is not modelled",
     "moe_shared_expert_overlap": "the shared-expert overlap is not modelled",
     "moe_flex_dispatcher_backend": "flex dispatchers (DeepEP / HybridEP) are not modelled",
-    "cpu_offloading": "activation offloading is not modelled",
+    "cpu_offloading_num_layers": "activation offloading is not modelled",
     "fine_grained_activation_offloading": "activation offloading is not modelled",
+    "optimizer_cpu_offload": "optimizer offloading is not modelled",
+    "cuda_graph_scope_deprecated": "CUDA graphs are not modelled yet (deprecated alias of --cuda-graph-modules)",
+    "cuda_graph_modules": "CUDA graphs are not modelled yet",
     "use_precision_aware_optimizer": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_sq_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
@@ -519,7 +523,11 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
     for dest, value in (("num_layers", num_layers), ("hidden_size", hidden), ("num_attention_heads", heads)):
         if value < 1:
             raise ConfigError(dest, f"must be a positive integer, got {value}")
+    for dest in ("hybrid_layer_pattern", "hybrid_override_pattern", "is_hybrid_model"):
+        if launch.gave(dest):
+            raise ConfigError(dest, "hybrid (Mamba) models are not modelled: the tool predicts transformer layers only")
     swiglu = bool(pick("swiglu", base.gated_linear_unit and base.activation == "silu" if base else False))
+    geglu = bool(launch.value("quick_geglu"))
     squared_relu = bool(pick("squared_relu", base.activation == "squared_relu" if base else False))
     ffn = _int(launch, "ffn_hidden_size") if launch.gave("ffn_hidden_size") else None
     if ffn is None:
@@ -546,6 +554,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
     experts = _int(launch, "num_experts") if launch.gave("num_experts") else (base.num_moe_experts if base else 0)
     experts = experts or 0
     activation = "silu" if swiglu else ("squared_relu" if squared_relu else "gelu")
+    gated = swiglu or geglu or (base is not None and not launch.gave("swiglu") and base.gated_linear_unit)
     values: dict[str, Any] = {
         "name": base.name if base is not None else f"megatron-args-{num_layers}L-{hidden}h",
         "hidden_size": hidden,
@@ -555,7 +564,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         "vocab_size": vocab,
         "num_query_groups": groups,
         "kv_channels": kv_channels,
-        "gated_linear_unit": swiglu,
+        "gated_linear_unit": gated,
         "activation": activation,
         "normalization": pick("normalization", base.normalization if base else None),
         "add_bias_linear": bool(pick("add_bias_linear", base.add_bias_linear if base else None)),
@@ -820,6 +829,7 @@ def specs_to_megatron_args(
         "num_attention_heads": model.num_attention_heads,
         "kv_channels": model.kv_channels,
         "swiglu": model.gated_linear_unit and model.activation == "silu",
+        "quick_geglu": model.gated_linear_unit and model.activation == "gelu",
         "squared_relu": model.activation == "squared_relu",
         "normalization": model.normalization,
         "add_bias_linear": model.add_bias_linear,

@@ -1,0 +1,142 @@
+"""benchmarks/results/published_modern.json is what benchmarks/published_modern.py produces now: the modern
+published runs written as Megatron-LM flags and imported as `mat estimate --megatron-args` does. Regenerate it
+(`python benchmarks/published_modern.py`) whenever the cost model or the importer changes a prediction. No accuracy
+target is asserted here: the JSON records the errors."""
+
+import hashlib
+import importlib.util
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.specs.megatron_args import catalog, read_launch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks/published_modern.py"
+RESULT = ROOT / "benchmarks/results/published_modern.json"
+REL = 1e-6
+PREDICTED = ("predicted_tokens_per_s_per_gpu", "predicted_tflops_per_gpu", "predicted_step_time_s",
+             "predicted_peak_memory_gib", "error", "tflops_error")  # fmt: skip
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("published_modern", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def script():
+    return _load_script()
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return json.loads(RESULT.read_text())
+
+
+@pytest.fixture(scope="module")
+def fresh(script):
+    return script.compare_all(script.CSV_PATH)
+
+
+def _close(a, b):
+    if a is None or b is None:
+        return a is b
+    return math.isclose(a, b, rel_tol=REL, abs_tol=1e-12)
+
+
+def test_header(committed, script):
+    from megatron_autotuner import SCHEMA_VERSION
+
+    assert committed["schema_version"] == SCHEMA_VERSION
+    assert committed["tool_version"]
+    assert committed["date"]
+    digest = hashlib.sha256(script.CSV_PATH.read_bytes()).hexdigest()
+    assert committed["inputs"]["csv_sha256"] == digest, "the CSV changed: regenerate the JSON"
+
+
+def test_committed_json_is_what_the_script_produces_now(committed, fresh):
+    records = committed["records"]
+    assert len(records) == len(fresh) == 159
+    for old, new in zip(records, fresh, strict=True):
+        where = f"row {new['index']} {new['model']} ({new['gpu']} x{new['num_gpus']})"
+        for key in ("index", "model", "gpu", "num_gpus", "kind", "layout", "precision", "flops_convention"):
+            assert old[key] == new[key], f"{where}: {key}"
+        assert old["flags"] == new["flags"], f"{where}: flags changed, regenerate the JSON"
+        assert old["expressible"] == new["expressible"], f"{where}: expressible {old['reason']!r} -> {new['reason']!r}"
+        assert old["reason"] == new["reason"], where
+        assert old["not_modelled"] == new["not_modelled"], where
+        assert old["fits"] == new["fits"], where
+        for key in PREDICTED:
+            assert _close(old[key], new[key]), f"{where}: {key} {old[key]} -> {new[key]} (regenerate the JSON)"
+
+
+def test_expressible_rows_are_real_megatron_lm_flags(committed):
+    by_flag = catalog()[1]
+    expressible = [r for r in committed["records"] if r["expressible"]]
+    assert expressible
+    for record in expressible:
+        launch = read_launch(record["flags"])  # raises ConfigError for a flag Megatron-LM does not have
+        for token in record["flags"].split():
+            if token.startswith("--"):
+                assert token in by_flag, f"row {record['index']}: {token}"
+        assert launch.gave("num_layers") and launch.gave("seq_length"), record["index"]
+        assert record["predicted_tokens_per_s_per_gpu"] > 0
+        assert record["published_tokens_per_s_per_gpu"] > 0
+        expected = record["predicted_tokens_per_s_per_gpu"] / record["published_tokens_per_s_per_gpu"] - 1
+        assert _close(record["error"], expected)
+
+
+def test_rows_that_are_not_expressible_say_why(committed):
+    for record in committed["records"]:
+        if not record["expressible"]:
+            assert record["reason"] and "\n" not in record["reason"], record["index"]
+            assert record["predicted_tokens_per_s_per_gpu"] is None and record["error"] is None
+        else:
+            assert record["reason"] is None
+
+
+def _group(records):
+    done = [r for r in records if r["expressible"]]
+    errors = sorted(abs(r["error"]) for r in done)
+    return {
+        "rows": len(records),
+        "expressible": len(done),
+        "expressible_fraction": len(done) / len(records) if records else None,
+        "median_abs_error": statistics.median(errors) if errors else None,
+        "max_abs_error": errors[-1] if errors else None,
+    }
+
+
+def _assert_group(got, want, where):
+    assert got.keys() == want.keys(), where
+    for key, value in want.items():
+        assert _close(got[key], value) if isinstance(value, float) else got[key] == value, f"{where}: {key}"
+
+
+def test_summary_is_computed_from_the_records(committed):
+    records, summary = committed["records"], committed["summary"]
+    _assert_group({k: summary[k] for k in _group(records)}, _group(records), "all")
+    assert summary["rows"] == len(records) == sum(g["rows"] for g in summary["by_gpu"].values())
+    for gpu, got in summary["by_gpu"].items():
+        _assert_group(got, _group([r for r in records if r["gpu"] == gpu]), gpu)
+    assert set(summary["by_kind"]) == {"dense", "moe"}
+    for kind, got in summary["by_kind"].items():
+        _assert_group(got, _group([r for r in records if r["kind"] == kind]), kind)
+    done = [r for r in records if r["expressible"]]
+    _assert_group(summary["by_not_modelled"]["none"], _group([r for r in done if not r["not_modelled"]]), "none")
+    _assert_group(summary["by_not_modelled"]["some"], _group([r for r in done if r["not_modelled"]]), "some")
+    assert summary["by_not_modelled"]["none"]["rows"] + summary["by_not_modelled"]["some"]["rows"] == len(done)
+
+
+def test_script_cli_writes_the_report(tmp_path, script, capsys):
+    out = tmp_path / "report.json"
+    assert script.main(["--output", str(out), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == printed
+    assert printed["summary"]["rows"] == 159
