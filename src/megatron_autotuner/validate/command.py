@@ -35,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "layouts finish; a rerun skips finished layouts; OOM / NCCL failures are recorded per layout.",
     )
     p.add_argument("--layouts", metavar="JSON", help="batch: list of layout objects, or {defaults, layouts, gpu}")
+    p.add_argument(
+        "--megatron-args",
+        metavar="FILE",
+        help="one layout from a Megatron-LM launch (flags, or a torchrun ... pretrain_gpt.py command; - for stdin); "
+        "--model fills in what its flags leave out, --num-layers reduces the model",
+    )
     p.add_argument("--model", help="preset name or HF config path (single layout)")
     p.add_argument("--num-layers", help="reduced layer count, or max-fit / min-oom (edge of predicted memory)")
     p.add_argument("--gpu", help="GPU preset the prediction uses (e.g. H200)")
@@ -120,6 +126,8 @@ def _layouts(args: argparse.Namespace):
     extra: dict = {}
     if args.layouts:
         layouts, extra = load_layouts_file(args.layouts)
+    elif args.megatron_args:
+        layouts = [_launch_layout(args)]
     else:
         if not args.model or not args.seq_len:
             raise ConfigError("model", "give --layouts FILE, or --model and --seq-len for one layout")
@@ -154,6 +162,35 @@ def _layouts(args: argparse.Namespace):
     for lay in layouts:
         lay.check()
     return layouts, args.gpu or extra.get("gpu")
+
+
+def _launch_layout(args: argparse.Namespace):
+    """The layout of `--megatron-args`: the launch read against --model; a model the launch's flags describe is
+    written next to the results (`launch_model.json`) for the workers to load."""
+    from pathlib import Path
+
+    from ..specs import load_model_spec
+    from ..specs.megatron_args import launch_to_specs, read_launch_file
+    from .layout import Layout
+
+    base = load_model_spec(args.model) if args.model else None
+    imported = launch_to_specs(read_launch_file(args.megatron_args), base, mode=args.mode)
+    if imported.model is None or imported.parallel is None:
+        raise ConfigError("megatron_args", "the launch must describe the model (or give --model) and its GPU count")
+    model_ref = args.model
+    if model_ref is None or imported.model != base:
+        out = Path(args.output_dir or ".")
+        out.mkdir(parents=True, exist_ok=True)
+        imported.model.save_json(out / "launch_model.json")
+        model_ref = str(out / "launch_model.json")
+    options = imported.options
+    num_layers = None if args.num_layers is None else int(args.num_layers)
+    return Layout.from_configs(
+        model_ref, imported.parallel, imported.workload, num_layers,
+        overlap_grad_reduce=options["overlap_grad_reduce"], overlap_param_gather=options["overlap_param_gather"],
+        expandable_segments=options["expandable_segments"], warmup_steps=args.warmup_steps, steps=args.steps,
+        profile=args.profile, use_te=args.use_te,
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

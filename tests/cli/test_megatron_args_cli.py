@@ -1,0 +1,64 @@
+"""`--megatron-args`: estimate / theory / plan / validate read a launch; bad launches are one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from megatron_autotuner.cli import main
+
+LAUNCHES = Path(__file__).resolve().parents[1] / "fixtures" / "launches"
+LLAMA_405B = str(LAUNCHES / "llama31_405b_h100_1024gpu_fp8cs.sh")
+SMALL = (
+    "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+    "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm "
+    "--disable-bias-linear --untie-embeddings-and-output-weights --position-embedding-type rope "
+    "--vocab-size 128256 --seq-length 8192 --max-position-embeddings 8192 --tensor-model-parallel-size 8 "
+    "--sequence-parallel --micro-batch-size 1 --global-batch-size 64 --bf16 --use-distributed-optimizer "
+    "--hidden-dropout 0 --attention-dropout 0 --cuda-graph-impl transformer_engine\n"
+)
+
+
+def test_estimate_reads_a_launch_and_lists_what_it_does_not_model(capsys):
+    assert main(["estimate", "--megatron-args", LLAMA_405B, "--gpu", "H100-SXM", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["inputs"]["parallel"]["pipeline_layout"]["describe"] == "embedding+loss accounted"
+    assert data["inputs"]["num_gpus"] == 1024 and data["inputs"]["overlap_grad_reduce"] is True
+    assert "--overlap-param-gather-with-optimizer-step" in data["not_modelled"]
+
+
+def test_plan_puts_your_launch_beside_the_best_with_the_flags_to_change(tmp_path, capsys):
+    launch = tmp_path / "launch.sh"
+    launch.write_text(SMALL)
+    args = ["plan", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--no-chart", "--top", "2"]
+    assert main(args + ["--output-dir", str(tmp_path / "p")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "your launch:" in out and "not modelled: --cuda-graph-impl" in out
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    current = plan["current_run"]
+    assert current["parallel"]["tp"] == 8 and current["speedup_of_best"] >= 1.0
+    if current["speedup_of_best"] > 1.0:
+        assert current["flag_changes"] and (tmp_path / "p" / "flag_changes.txt").exists()
+
+
+def test_theory_and_validate_dry_run_take_a_launch(tmp_path, capsys):
+    launch = tmp_path / "launch.sh"
+    launch.write_text(SMALL)
+    assert main(["theory", "--megatron-args", str(launch), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parallel"]["tp"] == 8
+    args = ["validate", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--dry-run"]
+    assert main(args + ["--output-dir", str(tmp_path / "v"), "--num-layers", "4"]) == 0
+    assert "tp8" in capsys.readouterr().out
+
+
+def test_bad_launches_and_conflicting_options_are_one_line_errors(tmp_path, capsys):
+    launch = tmp_path / "launch.sh"
+    launch.write_text(SMALL.replace("--swiglu", "--swigloo"))
+    assert main(["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown Megatron-LM flag --swigloo (did you mean --swiglu?)" in err
+    launch.write_text(SMALL)
+    assert main(["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--tp", "2"]) == 2
+    assert "--tp goes in the Megatron-LM launch (--tensor-model-parallel-size)" in capsys.readouterr().err
+    assert main(["estimate", "--megatron-args", str(tmp_path / "missing.sh"), "--gpu", "H100-SXM"]) == 2
+    assert "megatron_args: cannot read" in capsys.readouterr().err
