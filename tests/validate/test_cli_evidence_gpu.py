@@ -339,3 +339,25 @@ def test_grad_accumulation_default_matches_the_trace():
     achieved_bytes_per_s = d.GRAD_ACCUMULATION_BYTES_PER_PARAM * local_params * 8 / (adds[0]["total_us"] * 1e-6)
     fraction = achieved_bytes_per_s / (get_gpu_spec("H200").hbm_gbps * 1e9)
     assert fraction == pytest.approx(d.GRAD_ACCUMULATION_HBM_EFFICIENCY, rel=0.05)
+
+
+@pytest.mark.gpu
+def test_gpu_stand_ins_measure_each_stage_of_an_uneven_pipeline_layout(tmp_path):
+    """An uneven layout string (the embedding stage with 1 layer, the loss stage with 3, Qwen3-0.6B's shapes) runs as
+    two stand-ins on one GPU: each stage builds the layers the layout gives it, and each stage's memory is predicted
+    within 5% (allocated and reserved)."""
+    import torch
+
+    from megatron_autotuner.validate import Layout, validate_layouts
+
+    lay = Layout(model="Qwen3-0.6B", num_gpus=2, num_layers=4, pp=2, pipeline_layout="Et|tttL", seq_length=2048,
+                 global_batch_size=8, warmup_steps=1, steps=2, expandable_segments=True)  # fmt: skip
+    assert lay.parallel().pipeline_layout.rank_layers(1) == [1, 2, 3]
+    gpu = "H200" if "H200" in torch.cuda.get_device_name() else "H100-SXM"
+    rep = validate_layouts([lay], tmp_path, gpu, layout_timeout_s=300, log=lambda *a: 0, stand_in="stages")
+    row = rep.rows[0]
+    assert row["status"] == "ok" and row["stand_in"], row.get("error")
+    assert [p["rank"] for p in row["per_rank"]] == [0, 1]
+    alloc = {p["rank"]: p["max_allocated_gib"] for p in row["per_rank"]}
+    assert alloc[1] > alloc[0]  # three layers and the loss against one layer and the embedding
+    assert abs(row["error_rel"]["allocated_memory"]) < 0.05 and abs(row["error_rel"]["reserved_memory"]) < 0.05
