@@ -179,6 +179,18 @@ class MegatronArgs:
         value = list(value)
         return value[0] if len(value) == 1 else value
 
+    def parallel_sizes(self) -> dict[str, Any]:
+        """The parallel sizes under megatron-core's names (TransformerConfig; verl's McoreEngineConfig too)."""
+        return {
+            "tensor_model_parallel_size": self.tp,
+            "pipeline_model_parallel_size": self.pp,
+            "virtual_pipeline_model_parallel_size": self.vpp,
+            "context_parallel_size": self.cp,
+            "sequence_parallel": bool(self["sequence_parallel"]),
+            "expert_model_parallel_size": self.ep,
+            "expert_tensor_parallel_size": self.etp,
+        }
+
     def pipeline_layout_fields(self) -> dict[str, Any]:
         """TransformerConfig's pipeline-split fields (argument_utils.py:310-311 @ d98e8a6 renames the
         decoder_first/last dests). All five are written so a base config cannot add a conflicting one
@@ -348,18 +360,11 @@ def bridge_overrides(args: dict[str, Any], *, tp_comm_overlap_cfg: str | None = 
     a = MegatronArgs(args)
     if a["seq_length"] is None:
         raise ValueError("seq_length is required (ConfigContainer.validate compares model and dataset seq_length)")
-    vpp = a.vpp
     ub_cfg = tp_comm_overlap_cfg if tp_comm_overlap_cfg is not None else a["tp_comm_overlap_cfg"]
     tp_overlap = bool(a["tp_comm_overlap"])
 
     model: dict[str, Any] = {
-        "tensor_model_parallel_size": a.tp,
-        "pipeline_model_parallel_size": a.pp,
-        "virtual_pipeline_model_parallel_size": vpp,
-        "context_parallel_size": a.cp,
-        "sequence_parallel": bool(a["sequence_parallel"]),
-        "expert_model_parallel_size": a.ep,
-        "expert_tensor_parallel_size": a.etp,
+        **a.parallel_sizes(),
         **a.pipeline_layout_fields(),
         "cp_comm_type": a.cp_comm_type,
         "seq_length": int(a["seq_length"]),

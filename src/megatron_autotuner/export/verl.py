@@ -29,16 +29,7 @@ MODES = ("train", "forward")
 
 def _layout(a: MegatronArgs) -> dict[str, Any]:
     """McoreEngineConfig parallel sizes (verl/workers/config/engine.py McoreEngineConfig @ b178a3c)."""
-    vpp = a.vpp
-    out: dict[str, Any] = {
-        "tensor_model_parallel_size": a.tp,
-        "pipeline_model_parallel_size": a.pp,
-        "virtual_pipeline_model_parallel_size": vpp,
-        "context_parallel_size": a.cp,
-        "sequence_parallel": bool(a["sequence_parallel"]),
-        "expert_model_parallel_size": a.ep,
-        "expert_tensor_parallel_size": a.etp,
-    }
+    out: dict[str, Any] = a.parallel_sizes()
     # McoreEngineConfig.__post_init__ accepts dtype bfloat16 / float16 only (verl/workers/config/engine.py).
     prec = a.precision
     if prec == "fp32":
