@@ -145,10 +145,6 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
             "model", "give --model (a preset, config.json or HF id) or --megatron-args with the model flags"
         )
     model = load_model_spec(args.model)
-    return reduce_layers(model, args)
-
-
-def reduce_layers(model: ModelSpec, args: argparse.Namespace) -> ModelSpec:
     if getattr(args, "num_layers", None) is not None:
         if args.num_layers < 1:
             raise ConfigError("num_layers", "must be >= 1")

@@ -158,18 +158,6 @@ def _balanced(model: ModelSpec, pp: int, v: int, seq_length: int) -> PipelineLay
     return balanced_layout(weights, pp, v, 0.0, loss, (mtp,) * model.mtp_num_layers)
 
 
-def vpp_choices(model: ModelSpec, pp: int, space: SearchSpace) -> list[int | None]:
-    """Even-split virtual pipeline sizes (kept for callers that do not search layouts)."""
-    if pp == 1:
-        return [None]
-    per_stage = model.num_layers // pp
-    allowed = [v for v in divisors(per_stage) if 1 < v <= space.max_vpp]
-    if space.vpp is not None:
-        allowed = [v for v in allowed if v in space.vpp]
-        return ([None] if 1 in space.vpp else []) + allowed
-    return [None, *allowed]
-
-
 def ep_choices(model: ModelSpec, space: SearchSpace) -> list[int]:
     if not model.is_moe:
         return [1]

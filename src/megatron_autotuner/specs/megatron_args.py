@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import difflib
 import json
 import re
@@ -448,15 +447,6 @@ def _int(launch: Launch, dest: str) -> int | None:
         return int(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(dest, f"must be an integer, got {value!r}") from exc
-
-
-def _float(launch: Launch, dest: str) -> float:
-    value = launch.value(dest)
-    _shell_variable(dest, value)
-    try:
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(dest, f"must be a number, got {value!r}") from exc
 
 
 def _str(launch: Launch, dest: str) -> str | None:
@@ -960,7 +950,3 @@ def _same(value: Any, default: Any) -> bool:
     if isinstance(default, list) and not isinstance(value, list):
         return [value] == default
     return value == default or (isinstance(default, str) and str(value) == default)
-
-
-def dataclass_fields_of(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}

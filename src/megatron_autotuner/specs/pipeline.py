@@ -280,9 +280,6 @@ class PipelineLayout:
         it when `pre_process or mtp_process`)."""
         return sum(1 for c in range(self.vpp) if "E" in self.stage(rank, c) or "m" in self.stage(rank, c))
 
-    def rank_has_loss(self, rank: int) -> bool:
-        return rank == self.pp - 1
-
     @cached_property
     def final_norm_rank(self) -> int:
         """Rank of the decoder's final norm: the loss rank, or with MTP layers the rank of the last decoder layer
@@ -292,16 +289,9 @@ class PipelineLayout:
         last = self.num_layers - 1
         return next(r for r in range(self.pp) if last in self.rank_layers(r)) if self.num_layers else self.pp - 1
 
-    @property
-    def is_even(self) -> bool:
-        return len(set(self.decoder_counts)) == 1
-
     def to_string(self) -> str:
         """`--pipeline-model-parallel-layout` spelling of this layout (compressed)."""
         return compress_layout(self.stages)
-
-    def as_string_form(self) -> PipelineLayout:
-        return PipelineLayout(self.pp, self.stages, "string")
 
     def describe(self) -> str:
         """Short label: 'even', 'E+loss accounted', 'first 6 / last 6', or the layout string."""
