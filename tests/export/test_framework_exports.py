@@ -810,18 +810,19 @@ def _expected_loaded(overrides):
     return expected
 
 
-@pytest.mark.parametrize(
-    "name,args,ub_cfg",
-    [
-        ("example-recipe-common", EXAMPLE, None),
-        ("example-resolved", EXAMPLE, None),
-        ("layout-mtp-full-recompute-delayed", layout_args(), None),
-        ("mla-blockwise-vpp-by-layers", mla_args(), None),
-        ("uneven-pp-no-vpp", uneven_args(), None),
-        ("ub-cfg-file-recipe-common", EXAMPLE, UB_CFG),
-        ("ub-cfg-file-resolved", EXAMPLE, UB_CFG),
-    ],
-)
+# the ConfigContainers the Bridge subprocess loads (names match `bridge_results`)
+BRIDGE_CASES = [
+    ("example-recipe-common", EXAMPLE, None),
+    ("example-resolved", EXAMPLE, None),
+    ("layout-mtp-full-recompute-delayed", layout_args(), None),
+    ("mla-blockwise-vpp-by-layers", mla_args(), None),
+    ("uneven-pp-no-vpp", uneven_args(), None),
+    ("ub-cfg-file-recipe-common", EXAMPLE, UB_CFG),
+    ("ub-cfg-file-resolved", EXAMPLE, UB_CFG),
+]
+
+
+@pytest.mark.parametrize("name,args,ub_cfg", BRIDGE_CASES)
 def test_bridge_loader_applies_every_override(bridge_results, name, args, ub_cfg):
     result = bridge_results[name]
     assert "error" not in result, result.get("error")
@@ -834,18 +835,7 @@ def test_bridge_loader_applies_every_override(bridge_results, name, args, ub_cfg
     assert result["comm_overlap_type"] == ("NoneType" if ub_cfg else "CommOverlapConfig")
 
 
-@pytest.mark.parametrize(
-    "name,args,ub_cfg",
-    [
-        ("example-recipe-common", EXAMPLE, None),
-        ("example-resolved", EXAMPLE, None),
-        ("layout-mtp-full-recompute-delayed", layout_args(), None),
-        ("mla-blockwise-vpp-by-layers", mla_args(), None),
-        ("uneven-pp-no-vpp", uneven_args(), None),
-        ("ub-cfg-file-recipe-common", EXAMPLE, UB_CFG),
-        ("ub-cfg-file-resolved", EXAMPLE, UB_CFG),
-    ],
-)
+@pytest.mark.parametrize("name,args,ub_cfg", BRIDGE_CASES)
 def test_bridge_runtime_update_and_validate_keep_the_launch(bridge_results, name, args, ub_cfg):
     result = bridge_results[name]
     final = result["final"]
