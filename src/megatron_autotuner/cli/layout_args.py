@@ -120,6 +120,10 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_precision_arguments(g)
     add_mode_arguments(g)
+    add_flops_convention_argument(g)
+
+
+def add_flops_convention_argument(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--flops-convention",
         choices=["causal", "full"],

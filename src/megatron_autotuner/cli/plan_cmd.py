@@ -14,6 +14,7 @@ from ..validate.command import add_stand_in_argument
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
 from .layout_args import (
     add_gpu_arguments,
+    add_flops_convention_argument,
     add_grad_reduce_argument,
     add_mode_arguments,
     add_model_arguments,
@@ -44,12 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch-size", type=int, help="sequences per step (with --megatron-args: the launch's)")
     add_mode_arguments(p)
     add_precision_arguments(p)
-    p.add_argument(
-        "--flops-convention",
-        choices=["causal", "full"],
-        default="causal",
-        help="count causal attention as half the square (Megatron-Bridge) or the whole square (NeMo, dgxc)",
-    )
+    add_flops_convention_argument(p)
     p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
     add_expandable_segments_argument(p)
     add_grad_reduce_argument(p)
