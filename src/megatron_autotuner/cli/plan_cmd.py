@@ -13,8 +13,8 @@ from ..search.current import CurrentRun, compare_with_best
 from ..validate.command import add_stand_in_argument
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
 from .layout_args import (
-    add_gpu_arguments,
     add_flops_convention_argument,
+    add_gpu_arguments,
     add_grad_reduce_argument,
     add_mode_arguments,
     add_model_arguments,
