@@ -112,6 +112,15 @@ def test_megatron_defaults_apply_to_what_a_launch_does_not_say():
         ),
         ("--num-layers ${LAYERS} --hidden-size 64 --num-attention-heads 4 --vocab-size 10", "shell variable"),
         ("just some words", "holds no Megatron-LM flags"),
+        (
+            "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 10 --hidden-dropout ${DROP}",
+            "hidden_dropout: is the shell variable",
+        ),
+        (
+            "--num-layers 4 --hidden-size 64 --num-attention-heads 4 --vocab-size 10 --multi-latent-attention "
+            "--kv-lora-rank x",
+            "kv_lora_rank: must be an integer, got 'x'",
+        ),
     ],
 )
 def test_bad_launches_are_one_line_config_errors(text, needle):

@@ -449,6 +449,17 @@ def _int(launch: Launch, dest: str) -> int | None:
         raise ConfigError(dest, f"must be an integer, got {value!r}") from exc
 
 
+def _float(launch: Launch, dest: str) -> float | None:
+    value = launch.value(dest)
+    if value is None:
+        return None
+    _shell_variable(dest, value)
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(dest, f"must be a number, got {value!r}") from exc
+
+
 def _str(launch: Launch, dest: str) -> str | None:
     value = launch.value(dest)
     if isinstance(value, list):
@@ -499,17 +510,14 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
     if base is not None:
         notes.append(f"model: the launch's {len(given_model)} model flags override --model {base.name}")
 
-    def pick(dest: str, fallback: Any) -> Any:
-        """The launch's value when it gave the flag; else the base model's (or Megatron's default without one)."""
-        return launch.value(dest) if launch.gave(dest) or base is None else fallback
+    def pick(dest: str, fallback: Any, read=Launch.value) -> Any:
+        """The launch's value when it gave the flag (or Megatron's default without a base model), read by `read`
+        (`_int` / `_float`: one-line errors for shell variables and bad numbers); else `fallback`, the base's."""
+        return read(launch, dest) if launch.gave(dest) or base is None else fallback
 
-    num_layers = _int(launch, "num_layers") if launch.gave("num_layers") or not base else base.num_layers
-    hidden = _int(launch, "hidden_size") if launch.gave("hidden_size") or not base else base.hidden_size
-    heads = (
-        _int(launch, "num_attention_heads")
-        if launch.gave("num_attention_heads") or not base
-        else base.num_attention_heads
-    )
+    num_layers = pick("num_layers", base and base.num_layers, _int)
+    hidden = pick("hidden_size", base and base.hidden_size, _int)
+    heads = pick("num_attention_heads", base and base.num_attention_heads, _int)
     for dest, value in (("num_layers", num_layers), ("hidden_size", hidden), ("num_attention_heads", heads)):
         if value < 1:
             raise ConfigError(dest, f"must be a positive integer, got {value}")
@@ -565,19 +573,19 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         ),
         "position_embedding_type": pick("position_embedding_type", base.position_embedding_type if base else None),
         "max_position_embeddings": max_pos,
-        "make_vocab_size_divisible_by": int(
-            pick("make_vocab_size_divisible_by", base.make_vocab_size_divisible_by if base else None)
+        "make_vocab_size_divisible_by": pick(
+            "make_vocab_size_divisible_by", base and base.make_vocab_size_divisible_by, _int
         ),
-        "hidden_dropout": float(pick("hidden_dropout", base.hidden_dropout if base else None)),
-        "attention_dropout": float(pick("attention_dropout", base.attention_dropout if base else None)),
+        "hidden_dropout": pick("hidden_dropout", base and base.hidden_dropout, _float),
+        "attention_dropout": pick("attention_dropout", base and base.attention_dropout, _float),
         "num_moe_experts": experts,
-        "mtp_num_layers": int(pick("mtp_num_layers", base.mtp_num_layers if base else None) or 0),
+        "mtp_num_layers": pick("mtp_num_layers", base and base.mtp_num_layers, _int) or 0,
     }
     if values["position_embedding_type"] not in ("rope", "learned_absolute", "none"):
         notes.append(f"not modelled: --position-embedding-type {values['position_embedding_type']} (as rope)")
         values["position_embedding_type"] = "rope"
     if experts:
-        topk = _int(launch, "moe_router_topk") if launch.gave("moe_router_topk") or not base else base.moe_router_topk
+        topk = pick("moe_router_topk", base and base.moe_router_topk, _int)
         moe_ffn = _int(launch, "moe_ffn_hidden_size") if launch.gave("moe_ffn_hidden_size") else None
         if moe_ffn is None:
             moe_ffn = base.moe_ffn_hidden_size if base is not None and base.is_moe else ffn
@@ -600,14 +608,13 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         )
     mla = bool(pick("multi_latent_attention", base.multi_latent_attention if base else None))
     if mla:
-        q_lora = launch.value("q_lora_rank") if launch.gave("q_lora_rank") or not base else base.q_lora_rank
         values.update(
             multi_latent_attention=True,
-            q_lora_rank=None if q_lora is None else int(q_lora),
-            kv_lora_rank=int(pick("kv_lora_rank", base.kv_lora_rank if base else None)),
-            qk_head_dim=int(pick("qk_head_dim", base.qk_head_dim if base else None)),
-            qk_pos_emb_head_dim=int(pick("qk_pos_emb_head_dim", base.qk_pos_emb_head_dim if base else None)),
-            v_head_dim=int(pick("v_head_dim", base.v_head_dim if base else None)),
+            q_lora_rank=pick("q_lora_rank", base and base.q_lora_rank, _int),
+            kv_lora_rank=pick("kv_lora_rank", base and base.kv_lora_rank, _int),
+            qk_head_dim=pick("qk_head_dim", base and base.qk_head_dim, _int),
+            qk_pos_emb_head_dim=pick("qk_pos_emb_head_dim", base and base.qk_pos_emb_head_dim, _int),
+            v_head_dim=pick("v_head_dim", base and base.v_head_dim, _int),
         )
         if kv_channels is None and hidden % heads:
             values["kv_channels"] = values["qk_head_dim"]
