@@ -231,10 +231,23 @@ def plan(
         )  # fmt: skip
         return parallel, base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
 
+    memory: dict[tuple[ParallelConfig, Workload], tuple[bool, float, list]] = {}
+
     def fits(parallel: ParallelConfig, workload: Workload) -> tuple[bool, float, list]:
-        stages = memory_per_stage(model, parallel, workload, act_options, allowance, padded_vocab(model, parallel.tp))
-        peak = max(st.total_bytes for st in stages)
-        return peak <= usable, peak, stages
+        """(fits, peak bytes, stages); each configuration computed once (screening and the full search share)."""
+        key = (parallel, workload)
+        if key not in memory:
+            padded = padded_vocab(model, parallel.tp)
+            stages = memory_per_stage(model, parallel, workload, act_options, allowance, padded)
+            peak = max(st.total_bytes for st in stages)
+            memory[key] = (peak <= usable, peak, stages)
+        return memory[key]
+
+    def too_large(peak: float) -> str:
+        return (
+            f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
+            f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g}))"
+        )
 
     # Screening: each structure at its smallest micro-batch with the distributed optimizer, with the least
     # recompute that fits; a structure that fits with none of them is rejected whole, and only structures within
@@ -266,9 +279,7 @@ def plan(
             rejections.append(
                 Rejection(
                     layout_label(parallel, workload),
-                    f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
-                    f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g})) with {lightest_first[-1]} recompute "
-                    "at the smallest micro-batch",
+                    f"{too_large(peak)} with {lightest_first[-1]} recompute at the smallest micro-batch",
                     peak / GIB,
                 )
             )
@@ -314,14 +325,7 @@ def plan(
                     ok, peak, stages = fits(parallel, workload)
                     if not ok:
                         too_big = True
-                        rejections.append(
-                            Rejection(
-                                label,
-                                f"memory: {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
-                                f"({gpu.hbm_gib:.1f} GiB x (1 - margin {memory_margin:g}))",
-                                peak / GIB,
-                            )
-                        )
+                        rejections.append(Rejection(label, too_large(peak), peak / GIB))
                         continue
                     feasible.append((parallel, workload, stages))
                     any_fit = True
