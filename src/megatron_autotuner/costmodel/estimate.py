@@ -37,7 +37,6 @@ add recomputed forward work.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -46,9 +45,16 @@ from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload, num_microbatches, pipeline_layout_of, validate_layout
+from ..specs.parallel import (
+    ParallelConfig,
+    RecomputeConfig,
+    Workload,
+    num_microbatches,
+    pipeline_layout_of,
+    validate_layout,
+)
 from ..theory.comm import dp_step_volumes
-from ..theory.flops import full_recompute_layer_mask, iteration_flops
+from ..theory.flops import chunk_layer_kinds, iteration_flops
 from ..theory.memory import (
     GIB,
     ActivationOptions,
@@ -446,18 +452,15 @@ def stage_time(
     layout = pipeline_layout_of(model, parallel)
     v = layout.vpp
     layers = layout.rank_layers(stage)
-    full_mask = full_recompute_layer_mask(model, parallel, rc) if training else [False] * model.num_layers
+    per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc if training else RecomputeConfig())
     # one layer of each kind (MoE or dense, fully recomputed or not): fwd and bwd (+ recompute) parts
     kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
-    per_chunk_kinds: list[Counter] = []
-    for c in range(v):
-        kinds = Counter((model.is_moe_layer(i), full_mask[i]) for i in layout.chunk_layers(stage, c))
-        per_chunk_kinds.append(kinds)
-        for key in kinds:
+    for kinds in per_chunk_kinds:
+        for moe, full, _n, i in kinds:
+            key = (moe, full)
             if key in kind_cost:
                 continue
-            i = next(j for j in layers if (model.is_moe_layer(j), full_mask[j]) == key)
-            lctx = ctx if not key[1] else replace(ctx, full_recompute=True, recompute_modules=())
+            lctx = ctx if not full else replace(ctx, full_recompute=True, recompute_modules=())
             lc: LayerCost = layer_cost(model, i, lctx)
             if scale != 1.0:
                 lc = lc.scaled(scale)
@@ -477,8 +480,8 @@ def stage_time(
         chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
 
     for c, kinds in enumerate(per_chunk_kinds):
-        for key, count in kinds.items():
-            add(c, *kind_cost[key], count)
+        for moe, full, count, _layer in kinds:
+            add(c, *kind_cost[(moe, full)], count)
 
     h = model.hidden_size
     e = E_BF16

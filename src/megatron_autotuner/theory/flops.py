@@ -18,6 +18,7 @@ performance summary; NeMo 24.07 table).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
@@ -152,6 +153,28 @@ def full_recompute_layer_mask(model: ModelSpec, parallel: ParallelConfig, recomp
             for position, layer in enumerate(layout.chunk_layers(rank, chunk)):
                 mask[layer] = position < recompute.num_layers
     return mask
+
+
+def chunk_layer_kinds(
+    model: ModelSpec, parallel: ParallelConfig, stage: int, recompute: RecomputeConfig
+) -> tuple[tuple[tuple[bool, bool, int, int], ...], ...]:
+    """Per model chunk of rank `stage`: (MoE layer?, fully recomputed?, how many, one such layer's index) for each
+    kind of layer it holds. Time and memory are per kind, so the search's inner loops count kinds, not layers."""
+    return _chunk_layer_kinds(model, pipeline_layout_of(model, parallel), stage, recompute)
+
+
+@lru_cache(maxsize=65536)
+def _chunk_layer_kinds(model: ModelSpec, layout, stage: int, recompute: RecomputeConfig):
+    parallel = ParallelConfig(num_gpus=layout.pp, pp=layout.pp, pipeline_layout=layout, vpp=layout.vpp_or_none)
+    mask = full_recompute_layer_mask(model, parallel, recompute)
+    out = []
+    for chunk in range(layout.vpp):
+        kinds: dict[tuple[bool, bool], list[int]] = {}
+        for layer in layout.chunk_layers(stage, chunk):
+            entry = kinds.setdefault((model.is_moe_layer(layer), mask[layer]), [0, layer])
+            entry[0] += 1
+        out.append(tuple((moe, full, n, first) for (moe, full), (n, first) in kinds.items()))
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from functools import lru_cache
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload, num_microbatches, pipeline_layout_of
-from .flops import full_recompute_layer_mask
+from .flops import chunk_layer_kinds
 from .params import ParameterCounts, stage_layer_range, stage_parameters
 
 GIB = 2**30
@@ -515,23 +515,21 @@ def _stage_static(
         detail["pipeline_buffers"] = 2 * e * tokens * h / x * (parallel.pp > 1)
         return _StageStatic(counts, model_state, step, (), 0.0, detail, True)
 
-    full_mask = full_recompute_layer_mask(model, parallel, workload.recompute)
     layout = pipeline_layout_of(model, parallel)
-    by_kind: dict[bool, float] = {}
-    for i in layers:
-        if model.is_moe_layer(i) not in by_kind:
-            by_kind[model.is_moe_layer(i)] = layer_activation_bytes(model, parallel, workload, i, options)
-    layer_in = layer_input_bytes(model, parallel, workload, e)
     rc = workload.recompute
-
-    def kept(layer: int) -> float:
-        if not full_mask[layer]:
-            return by_kind[model.is_moe_layer(layer)]
-        # uniform: groups of rc.num_layers keep one input each; block: every recomputed layer keeps its input
-        return layer_in / rc.num_layers if rc.method == "uniform" else layer_in
-
+    per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc)
+    by_kind: dict[bool, float] = {}  # a whole layer's activations, MoE or dense
+    for kinds in per_chunk_kinds:
+        for moe, _full, _n, layer in kinds:
+            if moe not in by_kind:
+                by_kind[moe] = layer_activation_bytes(model, parallel, workload, layer, options)
+    layer_in = layer_input_bytes(model, parallel, workload, e)
+    # uniform: groups of rc.num_layers keep one input each; block: every recomputed layer keeps its input
+    checkpoint = layer_in / rc.num_layers if rc.method == "uniform" else layer_in
     # one micro-batch of each model chunk of this rank
-    stored = tuple(sum(kept(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp))
+    stored = tuple(
+        sum(n * (checkpoint if full else by_kind[moe]) for moe, full, n, _layer in kinds) for kinds in per_chunk_kinds
+    )
     transient = 0.0
     if rc.is_full and by_kind:
         # During backward one recomputed group is materialised in full, once.
