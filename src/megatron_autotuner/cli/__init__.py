@@ -23,6 +23,7 @@ from . import (
     trace_cmd,
     validate_cmd,
 )
+from .help_format import MatHelpFormatter, command_list
 
 COMMAND_MODULES = [
     models_cmd,
@@ -40,21 +41,35 @@ COMMAND_MODULES = [
 class OneLineErrorParser(argparse.ArgumentParser):
     """argparse's own errors (unknown option, bad int, missing value) as one line and exit code 2, like
     `AutotunerError`s: `mat estimate: error: argument --tp: invalid int value: 'x' (see mat estimate --help)`.
-    Subcommand parsers inherit the class."""
+    Subcommand parsers inherit the class, and with it `MatHelpFormatter` (defaults stated, epilogs as written)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", MatHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+DESCRIPTION = "megatron-autotuner: parallel layouts, operator testbench and TP-overlap tuning for Megatron-Core."
+
+EXAMPLES = """examples:
+  mat models
+  mat plan --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --seq-len 8192 --global-batch-size 64
+  mat trace summary tests/fixtures/traces/h200_te_layer_tp2_nccl_rank0.json.gz"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineErrorParser(
-        prog="mat",
-        description="megatron-autotuner: parallel layouts, operator testbench and TP-overlap tuning for Megatron-Core.",
-    )
+    parser = OneLineErrorParser(prog="mat", usage="mat [-h] [--version] COMMAND ...", epilog=EXAMPLES)
     parser.add_argument("--version", action="version", version=f"megatron-autotuner {__version__}")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # the command list is written into the description (nested commands included), not argparse's own listing
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
     for module in COMMAND_MODULES:
         module.register(subparsers)
+    parser.description = (
+        f"{DESCRIPTION}\n\ncommands (mat COMMAND [SUBCOMMAND] --help for options and examples):\n"
+        + command_list(parser)
+    )
     return parser
 
 
