@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="mat", usage="mat [-h] [--version] COMMAND ...", epilog=EXAMPLES)
     parser.add_argument("--version", action="version", version=f"megatron-autotuner {__version__}")
     # the command list is written into the description (nested commands included), not argparse's own listing
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", prog="mat", help=argparse.SUPPRESS)
     for module in COMMAND_MODULES:
         module.register(subparsers)
     parser.description = (

@@ -4,25 +4,32 @@ top-level help lists every command path (`trace memory`, `overlap analyze`, ...)
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
+
+_SAYS_DEFAULT = re.compile(r"\b(default|required)\b")
 
 
 class MatHelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and epilogs as written (examples keep one command per line); each option's help ends with
-    `(default: X)` when the option has a default and its help does not already say it. Flags that are off unless
-    given (store_true) and options whose default is None (nothing, or a rule the help describes) get no suffix."""
+    `(default: X)` when its help does not already say its default: X is the default value, or `none` for an
+    optional value left unset. Flags that are off unless given (store_true), required options and positionals
+    get no suffix."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
         default = action.default
         if (
-            default is None
-            or default is False
+            default is False
             or default is argparse.SUPPRESS
-            or "default" in text.lower()
+            or action.required
+            or _SAYS_DEFAULT.search(text.lower())
+            or action.nargs == 0
             or (not action.option_strings and action.nargs not in (argparse.OPTIONAL, argparse.ZERO_OR_MORE))
         ):
             return text
+        if default is None or default == []:
+            return f"{text} (default: none)"
         if isinstance(default, (list, tuple)):
             shown = " ".join(str(v) for v in default)
         else:

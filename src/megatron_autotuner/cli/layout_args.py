@@ -12,6 +12,7 @@ from ..specs.megatron_args import ImportedLaunch, launch_to_specs, read_launch_f
 from ..specs.model import ModelSpec
 from ..specs.parallel import FP8_RECIPES, PRECISIONS
 from ..specs.pipeline import PipelineLayout
+from .argtypes import non_empty_path, positive_int
 
 MEGATRON_ARGS_HELP = (
     "a Megatron-LM launch as you have it (- for stdin): flags on one or several lines, with trailing "
@@ -26,31 +27,47 @@ def add_model_arguments(parser: argparse.ArgumentParser, megatron_args: bool = T
         help="preset name (mat models), HF config.json path/folder, or HF id in the local cache"
         + ("; optional with --megatron-args" if megatron_args else ""),
     )
-    parser.add_argument("--num-layers", type=int, help="override the model's layer count (reduced models)")
+    parser.add_argument(
+        "--num-layers", type=positive_int, help="override the model's layer count (reduced models; default: the model's)"
+    )
     if megatron_args:
-        parser.add_argument("--megatron-args", metavar="FILE", help=MEGATRON_ARGS_HELP)
+        parser.add_argument("--megatron-args", metavar="FILE", type=non_empty_path, help=MEGATRON_ARGS_HELP)
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
     parser.add_argument("--gpu", required=required, help="GPU preset (mat hardware) or a name in --hardware-file")
-    parser.add_argument("--hardware-file", help="yaml with extra or overridden GPU definitions")
+    parser.add_argument(
+        "--hardware-file",
+        type=non_empty_path,
+        help="yaml with extra or overridden GPU definitions (default: the shipped presets only)",
+    )
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("layout (with --megatron-args: from the launch)")
-    g.add_argument("--num-gpus", type=int, help="GPUs of the job (with --megatron-args: default torchrun's world size)")
-    g.add_argument("--tp", type=int, default=None, help="tensor parallel size (default 1)")
-    g.add_argument("--pp", type=int, default=None, help="pipeline parallel size (default 1)")
-    g.add_argument("--vpp", type=int, default=None, help="virtual pipeline chunks per rank (interleaved 1F1B)")
+    g.add_argument(
+        "--num-gpus",
+        type=positive_int,
+        help="GPUs of the job (required without --megatron-args; with it, default torchrun's world size)",
+    )
+    g.add_argument("--tp", type=positive_int, default=None, help="tensor parallel size (default 1)")
+    g.add_argument("--pp", type=positive_int, default=None, help="pipeline parallel size (default 1)")
+    g.add_argument(
+        "--vpp",
+        type=positive_int,
+        default=None,
+        help="virtual pipeline chunks per rank (interleaved 1F1B; default: none, plain 1F1B)",
+    )
     g.add_argument(
         "--pipeline-layout",
         default=None,
         help="uneven pipeline: a Megatron layout string such as 'Et|(tt|)*30mL', or 'account' (embedding and loss "
-        "each take a layer's slot, as --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split)",
+        "each take a layer's slot, as --account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split; "
+        "default: layers split evenly)",
     )
-    g.add_argument("--cp", type=int, default=None, help="context parallel size (default 1)")
-    g.add_argument("--ep", type=int, default=None, help="expert parallel size (default 1)")
-    g.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: tp)")
+    g.add_argument("--cp", type=positive_int, default=None, help="context parallel size (default 1)")
+    g.add_argument("--ep", type=positive_int, default=None, help="expert parallel size (default 1)")
+    g.add_argument("--etp", type=positive_int, default=None, help="expert tensor parallel size (default: tp)")
     g.add_argument(
         "--sp",
         dest="sequence_parallel",
@@ -80,7 +97,7 @@ def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._Argumen
         action="store_true",
         default=None,
         help="bf16 main-grad buffer (accumulate and reduce gradients in bf16; Megatron-LM's flag of the same name): "
-        "2 bytes per parameter less, half the DP gradient traffic",
+        "2 bytes per parameter less, half the DP gradient traffic (default: fp32 main grads)",
     )
 
 
@@ -92,29 +109,35 @@ def add_precision_arguments(parser: argparse.ArgumentParser | argparse._Argument
         choices=list(FP8_RECIPES),
         default=None,
         help="with --precision fp8: delayed scaling, per-tensor current scaling (tensorwise, NVIDIA's FP8-CS) or "
-        "1x128 / 128x128 block scaling (blockwise, DeepSeek-V3 style)",
+        "1x128 / 128x128 block scaling (blockwise, DeepSeek-V3 style) (default: delayed)",
     )
     parser.add_argument(
         "--fp8-param-gather",
         action="store_true",
         default=None,
         help="with --precision fp8: keep TE linear weights in fp8 and all-gather them in fp8 (Megatron-LM's flag; "
-        "2 bytes per weight less, needs the distributed optimizer)",
+        "2 bytes per weight less, needs the distributed optimizer; default: off)",
     )
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("workload (with --megatron-args: from the launch)")
-    g.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (required without --megatron-args)")
-    g.add_argument("--micro-batch-size", type=int, default=None, help="sequences per micro-batch (default 1)")
-    g.add_argument("--global-batch-size", type=int, default=None, help="sequences per step (default: micro-batch x dp)")
+    g.add_argument(
+        "--seq-len", type=positive_int, default=None, help="tokens per sequence (required without --megatron-args)"
+    )
+    g.add_argument("--micro-batch-size", type=positive_int, default=None, help="sequences per micro-batch (default 1)")
+    g.add_argument(
+        "--global-batch-size", type=positive_int, default=None, help="sequences per step (default: micro-batch x dp)"
+    )
     g.add_argument(
         "--recompute", choices=["none", "selective", "full"], default=None, help="activation recompute (default none)"
     )
     g.add_argument(
         "--recompute-method", choices=["uniform", "block"], default=None, help="with --recompute full (default uniform)"
     )
-    g.add_argument("--recompute-num-layers", type=int, default=None, help="with --recompute full (default 1)")
+    g.add_argument(
+        "--recompute-num-layers", type=positive_int, default=None, help="with --recompute full (default 1)"
+    )
     g.add_argument(
         "--recompute-modules", nargs="+", default=None, help="with --recompute selective (default core_attn)"
     )
@@ -140,7 +163,12 @@ def add_mode_arguments(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         default="train",
         help="train (fwd+bwd+optimizer) or forward (RLHF reference / old-log-prob passes)",
     )
-    g.add_argument("--max-token-len", type=int, default=None, help="verl dynamic batching: tokens per micro-batch")
+    g.add_argument(
+        "--max-token-len",
+        type=positive_int,
+        default=None,
+        help="verl dynamic batching: tokens per micro-batch (default: none, fixed micro-batches)",
+    )
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
