@@ -6,6 +6,7 @@ import argparse
 
 from ..costmodel import CostOptions, estimate, load_calibration
 from ..errors import ConfigError
+from .argtypes import margin_fraction, non_empty_path
 from .layout_args import (
     add_gpu_arguments,
     add_layout_arguments,
@@ -27,8 +28,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  mat estimate --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --tp 2 --seq-len 8192 "
         "--global-batch-size 64\n"
-        "  mat estimate --megatron-args my_launch.sh --gpu H100-SXM   # flags, or a whole torchrun command",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "  mat estimate --model Qwen3-30B-A3B --gpu H200 --num-gpus 16 --ep 8 --seq-len 4096 --recompute selective "
+        "--json\n"
+        "  mat estimate --megatron-args tests/fixtures/launches/llama31_405b_h100_1024gpu_fp8cs.sh --gpu H100-SXM"
+        "   # flags, or a whole torchrun command",
     )
     add_model_arguments(p)
     add_gpu_arguments(p, required=True)
@@ -41,8 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cost model")
-    g.add_argument("--calibration", help="calibration JSON from the testbench (mat profile ... / calibration)")
-    g.add_argument("--memory-margin", type=float, default=0.0, help="fraction of HBM kept free when judging fit")
+    g.add_argument(
+        "--calibration",
+        type=non_empty_path,
+        help="calibration JSON from the testbench (mat profile --calibration-out; default: the built-in default efficiencies)",
+    )
+    g.add_argument(
+        "--memory-margin", type=margin_fraction, default=0.0, help="fraction of HBM kept free when judging fit, in [0, 1)"
+    )
     add_expandable_segments_argument(g)
     g.add_argument(
         "--tp-comm-overlap",
