@@ -11,6 +11,7 @@ from ..report import output_dir_for, write_plan_report
 from ..search import plan
 from ..search.current import CurrentRun, compare_with_best
 from ..validate.command import add_stand_in_argument
+from .argtypes import margin_fraction, non_empty_path, positive_int
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
 from .layout_args import (
     add_flops_convention_argument,
@@ -35,36 +36,61 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the flags to change.",
         epilog="examples:\n"
         "  mat plan --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --seq-len 8192 --global-batch-size 64\n"
-        "  mat plan --megatron-args my_launch.sh --gpu H100-SXM   # your run vs the best, and the flags to change",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "  mat plan --model Qwen3-30B-A3B --gpu H200 --num-gpus 16 --seq-len 4096 --global-batch-size 256 --top 3 "
+        "--no-chart\n"
+        "  mat plan --megatron-args tests/fixtures/launches/llama31_405b_h100_1024gpu_fp8cs.sh --gpu H100-SXM"
+        "   # your run vs the best, and the flags to change",
     )
     add_model_arguments(p)
     add_gpu_arguments(p, required=True)
-    p.add_argument("--num-gpus", type=int, help="GPUs to plan for (with --megatron-args: default the launch's)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (with --megatron-args: the launch's)")
-    p.add_argument("--global-batch-size", type=int, help="sequences per step (with --megatron-args: the launch's)")
+    p.add_argument(
+        "--num-gpus",
+        type=positive_int,
+        help="GPUs to plan for (required without --megatron-args; with it, default the launch's world size)",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=positive_int,
+        help="tokens per sequence (required without --megatron-args; with it, taken from the launch)",
+    )
+    p.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        help="sequences per optimizer step (required without --megatron-args; with it, taken from the launch)",
+    )
     add_mode_arguments(p)
     add_precision_arguments(p)
     add_flops_convention_argument(p)
-    p.add_argument("--memory-margin", type=float, default=0.05, help="fraction of HBM kept free (default 0.05)")
+    p.add_argument(
+        "--memory-margin", type=margin_fraction, default=0.05, help="fraction of HBM kept free, in [0, 1) (default 0.05)"
+    )
     add_expandable_segments_argument(p)
     add_grad_reduce_argument(p)
-    p.add_argument("--calibration", help="calibration JSON from the testbench")
+    p.add_argument(
+        "--calibration",
+        type=non_empty_path,
+        help="calibration JSON from the testbench (mat profile --calibration-out; default: the built-in "
+        "default efficiencies)",
+    )
     p.add_argument(
         "--tp-comm-overlap-cfg",
         metavar="YAML",
-        help="a tuned TE userbuffers yaml (mat overlap writes one) to export with TP-overlap layouts instead of TE's "
-        "defaults",
+        type=non_empty_path,
+        help="a tuned TE userbuffers yaml (mat overlap writes one) to export with TP-overlap layouts (default: TE's "
+        "own userbuffers settings)",
     )
-    p.add_argument("--top", type=int, default=5, help="layouts to show and export (default 5)")
-    p.add_argument("--output-dir", help="report directory (default outputs/<UTC timestamp>-plan/)")
+    p.add_argument("--top", type=positive_int, default=5, help="layouts to show and export (default 5)")
+    p.add_argument(
+        "--output-dir", type=non_empty_path, help="report directory (default outputs/<UTC timestamp>-plan/)"
+    )
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     p.add_argument(
         "--validate",
-        type=int,
+        type=positive_int,
         default=None,
         metavar="K",
-        help="run short real megatron-core runs of the top K (needs GPUs and the validate package)",
+        help="run short real megatron-core runs of the top K (needs GPUs and the validate package; default: none, "
+        "predict only)",
     )
     p.add_argument(
         "--measure-host-floor",
