@@ -5,12 +5,25 @@ from __future__ import annotations
 import argparse
 
 from ..specs import GPU_PRESETS, load_gpu_specs_yaml
+from .argtypes import non_empty_path
 from .output import console, make_table, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("hardware", help="list GPU presets")
-    p.add_argument("--hardware-file", help="yaml with extra or overridden GPU definitions")
+    p = subparsers.add_parser(
+        "hardware",
+        help="list GPU presets",
+        description="The GPU presets (dense peak TFLOP/s, HBM size and bandwidth, NVLink and scale-out bandwidth), "
+        "with those a --hardware-file adds or overrides.",
+        epilog="examples:\n"
+        "  mat hardware\n"
+        "  mat hardware --json",
+    )
+    p.add_argument(
+        "--hardware-file",
+        type=non_empty_path,
+        help="yaml with extra or overridden GPU definitions (default: the shipped presets only)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 

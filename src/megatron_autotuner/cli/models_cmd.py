@@ -9,7 +9,15 @@ from .output import console, make_table, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("models", help="list shipped model presets")
+    p = subparsers.add_parser(
+        "models",
+        help="list shipped model presets",
+        description="The shipped model presets (any --model also takes an HF config.json or a cached HF id): "
+        "layers, hidden size, heads, experts, vocabulary, total and active parameters.",
+        epilog="examples:\n"
+        "  mat models\n"
+        "  mat models --json",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)
 
