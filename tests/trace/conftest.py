@@ -13,7 +13,10 @@ def mat(monkeypatch, capsys):
         monkeypatch.setattr(cli, "COMMAND_MODULES", [*cli.COMMAND_MODULES, trace_cmd])
 
     def run(*argv: str):
-        code = cli.main([str(a) for a in argv])
+        try:
+            code = cli.main([str(a) for a in argv])
+        except SystemExit as exc:  # argparse's own errors (a bad number, a malformed R=US): exit code 2
+            code = exc.code
         out, err = capsys.readouterr()
         return code, out, err
 

@@ -6,14 +6,24 @@ import argparse
 
 from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
+from .argtypes import non_empty_path, non_negative_int, positive_int, rank_offset
 from .output import console, make_table, print_json
+
+# the shipped traces the help's examples read (paths from the repository root)
+TRACES = "tests/fixtures/traces/"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "trace",
         help="analyse torch-profiler (Kineto) traces: summary, overlap, merge",
-        description="Analyse torch-profiler (Kineto) traces (.json or .json.gz) without torch.",
+        description="Analyse torch-profiler (Kineto) traces (.json or .json.gz) without torch: time per kernel "
+        "category, comm/compute overlap, rank merge for Perfetto, and CUDA allocator histories.",
+        epilog="examples:\n"
+        f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz\n"
+        f"  mat trace overlap {TRACES}h200_te_layer_tp2_userbuffers_rank0.json.gz --range _LayerNormLinear\n"
+        f"  mat trace merge {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz "
+        "-o merged.json.gz",
     )
     sub = p.add_subparsers(dest="trace_command", metavar="SUBCOMMAND")
     p.set_defaults(func=_no_subcommand, _trace_parser=p)
@@ -22,10 +32,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "summary",
         help="time per category and stream, top kernels, comm/compute overlap",
         description="Time per kernel category and stream, top kernels and comm/compute overlap of each trace.",
+        epilog="examples:\n"
+        f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz\n"
+        f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz "
+        "--top 5\n"
+        f"  mat trace summary {TRACES}h200_te_layer_tp1_rank0.json.gz --json",
     )
-    s.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace (.json or .json.gz)")
-    s.add_argument("--top", type=int, default=15, help="number of kernels to list (default 15)")
-    s.add_argument("--rules", metavar="YAML", help="extra classification rules, tried before the built-in ones")
+    s.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace (.json or .json.gz), one or more")
+    s.add_argument("--top", type=positive_int, default=15, help="number of kernels to list (default 15)")
+    s.add_argument(
+        "--rules",
+        metavar="YAML",
+        type=non_empty_path,
+        help="extra classification rules, tried before the built-in ones (default: the built-in rules only)",
+    )
     s.add_argument("--json", action="store_true", help="print JSON instead of tables")
     s.set_defaults(func=run_summary)
 
@@ -36,9 +56,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "Overlap of communication (NCCL, userbuffers, symm-mem, peer copies) with computation. "
             "overlap_ratio = overlap / min(comm, compute); exposed comm = comm not covered by compute."
         ),
+        epilog="examples:\n"
+        f"  mat trace overlap {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz\n"
+        f"  mat trace overlap {TRACES}h200_te_layer_tp2_userbuffers_rank0.json.gz --range _LayerNormLinear --json\n"
+        f"  mat trace overlap {TRACES}h200_te_layer_tp2_userbuffers_rank0.json.gz --range LayerNorm --match contains",
     )
     o.add_argument("trace", metavar="TRACE", help="Kineto trace (.json or .json.gz)")
-    o.add_argument("--range", dest="range_name", metavar="NAME", help="restrict to a record_function / NVTX range")
+    o.add_argument(
+        "--range",
+        dest="range_name",
+        metavar="NAME",
+        help="restrict to a record_function / NVTX range (default: none, the whole trace)",
+    )
     o.add_argument("--match", choices=("exact", "contains", "regex"), default="exact", help="how --range matches names")
     o.add_argument(
         "--source",
@@ -46,7 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="auto",
         help="range kind: cpu (cpu_op/user_annotation, via correlation ids), gpu (gpu_user_annotation), auto",
     )
-    o.add_argument("--rules", metavar="YAML", help="extra classification rules, tried before the built-in ones")
+    o.add_argument(
+        "--rules",
+        metavar="YAML",
+        type=non_empty_path,
+        help="extra classification rules, tried before the built-in ones (default: the built-in rules only)",
+    )
     o.add_argument("--json", action="store_true", help="print JSON instead of a table")
     o.set_defaults(func=run_overlap)
 
@@ -54,15 +88,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "merge",
         help="merge rank traces into one Perfetto / chrome://tracing file",
         description="Merge N rank traces into one file, one process per rank ('rank R'), timestamps aligned.",
+        epilog="examples:\n"
+        f"  mat trace merge {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz "
+        "-o merged.json.gz\n"
+        f"  mat trace merge {TRACES}h200_te_layer_tp2_userbuffers_rank0.json.gz "
+        f"{TRACES}h200_te_layer_tp2_userbuffers_rank1.json.gz -o merged_ub.json --offset-us 1=-2.5 --json",
     )
     m.add_argument("traces", nargs="+", metavar="TRACE", help="rank traces (.json or .json.gz)")
-    m.add_argument("-o", "--output", required=True, metavar="OUT", help="output file (.json or .json.gz)")
+    m.add_argument(
+        "-o", "--output", required=True, metavar="OUT", type=non_empty_path, help="output file (.json or .json.gz)"
+    )
     m.add_argument(
         "--offset-us",
         action="append",
         default=[],
         metavar="R=US",
-        help="shift rank R by US microseconds (repeatable), on top of the baseTimeNanoseconds alignment",
+        type=rank_offset,
+        help="shift rank R (>= 0) by US microseconds (repeatable; negative moves it earlier), on top of the "
+        "baseTimeNanoseconds alignment (default: no shift)",
     )
     m.add_argument("--json", action="store_true", help="print what was merged as JSON")
     m.set_defaults(func=run_merge)
@@ -75,10 +118,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "_record_memory_history; `mat validate --memory-history` writes one per rank): peak held and reserved "
             "bytes, and the requests that grew the reservation while enough reserved memory was free but in pieces."
         ),
+        epilog="examples:\n"
+        "  mat trace memory benchmarks/results/validation_h200_x1/stand_in_memory/memory/rank_1.pickle.gz\n"
+        "  mat trace memory benchmarks/results/validation_h200_x1/stand_in_memory/memory/rank_1.pickle.gz "
+        "--top 3 --json\n"
+        "  mat trace memory benchmarks/results/validation_h200_x1/stand_in_memory/memory/rank_1.pickle.gz "
+        "--device 0",
     )
     h.add_argument("snapshot", metavar="SNAPSHOT", help="memory snapshot pickle (.pickle or .pickle.gz)")
-    h.add_argument("--device", type=int, default=None, help="CUDA device index (default: the one with most events)")
-    h.add_argument("--top", type=int, default=10, help="growths and allocations to list (default 10)")
+    h.add_argument(
+        "--device", type=non_negative_int, default=None, help="CUDA device index (default: the one with most events)"
+    )
+    h.add_argument("--top", type=positive_int, default=10, help="growths and allocations to list (default 10)")
     h.add_argument("--json", action="store_true", help="print JSON instead of tables")
     h.set_defaults(func=run_memory)
 
