@@ -38,7 +38,6 @@ fwd+bwd, then fwd.
 
 from __future__ import annotations
 
-import json
 import math
 from bisect import bisect_left
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AutotunerError, ConfigError
+from ..files import DATA_LIMIT_BYTES, read_json_bounded
 from ..specs.hardware import GPUSpec, get_gpu_spec
 from ..specs.parallel import FP8_RECIPES, PRECISIONS
 from ..theory.memory import MemoryAllowance
@@ -478,12 +478,10 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
 def load_calibration(path: str | Path) -> Calibration:
     """Read and validate a calibration JSON file (one-line `ConfigError` on any problem)."""
     p = Path(path)
+    data = read_json_bounded(p, "calibration", DATA_LIMIT_BYTES)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(p), f"is not valid JSON: {exc.msg} (line {exc.lineno})") from exc
-    return calibration_from_dict(data, source=str(p))
+        return calibration_from_dict(data, source=str(p))
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError("calibration", f"{p}: malformed calibration ({' '.join(str(exc).split())})") from exc

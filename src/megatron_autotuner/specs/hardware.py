@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError, SpecNotFoundError
+from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
 
 MIB = 2**20
 GIB = 2**30
@@ -101,9 +102,11 @@ _GPU_ALIASES = {
 
 def _gpu_from_mapping(data: dict[str, Any], source: str) -> GPUSpec:
     base_name = data.get("base")
+    if base_name is not None and not isinstance(base_name, str):
+        raise ConfigError(f"{source}: base", f"must be the name of a GPU preset, got {base_name!r}")
     base = get_gpu_spec(base_name).to_dict() if base_name else {}
     fields = {f.name for f in dataclasses.fields(GPUSpec)}
-    unknown = sorted(set(data) - fields - {"base"})
+    unknown = sorted(str(k) for k in set(data) - fields - {"base"})
     if unknown:
         raise ConfigError(f"{source}: {unknown[0]}", f"is not a GPU field (allowed: base, {', '.join(sorted(fields))})")
     merged = {**base, **{k: v for k, v in data.items() if k != "base"}}
@@ -112,17 +115,18 @@ def _gpu_from_mapping(data: dict[str, Any], source: str) -> GPUSpec:
         raise ConfigError(f"{source}: {missing[0]}", "is required (or name a preset in 'base' to inherit from)")
     try:
         return GPUSpec(**merged)
-    except TypeError as exc:
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(source, f"bad GPU entry: {exc}") from exc
 
 
 def load_gpu_specs_yaml(path: str | Path) -> dict[str, GPUSpec]:
     """Read user GPU definitions: a yaml mapping name -> fields (optionally `base: <preset>`)."""
     p = Path(path)
+    text = read_text_bounded(p, "hardware_file", CONFIG_LIMIT_BYTES)
     try:
-        data = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(str(p), f"is not valid yaml: {str(exc).splitlines()[0]}") from exc
     if not isinstance(data, dict) or not data:

@@ -7,12 +7,12 @@ Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mix
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
 from .model import ModelSpec
 
 _ACTIVATION_BY_HF_NAME = {
@@ -40,9 +40,17 @@ def _activation(cfg: dict[str, Any], key: str = "hidden_act") -> str:
     return _ACTIVATION_BY_HF_NAME[name]
 
 
+def _require_positive_int(cfg: dict[str, Any], key: str, model_type: str) -> int:
+    """A field other fields are divided by: a positive integer, else a `ConfigError` naming it."""
+    value = _require(cfg, key, model_type)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(key, f"must be a positive integer in the {model_type} config.json, got {value!r}")
+    return value
+
+
 def _llama_like(cfg: dict[str, Any], name: str, model_type: str, **extra: Any) -> ModelSpec:
-    heads = _require(cfg, "num_attention_heads", model_type)
-    hidden = _require(cfg, "hidden_size", model_type)
+    heads = _require_positive_int(cfg, "num_attention_heads", model_type)
+    hidden = _require_positive_int(cfg, "hidden_size", model_type)
     fields: dict[str, Any] = dict(
         name=name,
         hidden_size=hidden,
@@ -178,8 +186,8 @@ def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
 
 def _nemotron(cfg: dict[str, Any], name: str) -> ModelSpec:
     # Nemotron-4 / Minitron: squared-ReLU, non-gated MLP, LayerNorm (1p), no biases, partial RoPE.
-    heads = _require(cfg, "num_attention_heads", "nemotron")
-    hidden = _require(cfg, "hidden_size", "nemotron")
+    heads = _require_positive_int(cfg, "num_attention_heads", "nemotron")
+    hidden = _require_positive_int(cfg, "hidden_size", "nemotron")
     return ModelSpec(
         name=name,
         hidden_size=hidden,
@@ -227,20 +235,16 @@ def model_spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> M
         name = cfg.get("_name_or_path") or model_type
     try:
         return HF_CONVERTERS[model_type](cfg, name)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError("config.json", f"malformed {model_type} config: {exc}") from exc
 
 
-def read_json_file(path: Path) -> dict[str, Any]:
-    """Read a JSON object from `path`, turning any failure into a one-line `ConfigError`."""
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot be read: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(path), f"is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from exc
+def read_json_file(path: Path, field: str = "model") -> dict[str, Any]:
+    """Read a JSON object from `path` (at most a few MiB, UTF-8), turning any failure into a one-line
+    `ConfigError` naming `field` and the file."""
+    data = read_json_bounded(path, field, CONFIG_LIMIT_BYTES)
     if not isinstance(data, dict):
-        raise ConfigError(str(path), "must hold a JSON object")
+        raise ConfigError(field, f"{path} must hold a JSON object")
     return data

@@ -10,7 +10,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from ..errors import SpecNotFoundError
+from ..errors import ConfigError, SpecNotFoundError
 from .hf import model_spec_from_hf_config, read_json_file
 from .model import ModelSpec
 
@@ -67,8 +67,14 @@ def load_model_spec_file(path: str | Path) -> ModelSpec:
         p = p / "config.json"
     data = read_json_file(p)
     if "model_type" in data:
-        return model_spec_from_hf_config(data, name=data.get("_name_or_path") or p.parent.name or p.stem)
-    return ModelSpec.from_dict(data)
+        name = data.get("_name_or_path") or p.parent.name or p.stem
+        return model_spec_from_hf_config(data, name=str(name))
+    try:
+        return ModelSpec.from_dict(data)
+    except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError("model", f"{p}: malformed ModelSpec JSON ({' '.join(str(exc).split())})") from exc
 
 
 def load_model_spec(name_or_path: str) -> ModelSpec:

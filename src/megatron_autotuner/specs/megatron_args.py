@@ -791,17 +791,13 @@ def launch_to_specs(
 
 
 def read_launch_file(path: str) -> Launch:
-    """`read_launch` of a file (`-`: standard input), with one-line errors for unreadable input."""
-    import sys
+    """`read_launch` of a file (`-`: standard input), with one-line errors for unreadable, non-UTF-8 or
+    oversized input."""
+    from ..files import CONFIG_LIMIT_BYTES, read_stdin_bounded, read_text_bounded
 
     if path == "-":
-        return read_launch(sys.stdin.read())
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read(1 << 20)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("megatron_args", f"cannot read {path}: {exc}") from exc
-    return read_launch(text)
+        return read_launch(read_stdin_bounded("megatron_args", CONFIG_LIMIT_BYTES))
+    return read_launch(read_text_bounded(path, "megatron_args", CONFIG_LIMIT_BYTES))
 
 
 # ---------------------------------------------------------------------------------------------------------------

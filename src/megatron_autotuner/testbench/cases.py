@@ -226,19 +226,23 @@ def load_case_file(path: str | Path) -> list[Case]:
     p = Path(path)
     if p.suffix != ".json":
         raise ConfigError(str(p), "a case file must be JSON (a list of case objects)")
-    try:
-        data: Any = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(p), f"is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
+
+    data: Any = read_json_bounded(p, "case_file", CONFIG_LIMIT_BYTES)
     if isinstance(data, dict):
         data = data.get("cases")
     if not isinstance(data, list) or not all(isinstance(c, dict) for c in data):
         raise ConfigError(str(p), "must hold a list of case objects (or {'cases': [...]})")
-    cases = [Case.from_dict(c) for c in data]
-    for c in cases:
-        check_case(c)
+    cases = []
+    for i, raw in enumerate(data):
+        try:
+            case = Case.from_dict(raw)
+            check_case(case)
+        except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"cases[{i}]", f"{p}: malformed case ({' '.join(str(exc).split())})") from exc
+        cases.append(case)
     return cases
 
 

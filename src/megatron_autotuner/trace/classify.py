@@ -264,11 +264,11 @@ def load_rules(path: str | PathLike[str]) -> tuple[Rule, ...]:
     """Read user rules from yaml: a list of `{pattern, category, library?, reason?, collective?, context?}`."""
     import yaml
 
+    from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
+
+    text = read_text_bounded(path, "rules", CONFIG_LIMIT_BYTES)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise ConfigError("rules", f"cannot read {path}: {exc.strerror or exc}") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError("rules", f"{path} is not valid yaml: {' '.join(str(exc).split())}") from None
     if isinstance(data, dict) and "rules" in data:
@@ -282,6 +282,9 @@ def load_rules(path: str | PathLike[str]) -> tuple[Rule, ...]:
         unknown = set(item) - {"pattern", "category", "library", "reason", "collective", "context", "ignore_case"}
         if unknown:
             raise ConfigError(f"rules[{i}]", f"{path}: unknown keys {sorted(unknown)}")
+        for key in ("library", "collective", "context"):
+            if item.get(key) is not None and not isinstance(item[key], str):
+                raise ConfigError(f"rules[{i}].{key}", f"{path}: must be a string, got {item[key]!r}")
         rules.append(
             Rule(
                 pattern=str(item["pattern"]),

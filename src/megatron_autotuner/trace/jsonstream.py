@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from os import PathLike
 from typing import Any
 
+from ..files import open_input
 from .errors import TraceError
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -54,14 +55,12 @@ class TraceReader:
         self._eof = False
         self._state = "start"  # start -> header -> events -> done
         self._bare_array = False
-        try:
-            raw = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        except OSError as exc:
-            raise TraceError(self.path, f"cannot open: {exc.strerror or exc}") from None
+        # no size bound (traces run to GiBs, read in chunks); a directory, a device or a FIFO without a
+        # writer is refused or reads as empty instead of blocking
+        raw, _ = open_input(self.path, "trace", error=lambda problem: TraceError(self.path, f"cannot open: {problem}"))
         self._raw = raw
         try:
-            gz = raw.read(2) == _GZIP_MAGIC
-            raw.seek(0)
+            gz = raw.peek(2)[:2] == _GZIP_MAGIC  # type: ignore[attr-defined]  # a BufferedReader: no seek (pipes)
         except OSError as exc:
             raw.close()
             raise TraceError(self.path, f"cannot read: {exc}") from None

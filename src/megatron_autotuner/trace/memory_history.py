@@ -24,11 +24,13 @@ import gzip
 import heapq
 import io
 import pickle
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import SNAPSHOT_LIMIT_BYTES, read_bytes_bounded
 from .errors import TraceError
 
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")
@@ -54,16 +56,22 @@ class _PlainUnpickler(pickle.Unpickler):
 def load_snapshot(path: str | Path) -> dict[str, Any]:
     """Read a `torch.cuda.memory._snapshot()` pickle (`.pickle` or `.pickle.gz`)."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise TraceError(p, f"cannot be read ({exc.strerror or exc})") from exc
+    raw = read_bytes_bounded(
+        p, "snapshot", SNAPSHOT_LIMIT_BYTES, error=lambda problem: TraceError(p, f"cannot be read ({problem})")
+    )
     if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except EOFError:
+            raise TraceError(p, "truncated gzip stream (compressed file ended before its end marker)") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise TraceError(p, f"corrupt gzip data ({exc})") from None
     try:
         data = _PlainUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:
         raise TraceError(p, f"not a torch memory snapshot pickle ({exc})") from exc
+    except (RecursionError, MemoryError) as exc:
+        raise TraceError(p, f"not a torch memory snapshot pickle ({type(exc).__name__})") from None
     if not isinstance(data, dict) or "device_traces" not in data:
         raise TraceError(p, "not a torch memory snapshot (no 'device_traces'; record with _record_memory_history)")
     return data
@@ -200,7 +208,18 @@ def _deltas(event: dict[str, Any], live: dict[Any, int]) -> tuple[int, int]:
 
 
 def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int = 10) -> MemoryHistory:
-    """Replay `snapshot["device_traces"][device]` (default: the device with the most events)."""
+    """Replay `snapshot["device_traces"][device]` (default: the device with the most events). A snapshot whose
+    entries have the wrong shape (not what torch writes) is a one-line `TraceError`."""
+    try:
+        return _replay_history(snapshot, device, top)
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        if isinstance(exc, (ConfigError, TraceError)):
+            raise
+        problem = " ".join(str(exc).split())[:200]
+        raise TraceError("memory snapshot", f"malformed allocator history ({type(exc).__name__}: {problem})") from None
+
+
+def _replay_history(snapshot: dict[str, Any], device: int | None, top: int) -> MemoryHistory:
     traces = snapshot.get("device_traces") or []
     if not traces or not any(traces):
         raise TraceError("memory snapshot", "has no allocator history: record it with _record_memory_history()")

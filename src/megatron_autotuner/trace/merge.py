@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
+from ..files import check_output_file, refuse_overwriting_inputs
 from .errors import TraceError
 from .jsonstream import TraceReader
 from .model import GPU_EVENT_KINDS, GPU_RANGE_KIND, metadata_from_top_level
@@ -224,6 +225,8 @@ def merge_traces(
     """Merge rank traces into `out` (gzip when it ends in `.gz`); see the module docstring."""
     if not paths:
         raise ConfigError("paths", "give at least one trace to merge")
+    check_output_file(out, "output")
+    refuse_overwriting_inputs(out, paths, "output")
     inputs = _prepare(paths)
     offsets = dict(offsets_us or {})
     unknown = sorted(set(offsets) - {i.rank for i in inputs})

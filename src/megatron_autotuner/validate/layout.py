@@ -270,20 +270,27 @@ def load_layouts_file(path: str | Path) -> tuple[list[Layout], dict[str, Any]]:
 
     Returns the layouts and the file's other top-level keys (e.g. "gpu").
     """
+    from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
+
     p = Path(path)
-    try:
-        data: Any = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(str(p), f"cannot be read: {exc.strerror or exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ConfigError(str(p), f"is not valid JSON (line {exc.lineno}: {exc.msg})") from exc
+    data: Any = read_json_bounded(p, "layouts", CONFIG_LIMIT_BYTES)
     extra: dict[str, Any] = {}
-    defaults: dict[str, Any] = {}
+    defaults: Any = {}
     if isinstance(data, dict):
         extra = {k: v for k, v in data.items() if k not in ("layouts", "defaults")}
         defaults = data.get("defaults") or {}
         data = data.get("layouts")
+    if not isinstance(defaults, dict):
+        raise ConfigError("layouts", f"{p}: 'defaults' must be an object of layout fields")
     if not isinstance(data, list) or not all(isinstance(x, dict) for x in data):
         raise ConfigError(str(p), "must hold a list of layout objects (or {'defaults': {...}, 'layouts': [...]})")
     data = [x["layout"] if isinstance(x.get("layout"), dict) else x for x in data]
-    return [Layout.from_dict({**defaults, **x}) for x in data], extra
+    layouts = []
+    for i, x in enumerate(data):
+        try:
+            layouts.append(Layout.from_dict({**defaults, **x}))
+        except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"layouts[{i}]", f"{p}: malformed layout ({' '.join(str(exc).split())})") from exc
+    return layouts, extra

@@ -1,0 +1,247 @@
+"""Reading the files a user names and checking where outputs go, with one-line errors.
+
+Every user-given input file (model config, hardware yaml, calibration, layouts, case file, launch file,
+classification rules, result records, traces, memory snapshots) is opened through `open_input`, which
+refuses directories and devices, never blocks on a FIFO without a writer, and reads at most
+`limit_bytes + 1` bytes (so `/dev/zero` or `<(yes)` cannot fill memory). `read_text_bounded` also
+turns bytes that are not UTF-8 into one line naming the file and the offset.
+
+Every command that writes files checks its output directory with `check_output_dir` before any long
+work (a search, a sweep) and creates it with `ensure_output_dir`; `check_output_file` does the same for a
+single output file, and `refuse_overwriting_inputs` stops an output that is one of the inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterable
+from os import PathLike
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import AutotunerError, ConfigError
+
+MIB = 1 << 20
+CONFIG_LIMIT_BYTES = 4 * MIB
+"""A config, hardware, launch, layouts, case or rules file: a few KiB in practice."""
+DATA_LIMIT_BYTES = 64 * MIB
+"""A calibration file or a JSON-lines record file written by a sweep."""
+SNAPSHOT_LIMIT_BYTES = 4 << 30
+"""A CUDA allocator snapshot pickle (can be hundreds of MiB compressed)."""
+
+ErrorFactory = Callable[[str], AutotunerError]
+
+
+def _size_text(n: int) -> str:
+    return f"{n / MIB:g} MiB" if n >= MIB else f"{n} bytes"
+
+
+def os_problem(exc: OSError) -> str:
+    """What an `OSError` means for a file the user named, without the path (the caller names it)."""
+    if isinstance(exc, FileNotFoundError):
+        return "no such file"
+    if isinstance(exc, IsADirectoryError):
+        return "is a directory, not a file"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    return str(exc.strerror or exc)
+
+
+def _default_error(path: str | PathLike[str], field: str) -> ErrorFactory:
+    return lambda problem: ConfigError(field, f"cannot read {path}: {problem}")
+
+
+def open_input(
+    path: str | PathLike[str], field: str = "path", *, error: ErrorFactory | None = None
+) -> tuple[IO[bytes], int | None]:
+    """Open a user's input file for binary reading: (file, size in bytes or None for a pipe).
+
+    Refuses a directory, a device or a socket; a FIFO is opened without waiting for a writer (no writer:
+    it reads as empty). Problems raise `error(problem)` (default: `ConfigError(field, "cannot read PATH: ...")`).
+    """
+    err = error or _default_error(path, field)
+    if str(path) == "":
+        raise err("the path is empty")
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except (OSError, ValueError) as exc:
+        raise err(os_problem(exc) if isinstance(exc, OSError) else str(exc)) from None
+    try:
+        st = os.fstat(fd)
+        mode = st.st_mode
+        if stat.S_ISDIR(mode):
+            raise err("is a directory, not a file")
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            kind = "a character device" if stat.S_ISCHR(mode) else "a device or socket"
+            raise err(f"is {kind}, not a regular file")
+        if stat.S_ISFIFO(mode) and hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # a writer that is there is waited for; none: end of file at once
+        f = os.fdopen(fd, "rb")
+    except OSError as exc:
+        os.close(fd)
+        raise err(os_problem(exc)) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return f, (st.st_size if stat.S_ISREG(st.st_mode) else None)
+
+
+def read_bytes_bounded(
+    path: str | PathLike[str],
+    field: str = "path",
+    limit_bytes: int = CONFIG_LIMIT_BYTES,
+    *,
+    error: ErrorFactory | None = None,
+) -> bytes:
+    """The bytes of a user's file, at most `limit_bytes` (a longer file is refused; at most limit+1 bytes are
+    read, so /dev/zero-like inputs stop). One-line errors through `error` as in `open_input`."""
+    err = error or _default_error(path, field)
+    too_big = f"is larger than {_size_text(limit_bytes)}, the limit for this input (is it the file you meant?)"
+    f, size = open_input(path, field, error=err)
+    with f:
+        if size is not None and size > limit_bytes:
+            raise err(too_big)
+        try:
+            data = f.read(limit_bytes + 1)
+        except OSError as exc:
+            raise err(os_problem(exc)) from None
+    if len(data) > limit_bytes:
+        raise err(too_big)
+    return data
+
+
+def decode_utf8(data: bytes, error: ErrorFactory) -> str:
+    """`data` as UTF-8 text (a leading BOM dropped), or `error("is not UTF-8 text (...)")`."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start : exc.start + 1].hex()
+        raise error(f"is not UTF-8 text ({exc.reason}: byte 0x{bad} at offset {exc.start})") from None
+
+
+def read_text_bounded(
+    path: str | PathLike[str],
+    field: str = "path",
+    limit_bytes: int = CONFIG_LIMIT_BYTES,
+    *,
+    error: ErrorFactory | None = None,
+) -> str:
+    """The UTF-8 text of a user's file (see `read_bytes_bounded`); bytes that are not UTF-8 are a one-line error."""
+    err = error or _default_error(path, field)
+    return decode_utf8(read_bytes_bounded(path, field, limit_bytes, error=err), err)
+
+
+def read_json_bounded(
+    path: str | PathLike[str],
+    field: str = "path",
+    limit_bytes: int = CONFIG_LIMIT_BYTES,
+    *,
+    error: ErrorFactory | None = None,
+) -> Any:
+    """The JSON document of a user's file; invalid JSON is `ConfigError(field, "PATH is not valid JSON (...)")`."""
+    import json
+
+    text = read_text_bounded(path, field, limit_bytes, error=error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise ConfigError(field, f"{path} is not valid JSON ({where}: {exc.msg})") from None
+    except RecursionError:
+        raise ConfigError(field, f"{path} is not valid JSON (nested too deeply)") from None
+
+
+def read_stdin_bounded(field: str, limit_bytes: int = CONFIG_LIMIT_BYTES) -> str:
+    """Standard input as text, at most `limit_bytes` characters (more is a one-line error)."""
+    import sys
+
+    try:
+        text = sys.stdin.read(limit_bytes + 1)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, f"standard input is not UTF-8 text ({exc.reason} at offset {exc.start})") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(field, f"cannot read standard input: {exc}") from None
+    if len(text) > limit_bytes:
+        raise ConfigError(field, f"standard input is larger than {_size_text(limit_bytes)}, the limit for this input")
+    return text
+
+
+# ---- outputs ---------------------------------------------------------------------------------------------------
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not os.path.lexists(p):
+        parent = p.parent
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def check_output_dir(path: str | PathLike[str], field: str = "output_dir") -> Path:
+    """Refuse an output directory that cannot be created or written, without creating anything: an empty
+    path, an existing file or device, a path below a file, a folder (or nearest existing parent) that is not
+    writable. Returns the path. Call before long work; create it with `ensure_output_dir` when writing."""
+    if str(path).strip() == "":
+        raise ConfigError(field, "is empty (give a directory path)")
+    p = Path(path).expanduser()
+    if os.path.lexists(p):
+        if not p.is_dir():
+            raise ConfigError(field, f"{path} exists and is not a directory")
+        target = p
+    else:
+        target = _nearest_existing(p.absolute().parent)
+        if not target.is_dir():
+            raise ConfigError(field, f"cannot create {path}: {target} is not a directory")
+    if not os.access(target, os.W_OK | os.X_OK):
+        what = "is not writable" if target == p else f"cannot be created ({target} is not writable)"
+        raise ConfigError(field, f"{path} {what}")
+    return p
+
+
+def ensure_output_dir(path: str | PathLike[str], field: str = "output_dir") -> Path:
+    """Create the output directory (and its parents) and check that a file can be written in it; a one-line
+    `ConfigError` otherwise (a file in the way, no permission, a read-only file system, an empty path)."""
+    p = check_output_dir(path, field)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mat-write-check-", dir=p)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(field, f"cannot write to {path}: {exc.strerror or exc}") from None
+    return p
+
+
+def check_output_file(path: str | PathLike[str], field: str = "output") -> Path:
+    """Refuse an output file path that is empty, a directory, or whose folder cannot be created or written."""
+    if str(path).strip() == "":
+        raise ConfigError(field, "is empty (give a file path)")
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(field, f"{path} is a directory; give a file path")
+    if os.path.lexists(p) and not p.is_file():
+        raise ConfigError(field, f"{path} exists and is not a regular file")
+    check_output_dir(p.absolute().parent, field)
+    return p
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def refuse_overwriting_inputs(
+    output: str | PathLike[str], inputs: Iterable[str | PathLike[str]], field: str = "output"
+) -> None:
+    """A one-line `ConfigError` when `output` is (or resolves to) one of `inputs`: it would be overwritten."""
+    out = Path(output).expanduser()
+    for item in inputs:
+        if _same_file(out, Path(item).expanduser()):
+            raise ConfigError(field, f"{output} is also an input ({item}); write the output to another file")
