@@ -8,7 +8,7 @@ from megatron_autotuner.cli import main
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["overlap", "--model", "Qwen3-8B", "--tp-sizes", "0", "--fake"], "tp_sizes: TP sizes must be powers of two"),
+        (["overlap", "--model", "Qwen3-8B", "--tp-sizes", "6", "--fake"], "tp_sizes: TP sizes must be powers of two"),
         (["overlap", "--model", "Qwen3-8B", "--tp-sizes", "3", "--fake"], "tp_sizes: TP sizes must be powers of two"),
         (
             ["overlap", "--model", "Qwen3-8B", "--min-num-sm", "20", "--max-num-sm", "4", "--fake"],

@@ -47,10 +47,14 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--calibration",
         type=non_empty_path,
-        help="calibration JSON from the testbench (mat profile --calibration-out; default: the built-in default efficiencies)",
+        help="calibration JSON from the testbench (mat profile --calibration-out; default: the built-in default "
+        "efficiencies)",
     )
     g.add_argument(
-        "--memory-margin", type=margin_fraction, default=0.0, help="fraction of HBM kept free when judging fit, in [0, 1)"
+        "--memory-margin",
+        type=margin_fraction,
+        default=0.0,
+        help="fraction of HBM kept free when judging fit, in [0, 1)",
     )
     add_expandable_segments_argument(g)
     g.add_argument(

@@ -15,9 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="list GPU presets",
         description="The GPU presets (dense peak TFLOP/s, HBM size and bandwidth, NVLink and scale-out bandwidth), "
         "with those a --hardware-file adds or overrides.",
-        epilog="examples:\n"
-        "  mat hardware\n"
-        "  mat hardware --json",
+        epilog="examples:\n  mat hardware\n  mat hardware --json",
     )
     p.add_argument(
         "--hardware-file",

@@ -30,10 +30,7 @@ class MatHelpFormatter(argparse.RawDescriptionHelpFormatter):
             return text
         if default is None or default == []:
             return f"{text} (default: none)"
-        if isinstance(default, (list, tuple)):
-            shown = " ".join(str(v) for v in default)
-        else:
-            shown = str(default)
+        shown = " ".join(str(v) for v in default) if isinstance(default, (list, tuple)) else str(default)
         return f"{text} (default: {shown.replace('%', '%%')})"
 
 

@@ -28,7 +28,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, megatron_args: bool = T
         + ("; optional with --megatron-args" if megatron_args else ""),
     )
     parser.add_argument(
-        "--num-layers", type=positive_int, help="override the model's layer count (reduced models; default: the model's)"
+        "--num-layers",
+        type=positive_int,
+        help="override the model's layer count (reduced models; default: the model's)",
     )
     if megatron_args:
         parser.add_argument("--megatron-args", metavar="FILE", type=non_empty_path, help=MEGATRON_ARGS_HELP)
@@ -135,9 +137,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--recompute-method", choices=["uniform", "block"], default=None, help="with --recompute full (default uniform)"
     )
-    g.add_argument(
-        "--recompute-num-layers", type=positive_int, default=None, help="with --recompute full (default 1)"
-    )
+    g.add_argument("--recompute-num-layers", type=positive_int, default=None, help="with --recompute full (default 1)")
     g.add_argument(
         "--recompute-modules", nargs="+", default=None, help="with --recompute selective (default core_attn)"
     )

@@ -14,9 +14,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="list shipped model presets",
         description="The shipped model presets (any --model also takes an HF config.json or a cached HF id): "
         "layers, hidden size, heads, experts, vocabulary, total and active parameters.",
-        epilog="examples:\n"
-        "  mat models\n"
-        "  mat models --json",
+        epilog="examples:\n  mat models\n  mat models --json",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=run)

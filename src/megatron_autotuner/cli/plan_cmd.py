@@ -62,7 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_precision_arguments(p)
     add_flops_convention_argument(p)
     p.add_argument(
-        "--memory-margin", type=margin_fraction, default=0.05, help="fraction of HBM kept free, in [0, 1) (default 0.05)"
+        "--memory-margin",
+        type=margin_fraction,
+        default=0.05,
+        help="fraction of HBM kept free, in [0, 1) (default 0.05)",
     )
     add_expandable_segments_argument(p)
     add_grad_reduce_argument(p)
@@ -80,9 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "own userbuffers settings)",
     )
     p.add_argument("--top", type=positive_int, default=5, help="layouts to show and export (default 5)")
-    p.add_argument(
-        "--output-dir", type=non_empty_path, help="report directory (default outputs/<UTC timestamp>-plan/)"
-    )
+    p.add_argument("--output-dir", type=non_empty_path, help="report directory (default outputs/<UTC timestamp>-plan/)")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     p.add_argument(
         "--validate",

@@ -34,8 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Time per kernel category and stream, top kernels and comm/compute overlap of each trace.",
         epilog="examples:\n"
         f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz\n"
-        f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz "
-        "--top 5\n"
+        f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz "
+        f"{TRACES}h200_te_layer_tp2_nccl_rank1.json.gz --top 5\n"
         f"  mat trace summary {TRACES}h200_te_layer_tp1_rank0.json.gz --json",
     )
     s.add_argument("traces", nargs="+", metavar="TRACE", help="Kineto trace (.json or .json.gz), one or more")
