@@ -5,22 +5,12 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
 from pathlib import Path
 
 from ..errors import ConfigError
 from ..testbench.cases import MODES, OPERATORS, expand_cases, load_case_file
+from .argtypes import non_empty_path, non_negative_int, positive_float, positive_int, positive_int_list
 from .output import console, make_table, print_json
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in re.split(r"[,\s]+", text.strip()) if x]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,14 +19,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="measure megatron-core operators on GPUs: time, memory, TFLOP/s vs theory",
         description="Operator testbench. Expands a case grid (or reads --case-file), runs one torchrun job per "
         "world size, resumes finished cases, records failures and goes on.",
+        epilog="examples:\n"
+        "  mat profile --model Llama-3.1-8B --ops attention,mlp --tp 1,2 --seq-len 4096,8192 --dry-run"
+        "   # list the cases, no GPU\n"
+        "  mat profile --model Qwen3-8B --ops decoder --tp 1,2 --output-dir outputs/tb "
+        "--calibration-out outputs/tb/calibration.json\n"
+        "  mat profile --case-file benchmarks/results/testbench_h200_x2/dense/cases.json --mode torch-profile",
     )
-    p.add_argument("--model", action="append", help="model preset / config (repeatable, or comma-separated)")
-    p.add_argument("--ops", default="attention,mlp,decoder", help=f"comma-separated from: {', '.join(OPERATORS)}")
-    p.add_argument("--tp", type=_int_list, default=[1], help="comma-separated TP sizes, e.g. 1,2,4")
-    p.add_argument("--cp", type=_int_list, default=[1])
-    p.add_argument("--ep", type=_int_list, default=[1])
-    p.add_argument("--seq-len", type=_int_list, default=[4096])
-    p.add_argument("--micro-batch-size", type=_int_list, default=[1])
+    p.add_argument(
+        "--model",
+        action="append",
+        help="model preset / config (repeatable, or comma-separated; required without --case-file)",
+    )
+    p.add_argument(
+        "--ops", default="attention,mlp,decoder", help=f"comma-separated operators from: {', '.join(OPERATORS)}"
+    )
+    p.add_argument("--tp", type=positive_int_list, default=[1], help="comma-separated TP sizes, e.g. 1,2,4")
+    p.add_argument("--cp", type=positive_int_list, default=[1], help="comma-separated context-parallel sizes")
+    p.add_argument("--ep", type=positive_int_list, default=[1], help="comma-separated expert-parallel sizes")
+    p.add_argument("--seq-len", type=positive_int_list, default=[4096], help="comma-separated sequence lengths")
+    p.add_argument("--micro-batch-size", type=positive_int_list, default=[1], help="comma-separated micro-batch sizes")
     p.add_argument(
         "--sp",
         dest="sequence_parallel",
@@ -45,17 +47,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sequence parallel (default: on when tp > 1)",
     )
     p.add_argument("--local-spec", action="store_true", help="megatron-core local spec instead of TE")
-    p.add_argument("--num-layers", type=int, default=2, help="layers of the gpt_chunk op")
-    p.add_argument("--case-file", help="JSON list of cases instead of the grid")
-    p.add_argument("--mode", choices=MODES, default="collect")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--case-timeout", type=float, default=300.0, help="seconds before a case counts as hung")
-    p.add_argument("--retry-failed", action="store_true")
-    p.add_argument("--num-gpus", type=int, help="GPUs on this node (default: all visible)")
-    p.add_argument("--output-dir", help="default outputs/<UTC timestamp>-profile/<model>")
+    p.add_argument("--num-layers", type=positive_int, default=2, help="layers of the gpt_chunk op")
+    p.add_argument(
+        "--case-file", type=non_empty_path, help="JSON list of cases instead of the grid (default: none, the grid)"
+    )
+    p.add_argument(
+        "--mode",
+        choices=MODES,
+        default="collect",
+        help="collect (times and memory), torch-profile (also a Kineto trace), memory-snapshot (also an allocator "
+        "snapshot) or nsys",
+    )
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed iterations per case")
+    p.add_argument("--repeats", type=positive_int, default=10, help="timed iterations per case")
+    p.add_argument("--case-timeout", type=positive_float, default=300.0, help="seconds before a case counts as hung")
+    p.add_argument("--retry-failed", action="store_true", help="rerun cases that failed before")
+    p.add_argument("--num-gpus", type=positive_int, help="GPUs on this node (default: all visible)")
+    p.add_argument(
+        "--output-dir", type=non_empty_path, help="results directory (default outputs/<UTC timestamp>-profile/<model>)"
+    )
     p.add_argument("--dry-run", action="store_true", help="list the cases and exit")
-    p.add_argument("--calibration-out", help="also write a cost-model calibration file from the results")
+    p.add_argument(
+        "--calibration-out",
+        type=non_empty_path,
+        help="also write a cost-model calibration file from the results (default: none)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
