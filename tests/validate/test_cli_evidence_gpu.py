@@ -76,9 +76,11 @@ def test_emit_slurm_and_errors(tmp_path, capsys):
     assert rc == 0 and "#SBATCH --nodes=2" in script.read_text()
     assert main(["validate", "--gpu", "H200"]) == 2
     assert "give --layouts FILE" in capsys.readouterr().err
-    assert main(["validate", "--model", "Qwen3-8B", "--gpu", "H200", "--layouts-per-job", "-1"]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse refuses it before the command runs
+        main(["validate", "--model", "Qwen3-8B", "--gpu", "H200", "--layouts-per-job", "-1"])
     err = capsys.readouterr().err
-    assert "layouts-per-job: must be >= 0" in err and len(err.strip().splitlines()) == 1
+    assert exc.value.code == 2
+    assert "--layouts-per-job: must be a non-negative integer" in err and len(err.strip().splitlines()) == 1
     # one Slurm job has one caching allocator: a file mixing allocator settings is refused in one line
     mixed = tmp_path / "mixed.json"
     base = {"model": "Qwen3-8B", "num_gpus": 16, "tp": 8, "seq_length": 4096}

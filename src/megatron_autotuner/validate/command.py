@@ -20,12 +20,21 @@ def add_stand_in_argument(parser: argparse.ArgumentParser, prefix: str = "") -> 
         choices=["stages", "all"],
         help=f"{prefix}memory only, on one GPU: run the first rank of each pipeline stage (or all ranks) of each "
         "layout alone, one after another, over torch's fake process group (collectives move nothing): each rank's "
-        "allocated and reserved memory as in the real job; no step times, no NCCL buffers",
+        "allocated and reserved memory as in the real job; no step times, no NCCL buffers (default: off; given "
+        "without a value: stages)",
     )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from ..cli.layout_args import add_grad_reduce_argument, add_precision_arguments  # cli imports this module
+    # cli imports this module
+    from ..cli.argtypes import (
+        non_empty_path,
+        non_negative_int,
+        num_layers_or_edge,
+        positive_float,
+        positive_int,
+    )
+    from ..cli.layout_args import add_grad_reduce_argument, add_precision_arguments
 
     p = subparsers.add_parser(
         "validate",
@@ -33,39 +42,100 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Runs one layout (flags) or a batch (--layouts FILE) with torchrun on this node: warm-up steps, "
         "then timed steps; prints measured vs predicted step time, peak memory and MFU. Results are appended as "
         "layouts finish; a rerun skips finished layouts; OOM / NCCL failures are recorded per layout.",
+        epilog="examples:\n"
+        "  mat validate --model Llama-3.1-8B --num-layers 4 --gpu H100-SXM --seq-len 4096 --dry-run"
+        "   # predict, print the torchrun command\n"
+        "  mat validate --layouts benchmarks/validation/h100_x1_layouts.json --gpu H100-SXM --output-dir outputs/val\n"
+        "  mat validate --model Qwen3-8B --num-layers max-fit --gpu H200 --seq-len 8192 --stand-in",
     )
-    p.add_argument("--layouts", metavar="JSON", help="batch: list of layout objects, or {defaults, layouts, gpu}")
+    p.add_argument(
+        "--layouts",
+        metavar="JSON",
+        type=non_empty_path,
+        help="batch: list of layout objects, or {defaults, layouts, gpu} (default: one layout from the options)",
+    )
     p.add_argument(
         "--megatron-args",
         metavar="FILE",
+        type=non_empty_path,
         help="one layout from a Megatron-LM launch (flags, or a torchrun ... pretrain_gpt.py command; - for stdin); "
         "--model fills in what its flags leave out, --num-layers reduces the model",
     )
-    p.add_argument("--model", help="preset name or HF config path (single layout)")
-    p.add_argument("--num-layers", help="reduced layer count, or max-fit / min-oom (edge of predicted memory)")
-    p.add_argument("--gpu", help="GPU preset the prediction uses (e.g. H200)")
-    p.add_argument("--num-gpus", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--vpp", type=int, default=None)
-    p.add_argument("--cp", type=int, default=1)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--etp", type=int, default=None)
-    p.add_argument("--sp", dest="sequence_parallel", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p")
-    p.add_argument("--seq-len", type=int)
-    p.add_argument("--micro-batch-size", type=int, default=1)
-    p.add_argument("--global-batch-size", type=int, default=None)
-    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
-    p.add_argument("--recompute-method", choices=["uniform", "block"], default="uniform")
-    p.add_argument("--recompute-num-layers", type=int, default=1)
-    p.add_argument("--recompute-modules", nargs="+", default=["core_attn"])
-    p.add_argument("--mode", choices=["train", "forward"], default="train")
+    p.add_argument("--model", help="preset name or HF config path (single layout; required without --layouts)")
+    p.add_argument(
+        "--num-layers",
+        type=num_layers_or_edge,
+        help="reduced layer count, or max-fit / min-oom (edge of predicted memory; default: the model's)",
+    )
+    p.add_argument(
+        "--gpu", help="GPU preset the prediction uses, e.g. H200 (required unless the --layouts file names it)"
+    )
+    p.add_argument("--num-gpus", type=positive_int, default=1, help="GPUs of the layout")
+    p.add_argument("--tp", type=positive_int, default=1, help="tensor parallel size")
+    p.add_argument("--pp", type=positive_int, default=1, help="pipeline parallel size")
+    p.add_argument(
+        "--vpp", type=positive_int, default=None, help="virtual pipeline chunks per rank (default: none, plain 1F1B)"
+    )
+    p.add_argument("--cp", type=positive_int, default=1, help="context parallel size")
+    p.add_argument("--ep", type=positive_int, default=1, help="expert parallel size")
+    p.add_argument("--etp", type=positive_int, default=None, help="expert tensor parallel size (default: tp)")
+    p.add_argument(
+        "--sp",
+        dest="sequence_parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="sequence parallelism (default: on when tp > 1)",
+    )
+    p.add_argument(
+        "--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p", help="context-parallel attention exchange"
+    )
+    p.add_argument(
+        "--seq-len", type=positive_int, help="tokens per sequence (required for one layout from the options)"
+    )
+    p.add_argument("--micro-batch-size", type=positive_int, default=1, help="sequences per micro-batch")
+    p.add_argument(
+        "--global-batch-size",
+        type=positive_int,
+        default=None,
+        help="sequences per step (default: micro-batch x dp)",
+    )
+    p.add_argument("--recompute", choices=["none", "selective", "full"], default="none", help="activation recompute")
+    p.add_argument("--recompute-method", choices=["uniform", "block"], default="uniform", help="with --recompute full")
+    p.add_argument(
+        "--recompute-num-layers",
+        type=non_negative_int,
+        default=1,
+        help="with --recompute full: layers per group (uniform, >= 1) or per stage (block, 0 allowed)",
+    )
+    p.add_argument(
+        "--recompute-modules", nargs="+", default=["core_attn"], help="with --recompute selective: modules recomputed"
+    )
+    p.add_argument(
+        "--mode",
+        choices=["train", "forward"],
+        default="train",
+        help="train (fwd+bwd+optimizer) or forward (RLHF reference / old-log-prob passes)",
+    )
     add_precision_arguments(p)
-    p.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--distributed-optimizer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="shard the optimizer state over data-parallel ranks",
+    )
     add_grad_reduce_argument(p)
-    p.add_argument("--overlap-grad-reduce", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--overlap-param-gather", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--overlap-grad-reduce",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="overlap the data-parallel gradient reduce with the backward pass",
+    )
+    p.add_argument(
+        "--overlap-param-gather",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="overlap the distributed optimizer's parameter all-gather with the forward pass",
+    )
     p.add_argument(
         "--te",
         dest="use_te",
@@ -77,32 +147,53 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--expandable-segments",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (with --layouts: for every layout)",
+        help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (with --layouts: for every layout; "
+        "default: off, or what each layout says)",
     )
-    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    p.add_argument("--warmup-steps", type=int, default=3)
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
+    p.add_argument("--warmup-steps", type=non_negative_int, default=3, help="untimed steps before the timed ones")
     p.add_argument("--profile", action="store_true", help="also record a torch-profiler trace of one step")
     p.add_argument(
         "--memory-history",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="record the CUDA allocator's history (memory/<layout>/rank_R.pickle.gz for pytorch.org/memory_viz, and "
-        "where reserved-but-unallocated memory came from; slows the timed steps; with --layouts: every layout)",
+        "where reserved-but-unallocated memory came from; slows the timed steps; with --layouts: every layout; "
+        "default: off, or what each layout says)",
     )
-    p.add_argument("--output-dir", help="default outputs/<UTC timestamp>-validate/")
-    p.add_argument("--timeout-s", type=float, default=300.0, help="per-layout time limit (hang / NCCL timeout)")
+    p.add_argument(
+        "--output-dir", type=non_empty_path, help="results directory (default outputs/<UTC timestamp>-validate/)"
+    )
+    p.add_argument(
+        "--timeout-s", type=positive_float, default=300.0, help="per-layout time limit in seconds (hang / NCCL timeout)"
+    )
     p.add_argument("--retry-failed", action="store_true", help="rerun layouts that failed before")
     p.add_argument(
         "--layouts-per-job",
-        type=int,
+        type=non_negative_int,
         default=1,
         help="layouts per torchrun job (default 1: a fresh process each, exact memory; 0: one job per world "
         "size, saves ~20-30 s of start-up per layout, memory then reported net of what earlier layouts left)",
     )
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: functional tests only")
-    p.add_argument("--available-gpus", type=int, default=None, help="record layouts needing more GPUs as failed")
-    p.add_argument("--calibration", metavar="JSON", help="predict with this calibration file")
-    p.add_argument("--write-calibration", metavar="JSON", help="write a calibration file from the measured runs")
+    p.add_argument(
+        "--available-gpus",
+        type=non_negative_int,
+        default=None,
+        help="record layouts needing more GPUs than this as failed (default: no limit)",
+    )
+    p.add_argument(
+        "--calibration",
+        metavar="JSON",
+        type=non_empty_path,
+        help="predict with this calibration file (default: the built-in default efficiencies)",
+    )
+    p.add_argument(
+        "--write-calibration",
+        metavar="JSON",
+        type=non_empty_path,
+        help="write a calibration file from the measured runs (default: none)",
+    )
     p.add_argument(
         "--measure-host-floor",
         action="store_true",
@@ -112,9 +203,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_stand_in_argument(p)
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
     p.add_argument("--dry-run", action="store_true", help="predict and print the torchrun commands; run nothing")
-    p.add_argument("--emit-slurm", metavar="FILE", help="write an sbatch script for the layouts and exit")
-    p.add_argument("--nodes", type=int, default=1, help="nodes for --emit-slurm")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node for --emit-slurm")
+    p.add_argument(
+        "--emit-slurm",
+        metavar="FILE",
+        type=non_empty_path,
+        help="write an sbatch script for the layouts and exit (default: none)",
+    )
+    p.add_argument("--nodes", type=positive_int, default=1, help="nodes for --emit-slurm")
+    p.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node for --emit-slurm")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run)
 
