@@ -197,9 +197,19 @@ def check_output_dir(path: str | PathLike[str], field: str = "output_dir") -> Pa
         target = _nearest_existing(p.absolute().parent)
         if not target.is_dir():
             raise ConfigError(field, f"cannot create {path}: {target} is not a directory")
+    problem = None
     if not os.access(target, os.W_OK | os.X_OK):
+        problem = "permission denied"
+    else:  # root passes os.access everywhere: try a file (read-only file systems, /proc, /sys)
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".mat-write-check-", dir=target)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as exc:
+            problem = str(exc.strerror or exc)
+    if problem is not None:
         what = "is not writable" if target == p else f"cannot be created ({target} is not writable)"
-        raise ConfigError(field, f"{path} {what}")
+        raise ConfigError(field, f"{path} {what}: {problem}")
     return p
 
 
@@ -209,9 +219,7 @@ def ensure_output_dir(path: str | PathLike[str], field: str = "output_dir") -> P
     p = check_output_dir(path, field)
     try:
         p.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".mat-write-check-", dir=p)
-        os.close(fd)
-        os.unlink(probe)
+        check_output_dir(p, field)
     except OSError as exc:
         raise ConfigError(field, f"cannot write to {path}: {exc.strerror or exc}") from None
     return p

@@ -7,6 +7,7 @@ import importlib
 
 from ..costmodel.estimate import estimate
 from ..errors import AutotunerError, ConfigError
+from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded
 from ..report import output_dir_for, write_plan_report
 from ..search import plan
 from ..search.current import CurrentRun, compare_with_best
@@ -111,6 +112,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("gpu", "is required")
     if args.stand_in and (args.validate is None or args.measure_host_floor):
         raise ConfigError("stand_in", "--stand-in goes with --validate K and measures memory only (no host floor)")
+    # before the search: an output folder that cannot be written, or an unreadable yaml, fails now, not after it
+    out_dir = output_dir_for("plan", args.output_dir, create=False)
+    tuned = None
+    if args.tp_comm_overlap_cfg:
+        tuned = read_text_bounded(args.tp_comm_overlap_cfg, "tp_comm_overlap_cfg", CONFIG_LIMIT_BYTES)
     current = None
     if args.megatron_args:
         for name in ("seq_len", "global_batch_size", "precision", "fp8_recipe", "fp8_param_gather"):
@@ -153,14 +159,7 @@ def run(args: argparse.Namespace) -> int:
         fp8_param=fp8_param,
     )
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
-    out_dir = output_dir_for("plan", args.output_dir)
-    tuned = None
-    if args.tp_comm_overlap_cfg:
-        try:
-            with open(args.tp_comm_overlap_cfg, encoding="utf-8") as fh:
-                tuned = fh.read(1 << 20)
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError("tp_comm_overlap_cfg", f"cannot read {args.tp_comm_overlap_cfg}: {exc}") from exc
+    out_dir = ensure_output_dir(out_dir)
     files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
     if args.validate is not None:
         try:

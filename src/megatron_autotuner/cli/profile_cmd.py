@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..files import check_output_dir, check_output_file
 from ..testbench.cases import MODES, OPERATORS, expand_cases, load_case_file
 from .argtypes import non_empty_path, non_negative_int, positive_float, positive_int, positive_int_list
 from .output import console, make_table, print_json
@@ -128,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     model_tag = "-".join(sorted({Path(c.model).stem for c in cases}))[:80]
     out_dir = Path(args.output_dir) if args.output_dir else Path("outputs") / f"{stamp}-profile" / model_tag
+    check_output_dir(out_dir, "output_dir")  # before the sweep, not after it
+    if args.calibration_out:
+        check_output_file(args.calibration_out, "calibration_out")
     result = run_cases(
         cases,
         out_dir,

@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..testbench.results import LAUNCHER_FILE, rank_file, read_records
+from ..launch.records import LAUNCHER_FILE, read_records
+from ..testbench.results import rank_file
 
 CURRENT_FILE = "current_case.txt"
 REINIT_EXIT_CODE = 3  # worker asks for a fresh process (userbuffers could not be re-initialised in place)
@@ -39,9 +40,10 @@ def all_round_records(out_dir: Path) -> dict[str, dict[str, Any]]:
     """Latest record per case_id: rank 0's results, then launcher failures for ids rank 0 never finished."""
     out: dict[str, dict[str, Any]] = {}
     for rec in read_records(rank_file(out_dir, 0)):
-        out[rec["case_id"]] = rec
+        if isinstance(rec.get("case_id"), str):  # a record without its key (edited, another tool's) is skipped
+            out[rec["case_id"]] = rec
     for rec in read_records(Path(out_dir) / "collect" / LAUNCHER_FILE):
-        if rec.get("case_id") and rec["case_id"] not in out:
+        if isinstance(rec.get("case_id"), str) and rec["case_id"] not in out:
             out[rec["case_id"]] = rec
     return out
 

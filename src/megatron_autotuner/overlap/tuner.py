@@ -11,8 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import AutotunerError, ConfigError
+from ..files import CONFIG_LIMIT_BYTES, check_output_dir, ensure_output_dir, read_json_bounded
+from ..launch import OutputLock, append_record
+from ..launch.records import LAUNCHER_FILE
 from ..specs import load_model_spec
-from ..testbench.results import LAUNCHER_FILE, append_record
 from .analysis import analyze_run
 from .config import OverlapTunerConfig
 from .gemms import gemm_shapes
@@ -29,7 +32,7 @@ def default_output_dir(command: str = "overlap") -> Path:
 class OverlapTuner:
     def __init__(self, config: OverlapTunerConfig) -> None:
         self.config = config
-        self.out = Path(config.output_dir) if config.output_dir else default_output_dir()
+        self.out = check_output_dir(config.output_dir if config.output_dir is not None else default_output_dir())
         self.models = [load_model_spec(m) for m in config.models]
         for m in self.models:  # fail early on shapes TP does not divide
             for tp in (1, *config.tp_list):
@@ -75,9 +78,14 @@ class OverlapTuner:
             return 0
 
     def run(self) -> dict[str, Any]:
-        self.out.mkdir(parents=True, exist_ok=True)
+        ensure_output_dir(self.out)
         (self.out / "config.json").write_text(json.dumps(self.config.to_dict(), indent=1, default=str))
         gpus = self._gpus()
+        with OutputLock(self.out, "overlap"):
+            self._run_jobs(gpus)
+        return analyze_and_report(self.out, self.config.to_dict())
+
+    def _run_jobs(self, gpus: int | None) -> None:
         for job in self.jobs():
             if job_finished(self.out, job["job_id"]):
                 continue
@@ -94,7 +102,6 @@ class OverlapTuner:
                 )
                 continue
             run_job(job, self.out, self.config.case_timeout_s)
-        return analyze_and_report(self.out, self.config.to_dict())
 
 
 def analyze_and_report(
@@ -102,9 +109,18 @@ def analyze_and_report(
 ) -> dict[str, Any]:
     """The analysis step alone (`mat overlap analyze DIR`): no GPU, no torch."""
     out = Path(out_dir)
+    check_output_dir(out, "directory")  # the reports are written next to the records
     if config is None:
         cfg_file = out / "config.json"
-        config = json.loads(cfg_file.read_text()) if cfg_file.exists() else {}
-    an = analyze_run(out)
-    tie = tie_frac if tie_frac is not None else float(config.get("noise_frac", 0.005))
-    return write_reports(an, config, out, tie_frac=tie, plots=plots)
+        config = read_json_bounded(cfg_file, "directory", CONFIG_LIMIT_BYTES) if cfg_file.exists() else {}
+        if not isinstance(config, dict):
+            raise ConfigError("directory", f"{cfg_file} must hold a JSON object (the run's configuration)")
+    try:
+        an = analyze_run(out)
+        tie = tie_frac if tie_frac is not None else float(config.get("noise_frac", 0.005))
+        return write_reports(an, config, out, tie_frac=tie, plots=plots)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        if isinstance(exc, AutotunerError):
+            raise
+        what = f"missing key {exc}" if isinstance(exc, KeyError) else " ".join(str(exc).split())[:200]
+        raise ConfigError("directory", f"{out}: malformed run records or configuration ({what})") from None

@@ -9,16 +9,16 @@ from typing import Any
 
 from ..errors import AutotunerError
 from ..export import export_all
+from ..files import check_output_dir, ensure_output_dir
 
 
-def output_dir_for(command: str, output_dir: str | Path | None = None) -> Path:
-    """`--output-dir` or outputs/<UTC timestamp>-<command>/ (created)."""
+def output_dir_for(command: str, output_dir: str | Path | None = None, create: bool = True) -> Path:
+    """`--output-dir` or outputs/<UTC timestamp>-<command>/: created (`create`), or only checked that it can be
+    (`create=False`, before long work). A file in the way, no permission or an empty path is a one-line error."""
     if output_dir is None:
         stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         output_dir = Path("outputs") / f"{stamp}-{command}"
-    path = Path(output_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return ensure_output_dir(output_dir) if create else check_output_dir(output_dir)
 
 
 def plot_plan(result: Any, path: Path, top_k: int) -> Path:

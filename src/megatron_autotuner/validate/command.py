@@ -215,7 +215,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _layouts(args: argparse.Namespace):
+def _layouts(args: argparse.Namespace, out: Path):
     from .layout import Layout, load_layouts_file
     from .predict import edge_num_layers
 
@@ -223,7 +223,7 @@ def _layouts(args: argparse.Namespace):
     if args.layouts:
         layouts, extra = load_layouts_file(args.layouts)
     elif args.megatron_args:
-        layouts = [_launch_layout(args)]
+        layouts = [_launch_layout(args, out)]
     else:
         if not args.model or not args.seq_len:
             raise ConfigError("model", "give --layouts FILE, or --model and --seq-len for one layout")
@@ -260,11 +260,10 @@ def _layouts(args: argparse.Namespace):
     return layouts, args.gpu or extra.get("gpu")
 
 
-def _launch_layout(args: argparse.Namespace):
+def _launch_layout(args: argparse.Namespace, out: Path):
     """The layout of `--megatron-args`: the launch read against --model; a model the launch's flags describe is
-    written next to the results (`launch_model.json`) for the workers to load."""
-    from pathlib import Path
-
+    written next to the results (`out/launch_model.json`) for the workers to load."""
+    from ..files import ensure_output_dir
     from ..specs import load_model_spec
     from ..specs.megatron_args import launch_to_specs, read_launch_file
     from .layout import Layout
@@ -275,8 +274,7 @@ def _launch_layout(args: argparse.Namespace):
         raise ConfigError("megatron_args", "the launch must describe the model (or give --model) and its GPU count")
     model_ref = args.model
     if model_ref is None or imported.model != base:
-        out = Path(args.output_dir or ".")
-        out.mkdir(parents=True, exist_ok=True)
+        ensure_output_dir(out)
         imported.model.save_json(out / "launch_model.json")
         model_ref = str(out / "launch_model.json")
     options = imported.options
@@ -290,6 +288,7 @@ def _launch_layout(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..files import check_output_dir, check_output_file, ensure_output_dir
     from . import batch, launcher, report
 
     if args.layouts_per_job < 0:
@@ -299,12 +298,18 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, flag):
                 option = "--" + flag.replace("_", "-")
                 raise ConfigError("stand_in", f"--stand-in measures memory only and cannot be used with {option}")
-    layouts, gpu = _layouts(args)
+    out = Path(args.output_dir or f"outputs/{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-validate")
+    # where results go is checked before the layouts are built and run (--report-only reads the folder)
+    if not args.report_only:
+        check_output_dir(out, "output_dir")
+    for flag in ("emit_slurm", "write_calibration"):
+        if getattr(args, flag) is not None:
+            check_output_file(getattr(args, flag), flag)
+    layouts, gpu = _layouts(args, out)
     if not gpu:
         raise ConfigError("gpu", "give --gpu (the GPU preset predictions are made for)")
-    out = Path(args.output_dir or f"outputs/{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}-validate")
     if args.emit_slurm:
-        out.mkdir(parents=True, exist_ok=True)
+        ensure_output_dir(out)
         layouts_file = out / "slurm_layouts.json"
         layouts_file.write_text(json.dumps([lay.to_dict() for lay in layouts], indent=1))
         worlds = {lay.world_size for lay in layouts}
