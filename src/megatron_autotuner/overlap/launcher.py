@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..testbench.launcher import watch_job
-from ..testbench.results import LAUNCHER_FILE, append_record
+from ..launch import append_record, start_job, watch_job
+from ..launch.records import LAUNCHER_FILE
 from .jobs import CURRENT_FILE, REINIT_EXIT_CODE, all_round_records, done_id, job_finished
 
 WORKER_MODULE = "megatron_autotuner.overlap.worker"
@@ -76,13 +75,7 @@ def run_job(
         current.unlink(missing_ok=True)
         log_path = out / "jobs" / f"{jid}_attempt{run.attempts}.log"
         with open(log_path, "w") as log, _sigterm_as_exit():
-            proc = subprocess.Popen(
-                command(job["world_size"], job_file, out),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-            )
+            proc = start_job(command(job["world_size"], job_file, out), log, env)
             timed_out, on_id = watch_job(proc, current, case_timeout_s, STARTUP_ALLOWANCE_S, poll_s=0.2)
             hung = (on_id or "startup") if timed_out else None
         if job_finished(out, jid):

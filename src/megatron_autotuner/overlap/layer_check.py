@@ -113,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     from megatron.core.transformer.spec_utils import build_module
     from transformer_engine.pytorch.module import base
 
+    from ..launch.environment import environment
     from ..testbench.cases import Case
     from ..testbench.operators import build_transformer_config, layer_spec
-    from ..testbench.worker import environment
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

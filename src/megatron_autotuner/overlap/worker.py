@@ -23,8 +23,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..launch import append_record, exit_with_owner
 from ..specs import ModelSpec
-from ..testbench.results import append_record, rank_file
+from ..testbench.results import rank_file
 from .candidates import SearchSpace, slots_for
 from .gemms import gemm_shapes
 from .jobs import CURRENT_FILE, REINIT_EXIT_CODE, all_round_records, done_id, round_id
@@ -55,7 +56,7 @@ def make_backend(job: dict[str, Any], rank: int, world: int):
 
 def _environment(device: str) -> dict[str, Any]:
     if device == "cuda":
-        from ..testbench.worker import environment
+        from ..launch.environment import environment
 
         return environment(device)
     import torch
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args(argv)
+    exit_with_owner()
     job = json.loads(Path(args.job).read_text())
     import torch
     import torch.distributed as dist

@@ -8,34 +8,17 @@ crashes is handled the same way. Finished cases (ok or failed) are skipped on re
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AutotunerError
+from ..launch import LaunchReport, OutputLock, start_job, watch_job
 from .cases import Case, group_by_world_size
 from .results import LAUNCHER_FILE, append_record, finished_case_ids
 
 WORKER_MODULE = "megatron_autotuner.testbench.worker"
-
-
-@dataclass
-class LaunchReport:
-    """What one launch of a batch did (testbench cases, validation layouts): how many there were, how many
-    were already finished and skipped, how many ran, and which the launcher itself recorded as failed."""
-
-    out_dir: Path
-    total: int
-    skipped_finished: int
-    ran: int = 0
-    failed_by_launcher: list[str] = field(default_factory=list)
 
 
 def torchrun_command(
@@ -79,70 +62,6 @@ def torchrun_command(
     return cmd
 
 
-def descendant_pids(pid: int) -> list[int]:
-    """Every process below `pid`, read from Linux's /proc (empty where there is none)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL torchrun's process group and every process below it: torchrun starts each rank in a
-    session of its own, so killing its group alone left hung ranks running (and holding their GPU)."""
-    below = descendant_pids(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-    for pid in below:
-        for kill in (os.killpg, os.kill):  # a rank leads its own group: take its children too
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                kill(pid, signal.SIGKILL)
-    proc.wait()
-
-
-def watch_job(
-    proc: subprocess.Popen,
-    current_file: Path,
-    timeout_s: float,
-    startup_allowance_s: float = 0.0,
-    on_change=None,
-    poll_s: float = 0.5,
-) -> tuple[bool, str | None]:
-    """Wait for a torchrun job whose rank 0 writes the id of the item it is on to `current_file`; kill the job
-    (its whole process group) when one item runs past `timeout_s`, or start-up (no item yet) past
-    `timeout_s + startup_allowance_s`. Returns (hung, id it hung on: None at start-up). `on_change(id)` is
-    called when rank 0 moves on. An interrupt (Ctrl-C, SIGTERM) takes the job's ranks down too."""
-    current_id, since = None, time.monotonic()
-    try:
-        while proc.poll() is None:
-            time.sleep(poll_s)
-            now_id = current_file.read_text().strip() if current_file.exists() else None
-            if now_id != current_id:
-                current_id, since = now_id, time.monotonic()
-                if on_change is not None:
-                    on_change(now_id)
-            limit = timeout_s + (startup_allowance_s if current_id is None else 0.0)
-            if time.monotonic() - since > limit:
-                _kill(proc)
-                return True, current_id
-    finally:
-        if proc.poll() is None:
-            _kill(proc)
-    return False, None
-
-
 def run_cases(
     cases: list[Case],
     out_dir: str | Path,
@@ -155,8 +74,27 @@ def run_cases(
     available_gpus: int | None = None,
     progress: bool = True,
 ) -> LaunchReport:
-    """Measure `cases`, writing records under `out_dir/collect/`. Returns what ran."""
+    """Measure `cases`, writing records under `out_dir/collect/` (locked against a second live sweep). Returns
+    what ran."""
     out = Path(out_dir)
+    with OutputLock(out, "profile"):
+        return _run_cases(
+            cases, out, mode, warmup, repeats, case_timeout_s, retry_failed, device, available_gpus, progress
+        )
+
+
+def _run_cases(
+    cases: list[Case],
+    out: Path,
+    mode: str,
+    warmup: int,
+    repeats: int,
+    case_timeout_s: float,
+    retry_failed: bool,
+    device: str,
+    available_gpus: int | None,
+    progress: bool,
+) -> LaunchReport:
     (out / "collect").mkdir(parents=True, exist_ok=True)
     (out / "cases.json").write_text(json.dumps([c.to_dict() for c in cases], indent=1))
     done = finished_case_ids(out, retry_failed)
@@ -193,7 +131,7 @@ def run_cases(
             cmd = torchrun_command(world, job, out, mode, warmup, repeats, device, nsys_out)
             log = open(out / "jobs" / f"world{world}_job{attempt}.log", "w")  # noqa: SIM115 - closed below
             current_file.unlink(missing_ok=True)
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = start_job(cmd, log)
             timed_out, hung = watch_job(
                 proc,
                 current_file,

@@ -8,42 +8,24 @@ Record schema (schema_version 1):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from .. import SCHEMA_VERSION, __version__
+from ..launch.records import LAUNCHER_FILE, append_record, read_records
 
-LAUNCHER_FILE = "launcher.jsonl"
+__all__ = [
+    "LAUNCHER_FILE",
+    "all_records",
+    "append_record",
+    "finished_case_ids",
+    "latest_by_case",
+    "rank_file",
+    "read_records",
+]
 
 
 def rank_file(out_dir: Path, rank: int) -> Path:
     return Path(out_dir) / "collect" / f"rank_{rank}.jsonl"
-
-
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append one record and flush it to disk at once (a sweep killed later loses nothing)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"schema_version": SCHEMA_VERSION, "tool_version": __version__, **record}
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Records of one JSON-lines file; a truncated last line (killed writer) is ignored."""
-    if not Path(path).exists():
-        return []
-    records = []
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return records
 
 
 def all_records(out_dir: Path) -> list[dict[str, Any]]:

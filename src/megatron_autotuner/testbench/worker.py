@@ -11,7 +11,6 @@ D/collect/current_case.txt so the launcher can tell which case hung.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import sys
@@ -19,41 +18,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from ..launch import append_record, exit_with_owner
+from ..launch.environment import environment
 from ..specs import GPU_PRESETS
 from .cases import Case
 from .estimates import estimate_case
 from .measure import add_rates, export_trace_gz, measure_operator, ratios
-from .results import append_record, rank_file
-
-
-def environment(device: str) -> dict[str, Any]:
-    import torch
-
-    env: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "cuda": torch.version.cuda,
-        "hostname": os.uname().nodename,
-    }
-    try:
-        import megatron.core
-
-        env["megatron_core"] = getattr(megatron.core, "__version__", "unknown")
-    except ImportError:
-        env["megatron_core"] = None
-    try:
-        import transformer_engine
-
-        env["transformer_engine"] = transformer_engine.__version__
-    except Exception:  # noqa: BLE001
-        env["transformer_engine"] = None
-    if device == "cuda":
-        try:
-            env["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
-        except Exception:  # noqa: BLE001
-            env["nccl"] = None
-    return env
+from .results import rank_file
 
 
 def gpu_preset_for(device_name: str) -> str | None:
@@ -213,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-steps", type=int, default=2)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: functional tests only")
     args = parser.parse_args(argv)
+    exit_with_owner()
     cases = [Case.from_dict(c) for c in json.loads(Path(args.cases).read_text())]
     rank, world = _init(args.device)
     env = environment(args.device)

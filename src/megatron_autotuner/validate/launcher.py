@@ -22,11 +22,10 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
-from ..testbench.launcher import LaunchReport, watch_job
+from ..launch import LaunchReport, OutputLock, start_job, watch_job
 from .layout import Layout
 from .results import append_record, current_file, finished_layout_ids, launcher_file, read_records
 from .runner import failure_kind
@@ -153,6 +152,26 @@ def run_layouts(
         raise ValueError(f"layouts_per_job must be >= 1 or None, got {layouts_per_job}")
     out = Path(out_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    with OutputLock(out, "validate"):
+        return _run_layouts(
+            layouts, out, device, layout_timeout_s, retry_failed, available_gpus, predicted_oom, on_job_done, log,
+            layouts_per_job, stand_in,
+        )  # fmt: skip
+
+
+def _run_layouts(
+    layouts: list[Layout],
+    out: Path,
+    device: str,
+    layout_timeout_s: float,
+    retry_failed: bool,
+    available_gpus: int | None,
+    predicted_oom: set[str] | None,
+    on_job_done,
+    log,
+    layouts_per_job: int | None,
+    stand_in: str | None,
+) -> LaunchReport:
     if stand_in:
         return _run_stand_ins(layouts, out, device, layout_timeout_s, retry_failed, on_job_done, log, stand_in == "all")
     done = finished_layout_ids(out, retry_failed)
@@ -186,7 +205,7 @@ def run_layouts(
             log(f"world {world}: {len(batch)} layout(s), job {job.name}")
             current.unlink(missing_ok=True)
             with open(stem.with_suffix(".log"), "w") as logf:
-                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = start_job(cmd, logf)
                 timed_out, on_id = watch_job(proc, current, layout_timeout_s, STARTUP_ALLOWANCE_S)
                 hung = (on_id or "<startup>") if timed_out else None
             finished = finished_layout_ids(out, retry_failed=False)
@@ -263,7 +282,7 @@ def _run_stand_ins(
             current.unlink(missing_ok=True)
             logf_path = stem.parent / f"{stem.name}_rank{rank}.log"
             with open(logf_path, "w") as logf:
-                proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                proc = start_job(cmd, logf)
                 timed_out, _ = watch_job(proc, current, layout_timeout_s, STARTUP_ALLOWANCE_S)
             ok, failed = _recorded_ranks(out, lay.layout_id, retry_failed=False)
             if failed:

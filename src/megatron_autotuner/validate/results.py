@@ -22,9 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AutotunerError
-from ..testbench.results import append_record, read_records
-
-LAUNCHER_FILE = "launcher.jsonl"
+from ..launch.records import LAUNCHER_FILE, append_record, read_records
 
 __all__ = ["aggregate", "append_record", "current_file", "finished_layout_ids", "rank_file", "read_records"]
 

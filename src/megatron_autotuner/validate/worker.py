@@ -26,8 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-from ..testbench.results import append_record
-from ..testbench.worker import environment
+from ..launch import append_record, exit_with_owner
+from ..launch.environment import environment
 from .layout import Layout
 from .results import current_file, rank_file
 
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         stand_in and not 0 <= args.stand_in_rank < args.stand_in_world_size
     ):
         parser.error("--stand-in-rank R needs --stand-in-world-size W with 0 <= R < W")
+    exit_with_owner()
     layouts = [Layout.from_dict(x) for x in json.loads(Path(args.layouts).read_text())]
     set_allocator_config(layouts)
     import torch
