@@ -111,7 +111,7 @@ def test_cli_json_and_table(mat, tmp_path):
     assert code == 0 and "beyond need" in out and "logits" in out
     code, _, err = mat("trace", "memory", tmp_path / "nope.pickle")
     assert code != 0 and len(err.strip().splitlines()) == 1 and "cannot be read" in err
-    for bad, expected in ((("--top", "0"), "--top: must be a positive integer"), (("--device", "3"), "device: 3 is not in")):
+    for bad, expected in ((("--top", "0"), "--top: must be a positive"), (("--device", "3"), "device: 3 is not in")):
         code, _, err = mat("trace", "memory", path, *bad)
         assert code != 0 and len(err.strip().splitlines()) == 1 and expected in err, err
 
