@@ -96,7 +96,7 @@ def test_theory_table_output(capsys):
             "fp8_recipe:",
         ),
         # argparse's own errors: one line too, no usage block
-        (["estimate", "--model", "Qwen3-8B", "--tp", "abc"], "argument --tp: invalid int value: 'abc'"),
+        (["estimate", "--model", "Qwen3-8B", "--tp", "abc"], "argument --tp: must be a positive integer, got 'abc'"),
         (["estimat"], "invalid choice: 'estimat'"),
         (
             ["estimate", "--model", "Qwen3-8B", "--precision", "fp8", "--fp8-recipe", "mxfp8"],

@@ -39,8 +39,9 @@ COMMAND_MODULES = [
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
-    """argparse's own errors (unknown option, bad int, missing value) as one line and exit code 2, like
-    `AutotunerError`s: `mat estimate: error: argument --tp: invalid int value: 'x' (see mat estimate --help)`.
+    """argparse's own errors (unknown option, bad number, missing value) as one line and exit code 2, like
+    `AutotunerError`s: `mat estimate: error: argument --tp: must be a positive integer, got 'x' (see mat estimate
+    --help)`.
     Subcommand parsers inherit the class, and with it `MatHelpFormatter` (defaults stated, epilogs as written)."""
 
     def __init__(self, *args, **kwargs) -> None:
