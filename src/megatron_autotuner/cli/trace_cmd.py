@@ -16,7 +16,7 @@ TRACES = "tests/fixtures/traces/"
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "trace",
-        help="analyse torch-profiler (Kineto) traces: summary, overlap, merge",
+        help="analyse torch-profiler (Kineto) traces and CUDA allocator histories: summary, overlap, merge, memory",
         description="Analyse torch-profiler (Kineto) traces (.json or .json.gz) without torch: time per kernel "
         "category, comm/compute overlap, rank merge for Perfetto, and CUDA allocator histories.",
         epilog="examples:\n"

@@ -34,10 +34,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         positive_float,
         positive_int,
     )
+    from ..cli.help_format import MatHelpFormatter
     from ..cli.layout_args import add_grad_reduce_argument, add_precision_arguments
 
     p = subparsers.add_parser(
         "validate",
+        formatter_class=MatHelpFormatter,  # also under `python -m megatron_autotuner.validate`
         help="train layouts for a few real steps (megatron-core) and compare with the cost model",
         description="Runs one layout (flags) or a batch (--layouts FILE) with torchrun on this node: warm-up steps, "
         "then timed steps; prints measured vs predicted step time, peak memory and MFU. Results are appended as "
