@@ -2,7 +2,18 @@
 
 
 class AutotunerError(Exception):
-    """Base class of every user-facing error of megatron-autotuner."""
+    """Base class of every user-facing error of megatron-autotuner: bad input, exit code 2."""
+
+    exit_code = 2
+    prefix = "error: "
+
+
+class NothingMeasuredError(AutotunerError):
+    """A measuring command ran (or could not start) and measured nothing, or every case failed: exit code 1,
+    one line saying why (`mat: nothing measured: no CUDA GPU: 0 of 6 layouts ran`)."""
+
+    exit_code = 1
+    prefix = "nothing measured: "
 
 
 class ConfigError(AutotunerError, ValueError):

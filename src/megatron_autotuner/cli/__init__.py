@@ -82,9 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except AutotunerError as exc:
-        print(f"mat: error: {exc}", file=sys.stderr)
-        return 2
+    except AutotunerError as exc:  # bad input: 2; a measuring command that measured nothing: 1
+        print(f"mat: {exc.prefix}{exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt:
         print("mat: interrupted", file=sys.stderr)
         return 130

@@ -183,9 +183,39 @@ def run(args: argparse.Namespace) -> int:
             fake=args.fake,
             device="cpu" if args.fake else "cuda",
         )
-        report = OverlapTuner(config).run()
+        tuner = OverlapTuner(config)
+        _require_runnable(config, len(tuner.jobs()))
+        report = tuner.run()
     if args.json:
         print_json(report)
     else:
         sys.stdout.write(summary_text(report))
+    _require_measured(Path(args.directory) if args.action == "analyze" else tuner.out)
     return 0
+
+
+def _require_runnable(config, jobs: int) -> None:
+    """Before any job: the fake backend needs torch (gloo ranks); the real ones a CUDA GPU (else exit 1)."""
+    from ..errors import ConfigError
+    from ..launch.devices import require_cuda_gpus
+
+    if config.fake:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "fake", "the synthetic backend runs torch.distributed (gloo) ranks on CPU and needs torch installed"
+            ) from None
+    else:
+        require_cuda_gpus(jobs, "tuning jobs", "--fake tries the tuner on CPU with a synthetic backend")
+
+
+def _require_measured(out: Path) -> None:
+    """Exit 1 (one line) when no round of the run has a measurement."""
+    from ..errors import NothingMeasuredError
+    from ..overlap.jobs import all_round_records
+
+    rounds = [r for r in all_round_records(out).values() if r.get("kind", "round") == "round"]
+    if not any(r.get("status") == "ok" for r in rounds):
+        failed = sum(r.get("status") == "failed" for r in all_round_records(out).values())
+        raise NothingMeasuredError(f"no tuning round has a measurement ({failed} failure records) in {out}")

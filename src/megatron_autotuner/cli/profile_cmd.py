@@ -119,13 +119,13 @@ def run(args: argparse.Namespace) -> int:
             rows = [[c.case_id, c.world_size] for c in cases]
             console().print(make_table(f"{len(cases)} cases ({len(skipped)} skipped)", ["case", "GPUs"], rows))
         return 0
+    from ..launch.devices import require_cuda_gpus
     from ..testbench.launcher import run_cases
     from ..testbench.results import all_records
     from ..testbench.summary import summary_rows
 
-    num_gpus = args.num_gpus or _visible_gpus()
-    if num_gpus == 0:
-        raise ConfigError("num_gpus", "no CUDA GPU visible: mat profile measures on GPUs (use --dry-run to list cases)")
+    visible = require_cuda_gpus(len(cases), "cases")  # exit 1 before any job when there is no GPU
+    num_gpus = args.num_gpus or visible
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     model_tag = "-".join(sorted({Path(c.model).stem for c in cases}))[:80]
     out_dir = Path(args.output_dir) if args.output_dir else Path("outputs") / f"{stamp}-profile" / model_tag
@@ -147,6 +147,13 @@ def run(args: argparse.Namespace) -> int:
     records = all_records(out_dir)
     rows = [r for r in summary_rows(records) if r["case_id"] in {c.case_id for c in cases}]
     (out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    if not any(r["status"] == "ok" for r in rows):
+        from ..errors import NothingMeasuredError
+
+        failed = sum(r["status"] != "ok" for r in rows)
+        raise NothingMeasuredError(
+            f"0 of {len(cases)} cases ran: {failed} failed (logs in {out_dir / 'jobs'}); results in {out_dir}"
+        )
     if args.calibration_out:
         from ..testbench.calibration import write_calibration
 
@@ -179,11 +186,3 @@ def run(args: argparse.Namespace) -> int:
     columns = ["case", "status", "fwd+bwd ms", "TFLOP/s", "MFU", "act GiB", "act est GiB", "real/est", "error"]
     console().print(make_table(f"Testbench results in {out_dir}", columns, table_rows))
     return 0
-
-
-def _visible_gpus() -> int:
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -158,4 +158,4 @@ def write_fake_trace(path: Path, spans: list[tuple[str, float, float, float]]) -
         t += tot + 100
     path.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt") as f:
-        json.dump({"schemaVersion": 1, "traceEvents": events}, f)
+        json.dump({"schemaVersion": 1, "synthetic": True, "traceEvents": events}, f)

@@ -32,6 +32,6 @@ def timeline_png(rows: list[dict[str, Any]], path: str | Path, title: str) -> Pa
     fig.tight_layout()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=110)
+    fig.savefig(p, dpi=110, metadata={"Title": title})  # the title (e.g. SYNTHETIC) is in the file too
     plt.close(fig)
     return p

@@ -119,6 +119,12 @@ def scaling_summary(an: RunAnalysis, summaries: list[dict[str, Any]], tolerance:
     return out
 
 
+SYNTHETIC_NOTE = (
+    "SYNTHETIC: made by the fake overlap backend on CPU (mat overlap tune --fake), not measured on a GPU; "
+    "do not train with these settings"
+)
+
+
 def build_report(an: RunAnalysis, config: dict[str, Any], tie_frac: float = 0.005) -> dict[str, Any]:
     threshold = float(config.get("overlap_threshold", 0.5))
     tolerance = float(config.get("scaling_tolerance", 0.2))
@@ -135,6 +141,7 @@ def build_report(an: RunAnalysis, config: dict[str, Any], tie_frac: float = 0.00
         "schema_version": SCHEMA_VERSION,
         "tool_version": __version__,
         "kind": "overlap_tuning_report",
+        **({"synthetic": SYNTHETIC_NOTE} if config.get("fake") else {}),
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "config": config,
         "device": env.get("device"),
@@ -155,6 +162,7 @@ def _fmt(v: float | None, unit: str = "") -> str:
 
 def summary_text(report: dict[str, Any]) -> str:
     lines = [
+        *([report["synthetic"]] if report.get("synthetic") else []),
         f"megatron-autotuner {report['tool_version']} TP-overlap tuning  ({report['created']})",
         f"device: {report.get('device')}  versions: {report.get('versions')}",
         "",
@@ -220,6 +228,7 @@ def write_reports(
             continue
         cfg = cfg_from_dict(s["tuned_cfg"])
         header = [
+            *([SYNTHETIC_NOTE] if report.get("synthetic") else []),
             f"TE userbuffers config tuned by megatron-autotuner {__version__} for {s['model']}, TP={s['tp']},",
             f"{config.get('max_token_len')} tokens x micro-batch {config.get('micro_batch_size', 1)}.",
             f"layer GEMMs: TE default {_fmt(s['layer']['te_default_ms'])} ms, tuned {_fmt(s['layer']['tuned_ms'])} ms.",
@@ -236,7 +245,7 @@ def write_reports(
             note = [*header, f"recommended TP for this model: {rec} (see summary.txt)"]
             files["yaml"].append(str(dump_ub_yaml(cfg, sub / "optimal_tp_comm_overlap_cfg.yaml", note)))
         if plots:
-            p = _timeline(an, s, sub / f"timeline_tp{s['tp']}.png", tie_frac)
+            p = _timeline(an, s, sub / f"timeline_tp{s['tp']}.png", tie_frac, bool(report.get("synthetic")))
             if p:
                 files["plots"].append(str(p))
     report["files"] = files
@@ -245,7 +254,7 @@ def write_reports(
     return report
 
 
-def _timeline(an: RunAnalysis, s: dict[str, Any], path: Path, tie_frac: float) -> Path | None:
+def _timeline(an: RunAnalysis, s: dict[str, Any], path: Path, tie_frac: float, synthetic: bool) -> Path | None:
     from .plot import timeline_png
 
     rows = []
@@ -256,4 +265,5 @@ def _timeline(an: RunAnalysis, s: dict[str, Any], path: Path, tie_frac: float) -
             if c is not None and c.metrics:
                 m = c.metrics[-1]
                 rows.append({"slot": slot, "label": label, "gemm": m.gemm_intervals, "comm": m.comm_intervals})
-    return timeline_png(rows, path, f"{s['model']} TP={s['tp']}: best userbuffers config vs no overlap")
+    title = f"{s['model']} TP={s['tp']}: best userbuffers config vs no overlap"
+    return timeline_png(rows, path, ("SYNTHETIC (fake backend, CPU) - " if synthetic else "") + title)

@@ -108,6 +108,10 @@ class Worker:
         self.backend = make_backend(job, rank, world)
         self.rounds_measured = 0
 
+    def _record(self, rec: dict[str, Any]) -> None:
+        """Append one record of rank 0; the fake backend's are marked synthetic (it measures nothing)."""
+        append_record(rank_file(self.out, 0), {**rec, **({"synthetic": True} if self.job["backend"] == "fake" else {})})
+
     # ---- one round ---------------------------------------------------------------------------
     def measure(self, model: ModelSpec, label: str, cfg: dict | None, tag: str = "") -> dict[str, Any]:
         job = self.job
@@ -156,7 +160,7 @@ class Worker:
         self.dist.broadcast_object_list(box, src=0)
         rec = box[0]
         if self.rank == 0:
-            append_record(rank_file(self.out, 0), rec)
+            self._record(rec)
             print(f"[{status}] {rid} {error or ''}", flush=True)
         self.cache[rid] = rec
         self.rounds_measured += 1
@@ -193,8 +197,7 @@ class Worker:
                     for r in self.cache.values()
                     if r.get("model") == model.name and r.get("job_id") == job["job_id"] and r.get("label") == "search"
                 )
-                append_record(
-                    rank_file(self.out, 0),
+                self._record(
                     {
                         "case_id": f"{job['job_id']}:{model.name}:search",
                         "kind": "search",
@@ -216,8 +219,7 @@ class Worker:
         for m in self.job["models"]:
             self.run_model(ModelSpec.from_dict(m))
         if self.rank == 0:
-            append_record(
-                rank_file(self.out, 0),
+            self._record(
                 {
                     "case_id": done_id(self.job["job_id"]),
                     "kind": "job_done",

@@ -310,6 +310,9 @@ def run(args: argparse.Namespace) -> int:
     layouts, gpu = _layouts(args, out)
     if not gpu:
         raise ConfigError("gpu", "give --gpu (the GPU preset predictions are made for)")
+    from ..specs import get_gpu_spec
+
+    get_gpu_spec(gpu)  # an unknown preset is bad input, not a prediction that failed
     if args.emit_slurm:
         ensure_output_dir(out)
         layouts_file = out / "slurm_layouts.json"
@@ -349,6 +352,10 @@ def run(args: argparse.Namespace) -> int:
             for cmd in cmds:
                 print("  " + " ".join(cmd))
         return 0
+    if args.device == "cuda" and not args.report_only:
+        from ..launch.devices import require_cuda_gpus
+
+        require_cuda_gpus(len(layouts), "layouts")
     rep = batch.validate_layouts(
         layouts, out, gpu, device=args.device, layout_timeout_s=args.timeout_s, retry_failed=args.retry_failed,
         available_gpus=args.available_gpus, calibration=calibration, write_calibration_to=args.write_calibration,
@@ -361,7 +368,18 @@ def run(args: argparse.Namespace) -> int:
         print(report.format_report(rep))
         if args.write_calibration:
             print(f"calibration: {args.write_calibration}")
+    _require_measured(rep, len(layouts), "reported" if args.report_only else "ran")
     return 0
+
+
+def _require_measured(rep, total: int, verb: str) -> None:
+    """`NothingMeasuredError` (exit 1) when no layout of the batch has a measurement."""
+    from ..errors import NothingMeasuredError
+
+    if not any(row.get("status") == "ok" for row in rep.rows):
+        failed = sum(row.get("status") == "failed" for row in rep.rows)
+        why = f"{failed} failed (see the failures above)" if failed else "none has a record yet"
+        raise NothingMeasuredError(f"0 of {total} layouts {verb}: {why}; results in {rep.out_dir}")
 
 
 def main(argv: list[str] | None = None) -> int:
