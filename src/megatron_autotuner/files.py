@@ -154,6 +154,27 @@ def read_json_bounded(
         raise ConfigError(field, f"{path} is not valid JSON (nested too deeply)") from None
 
 
+def read_yaml_bounded(
+    path: str | PathLike[str],
+    field: str = "path",
+    limit_bytes: int = CONFIG_LIMIT_BYTES,
+    *,
+    error: ErrorFactory | None = None,
+) -> Any:
+    """The yaml document of a user's file (`yaml.safe_load`); invalid yaml is `ConfigError(field, "PATH is not
+    valid yaml: ...")` on one line."""
+    import yaml
+
+    text = read_text_bounded(path, field, limit_bytes, error=error)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
+        raise ConfigError(field, f"{path} is not valid yaml: {first}") from None
+    except RecursionError:
+        raise ConfigError(field, f"{path} is not valid yaml (nested too deeply)") from None
+
+
 def read_stdin_bounded(field: str, limit_bytes: int = CONFIG_LIMIT_BYTES) -> str:
     """Standard input as text, at most `limit_bytes` characters (more is a one-line error)."""
     import sys

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import ConfigError, SpecNotFoundError
-from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
+from ..files import CONFIG_LIMIT_BYTES, read_yaml_bounded
 
 MIB = 2**20
 GIB = 2**30
@@ -124,11 +122,7 @@ def _gpu_from_mapping(data: dict[str, Any], source: str) -> GPUSpec:
 def load_gpu_specs_yaml(path: str | Path) -> dict[str, GPUSpec]:
     """Read user GPU definitions: a yaml mapping name -> fields (optionally `base: <preset>`)."""
     p = Path(path)
-    text = read_text_bounded(p, "hardware_file", CONFIG_LIMIT_BYTES)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(p), f"is not valid yaml: {str(exc).splitlines()[0]}") from exc
+    data = read_yaml_bounded(p, "hardware_file", CONFIG_LIMIT_BYTES)
     if not isinstance(data, dict) or not data:
         raise ConfigError(str(p), "must be a yaml mapping of GPU name -> fields")
     specs = {}

@@ -164,12 +164,12 @@ def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
 
 
 def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
-    hidden = _require(cfg, "n_embd", "gpt2")
+    hidden = _require_positive_int(cfg, "n_embd", "gpt2")
     return ModelSpec(
         name=name,
         hidden_size=hidden,
         num_layers=_require(cfg, "n_layer", "gpt2"),
-        num_attention_heads=_require(cfg, "n_head", "gpt2"),
+        num_attention_heads=_require_positive_int(cfg, "n_head", "gpt2"),
         ffn_hidden_size=cfg.get("n_inner") or 4 * hidden,
         vocab_size=_require(cfg, "vocab_size", "gpt2"),
         gated_linear_unit=False,
@@ -227,7 +227,7 @@ def model_spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> M
     if not isinstance(cfg, dict):
         raise ConfigError("config.json", "must hold a JSON object")
     model_type = cfg.get("model_type")
-    if model_type not in HF_CONVERTERS:
+    if not isinstance(model_type, str) or model_type not in HF_CONVERTERS:
         raise ConfigError(
             "model_type", f"{model_type!r} is not supported (supported: {', '.join(sorted(HF_CONVERTERS))})"
         )

@@ -262,15 +262,9 @@ class Classifier:
 
 def load_rules(path: str | PathLike[str]) -> tuple[Rule, ...]:
     """Read user rules from yaml: a list of `{pattern, category, library?, reason?, collective?, context?}`."""
-    import yaml
+    from ..files import CONFIG_LIMIT_BYTES, read_yaml_bounded
 
-    from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
-
-    text = read_text_bounded(path, "rules", CONFIG_LIMIT_BYTES)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("rules", f"{path} is not valid yaml: {' '.join(str(exc).split())}") from None
+    data = read_yaml_bounded(path, "rules", CONFIG_LIMIT_BYTES)
     if isinstance(data, dict) and "rules" in data:
         data = data["rules"]
     if not isinstance(data, list):

@@ -155,6 +155,8 @@ class TraceReader:
                 if self._eof and (exc.pos >= len(buf) - 1 or exc.msg.startswith("Unterminated string")):
                     raise self._error(f"truncated JSON: file ends {where} ({exc.msg})") from None
                 raise self._error(f"not valid JSON {where}: {exc.msg} at character {self._dropped + exc.pos}") from None
+            except RecursionError:
+                raise self._error(f"not valid JSON {where}: nested too deeply at character {self._offset()}") from None
             if end >= len(buf) and not self._eof and self._fill():
                 continue  # a number at the very end of the buffer may continue in the next chunk
             self._pos = end
@@ -227,7 +229,7 @@ class TraceReader:
                 buf, pos = self._buf, self._pos
                 try:
                     obj, end = scan(buf, pos)
-                except (StopIteration, json.JSONDecodeError):
+                except (StopIteration, json.JSONDecodeError, RecursionError):
                     obj = self._value(f"in traceEvents[{index}]")  # slow path: refills or raises
                     buf, end = self._buf, self._pos
                 else:

@@ -1,0 +1,336 @@
+"""Fuzz of every `mat` subcommand with bad inputs: no traceback, ever (issue #25).
+
+The bad inputs (files, odd values, output paths) and one regression argv per traceback class the first fuzz
+found are listed in fuzz_inputs.json, which this test reads. Every subcommand path and its options come from
+`build_parser()`, so a new option is fuzzed without editing this file. Commands run in-process through
+`megatron_autotuner.cli.main` in a scratch working directory; nothing starts a GPU job: profile and validate get
+--dry-run, plan never gets --validate, and `mat overlap` tune sees no GPU (so it launches no job).
+
+Contract checked: main returns or raises SystemExit (nothing else escapes), the exit code is 0, 1 or 2, and a
+failure ends with one line starting with "mat" on stderr, with no "Traceback". Examples are derandomized (the
+same inputs every run); MAT_FUZZ_EXPLORE=1 draws new ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import io
+import json
+import os
+import pickle
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megatron_autotuner.cli import build_parser, main
+
+DATA = json.loads((Path(__file__).with_name("fuzz_inputs.json")).read_text(encoding="utf-8"))
+CALL_TIMEOUT_S = 60  # one command; a hang (a FIFO, /dev/zero, a runaway search) fails instead of blocking the suite
+
+# options whose value is a file or folder the command reads
+INPUT_DESTS = {
+    "model",
+    "hardware_file",
+    "calibration",
+    "layouts",
+    "megatron_args",
+    "case_file",
+    "rules",
+    "tp_comm_overlap_cfg",
+    "traces",
+    "trace",
+    "snapshot",
+    "directory",
+}
+# options whose value is a path the command writes
+OUTPUT_DESTS = {"output_dir", "output", "calibration_out", "write_calibration", "emit_slurm"}
+# never given: they start real GPU runs or long work (validate_plan, host-floor timing)
+SKIPPED_OPTIONS = {
+    ("plan",): {"--validate", "--measure-host-floor", "--stand-in"},
+    ("validate",): {"--measure-host-floor", "--report-only"},
+}
+# always given, so nothing is launched
+FORCED = {("profile",): ["--dry-run"], ("validate",): ["--dry-run"]}
+# what the cross product of bad files x input options adds, so the command gets past its required options
+BASE_ARGS = {
+    ("estimate",): ["--gpu", "H100-SXM"],
+    ("plan",): ["--gpu", "H100-SXM", "--num-gpus", "1", "--seq-len", "1024", "--global-batch-size", "1", "--no-chart"],
+    ("trace", "merge"): ["-o", "out/merged.json"],
+    ("validate",): ["--gpu", "H100-SXM", "--seq-len", "1024"],
+}
+# plan searches: small numbers only (the search itself is tested elsewhere; this is about input handling)
+SMALL_NUMBERS = ["-1", "0", "1", "2", "8", "3.5", "x", ""]
+SMALL_NUMBER_COMMANDS = {("plan",)}
+EXAMPLES = {("plan",): 25, ("validate",): 40, ("overlap",): 40, ("overlap", "tune"): 40}
+DEFAULT_EXAMPLES = 60
+
+
+# ---- the bad files ---------------------------------------------------------------------------------------------
+
+
+def _make(path: Path, spec: dict) -> str:
+    """Create the file an entry of fuzz_inputs.json describes at `path`; return the path to pass."""
+    if "system" in spec:
+        return spec["system"]
+    if spec.get("dir"):
+        path.mkdir(parents=True, exist_ok=True)
+    elif spec.get("fifo"):
+        os.mkfifo(path)
+    elif "tree" in spec:
+        for rel, sub in spec["tree"].items():
+            (path / rel).parent.mkdir(parents=True, exist_ok=True)
+            _make(path / rel, sub)
+    elif "text" in spec:
+        path.write_text(spec["text"], encoding="utf-8")
+    elif "hex" in spec:
+        path.write_bytes(bytes.fromhex(spec["hex"]))
+    elif "gzip_truncated" in spec:
+        packed = gzip.compress(spec["gzip_truncated"].encode())
+        path.write_bytes(packed[: len(packed) // 2])
+    elif "pickle_gz_truncated" in spec:
+        packed = gzip.compress(pickle.dumps(spec["pickle_gz_truncated"]))
+        path.write_bytes(packed[: len(packed) // 2])
+    elif "pickle" in spec:
+        path.write_bytes(pickle.dumps(spec["pickle"]))
+    elif "spaces_mib" in spec:
+        path.write_bytes(b" " * (spec["spaces_mib"] << 20) + b"{}")
+    elif "nested" in spec:
+        path.write_text("[" * spec["nested"] + "]" * spec["nested"])
+    else:
+        raise AssertionError(f"fuzz_inputs.json: no kind for {spec}")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A scratch working directory holding the bad files (default outputs/ land here too); the working
+    directory and the GPU count of `mat overlap` are restored afterwards."""
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("needs POSIX FIFOs")
+    root = tmp_path_factory.mktemp("fuzz")
+    files = {spec["name"]: _make(root / spec["name"], spec) for spec in DATA["files"]}
+    (root / "exists_file.txt").write_text("a file in the way\n")
+    from megatron_autotuner.overlap.tuner import OverlapTuner
+
+    old_cwd = os.getcwd()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(OverlapTuner, "_gpus", lambda self: 0)  # no GPU: every job is recorded as skipped, none launched
+    os.chdir(root)
+    try:
+        yield root, files
+    finally:
+        os.chdir(old_cwd)
+        mp.undo()
+
+
+# ---- running mat in-process ------------------------------------------------------------------------------------
+
+
+class _Hung(Exception):
+    pass
+
+
+def _on_alarm(signum, frame):
+    raise _Hung()
+
+
+def run_mat(argv: list[str]) -> tuple[int, str, str]:
+    """main(argv) with stdout/stderr captured, stdin empty and a time limit: (code, out, err). Anything that
+    escapes main other than SystemExit fails the test with the argv."""
+    out, err = io.StringIO(), io.StringIO()
+    old_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT_S)
+    old_stdin = sys.stdin
+    sys.stdin = io.StringIO("")
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except _Hung:
+        pytest.fail(f"mat {argv!r} ran longer than {CALL_TIMEOUT_S} s")
+    except BaseException as exc:  # noqa: BLE001 - the point of the test
+        pytest.fail(f"mat {argv!r} raised {type(exc).__name__}: {exc}\nstderr: {err.getvalue()[-2000:]}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        sys.stdin = old_stdin
+    return code, out.getvalue(), err.getvalue()
+
+
+def check_contract(argv: list[str], code: int, err: str) -> None:
+    assert code in (0, 1, 2), f"mat {argv!r}: exit code {code}\n{err[-2000:]}"
+    assert "Traceback" not in err, f"mat {argv!r} printed a traceback:\n{err[-3000:]}"
+    if code != 0:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert lines, f"mat {argv!r}: exit {code} with nothing on stderr"
+        assert lines[-1].startswith("mat"), f"mat {argv!r}: last stderr line {lines[-1]!r}"
+        assert len(lines) == 1, f"mat {argv!r}: the error is {len(lines)} lines:\n{err[-2000:]}"
+
+
+# ---- the commands, from the parser -----------------------------------------------------------------------------
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+        return
+    for name, sub in subs[0].choices.items():
+        yield from _leaves(sub, (*path, name))
+
+
+COMMANDS = dict(_leaves(build_parser()))
+
+
+def test_every_subcommand_is_fuzzed():
+    """The parser walk finds every command of the CLI (a broken walk would fuzz nothing)."""
+    names = {" ".join(path) for path in COMMANDS}
+    assert {"plan", "estimate", "theory", "trace summary", "trace merge", "trace memory"} <= names
+    assert {"validate", "profile", "models", "hardware"} <= names
+    assert any(name.startswith("overlap") for name in names)
+
+
+def _value_pool(path: tuple[str, ...], action: argparse.Action, files: dict[str, str]) -> list[str]:
+    odd = DATA["odd_values"]
+    if action.dest in OUTPUT_DESTS:
+        return DATA["outputs"]
+    if action.dest in INPUT_DESTS:
+        return list(files.values()) + odd
+    if action.choices:
+        return [str(c) for c in action.choices] + odd
+    if path in SMALL_NUMBER_COMMANDS:
+        return SMALL_NUMBERS
+    return odd + list(files.values())[:4]
+
+
+def _argv_strategy(path: tuple[str, ...], parser: argparse.ArgumentParser, files: dict[str, str]):
+    skipped = SKIPPED_OPTIONS.get(path, set())
+    positionals, optionals = [], []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.dest == "version":
+            continue
+        if action.option_strings:
+            if not skipped.intersection(action.option_strings):
+                optionals.append(action)
+        else:
+            positionals.append(action)
+
+    def one_option(action: argparse.Action):
+        flag = st.sampled_from(action.option_strings)
+        if action.nargs == 0:
+            return flag.map(lambda f: [f])
+        values = st.sampled_from(_value_pool(path, action, files))
+        if action.nargs in ("+", "*"):
+            return st.tuples(flag, st.lists(values, min_size=1, max_size=3)).map(lambda t: [t[0], *t[1]])
+        return st.tuples(flag, values).map(lambda t: list(t))
+
+    def positional(action: argparse.Action):
+        values = st.sampled_from(_value_pool(path, action, files))
+        if action.nargs in ("+", "*"):
+            return st.lists(values, min_size=1, max_size=3)
+        if action.nargs == "?":
+            return st.one_of(st.just([]), values.map(lambda v: [v]))
+        return values.map(lambda v: [v])
+
+    @st.composite
+    def argv(draw):
+        args = list(path)
+        for action in positionals:
+            args += draw(positional(action))
+        chosen = draw(st.lists(st.sampled_from(optionals), max_size=6, unique_by=id)) if optionals else []
+        for action in chosen:
+            args += draw(one_option(action))
+        return args + FORCED.get(path, [])
+
+    return argv()
+
+
+FUZZ_SETTINGS = dict(
+    deadline=None,
+    database=None,
+    derandomize=not os.environ.get("MAT_FUZZ_EXPLORE"),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.filter_too_much],
+)
+
+
+@pytest.mark.parametrize("path", list(COMMANDS), ids=lambda p: "-".join(p))
+def test_fuzz_subcommand(path, workdir):
+    _, files = workdir
+    strategy = _argv_strategy(path, COMMANDS[path], files)
+
+    @settings(max_examples=EXAMPLES.get(path, DEFAULT_EXAMPLES), **FUZZ_SETTINGS)
+    @given(strategy)
+    def fuzz(argv):
+        code, _, err = run_mat(argv)
+        check_contract(argv, code, err)
+
+    fuzz()
+
+
+@pytest.mark.parametrize("spec", DATA["files"], ids=lambda s: s["name"])
+def test_every_bad_file_to_every_input_option(spec, workdir):
+    """Each bad file, given to each option that reads a file, of each command (no random choice)."""
+    _, files = workdir
+    value = files[spec["name"]]
+    for path, parser in COMMANDS.items():
+        for action in parser._actions:
+            if action.dest not in INPUT_DESTS:
+                continue
+            argv = [*path, action.option_strings[0], value] if action.option_strings else [*path, value]
+            if path == ("overlap",) and action.dest == "directory":
+                argv = ["overlap", "analyze", value]
+            argv += BASE_ARGS.get(path, []) + FORCED.get(path, [])
+            code, _, err = run_mat(argv)
+            check_contract(argv, code, err)
+
+
+def _expand(item: str, files: dict[str, str]) -> str:
+    for name, value in files.items():
+        item = item.replace("{" + name + "}", value)
+    assert "{" not in item or "}" not in item, f"fuzz_inputs.json: unknown file in {item!r}"
+    return item
+
+
+@pytest.mark.parametrize("case", DATA["regressions"], ids=lambda c: c["class"])
+def test_regression(case, workdir):
+    """Each traceback class the first fuzz found: the exit code, one line, and what it names."""
+    _, files = workdir
+    argv = [_expand(a, files) for a in case["argv"]]
+    code, _, err = run_mat(argv)
+    check_contract(argv, code, err)
+    assert code in case.get("codes", [2]), f"mat {argv!r}: exit {code}\n{err}"
+    if code != 0:
+        assert case["expect"] in err, f"mat {argv!r}: {case['expect']!r} not in {err!r}"
+
+
+def test_regression_list_covers_the_issue_classes():
+    """The classes issue #25 lists are all in fuzz_inputs.json."""
+    classes = " | ".join(c["class"] for c in DATA["regressions"])
+    for needle in (
+        "--model not UTF-8",
+        "--hardware-file not UTF-8",
+        "--calibration not UTF-8",
+        "--layouts not UTF-8",
+        "overlap records not UTF-8",
+        "trace file not UTF-8",
+        "--megatron-args not UTF-8",
+        "output dir is a file",
+        "output dir not writable",
+        "output dir /dev/null",
+        "num_attention_heads: 0",
+        "truncated .pickle.gz",
+        "overlap record without case_id",
+        "--model /dev/zero",
+        "FIFO",
+        "over the size limit",
+        "trace merge -o X X",
+    ):
+        assert needle in classes, needle
