@@ -9,7 +9,6 @@ folder, and `mat plan` without --output-dir writes there too.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import shutil
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from megatron_autotuner.cli import main
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -27,10 +27,7 @@ SKIPPED_PROGRAMS = {"pip", "bash", "python3", "python"}
 
 
 def _make_docs():
-    spec = importlib.util.spec_from_file_location("make_docs", ROOT / "benchmarks" / "make_docs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_docs")
 
 
 def readme_blocks(text: str) -> list[tuple[bool, list[list[str]]]]:

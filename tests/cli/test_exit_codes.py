@@ -33,7 +33,8 @@ def _run(argv, capsys):
 def test_measuring_commands_without_a_gpu_exit_1_with_one_line(argv, what, tmp_path, capsys):
     code, err = _run([*argv, "--output-dir", str(tmp_path / "out")], capsys)
     assert code == 1
-    assert len(err) == 1 and err[0].startswith("mat: nothing measured: no CUDA GPU visible") and f" {what} ran" in err[0]
+    assert len(err) == 1 and err[0].startswith("mat: nothing measured: no CUDA GPU visible")
+    assert f" {what} ran" in err[0]
     assert not (tmp_path / "out" / "jobs").exists()  # nothing was launched
 
 
@@ -70,7 +71,8 @@ def test_validate_exits_1_when_every_layout_failed(tmp_path, capsys, monkeypatch
     layouts = tmp_path / "layouts.json"
     layouts.write_text(json.dumps([{"model": str(model), "seq_length": 32, "global_batch_size": 1, "warmup_steps": 1,
                                     "steps": 1, "use_te": False, "name": "broken"}]))  # fmt: skip
-    argv = ["validate", "--layouts", str(layouts), "--gpu", "H200", "--device", "cpu", "--output-dir", str(tmp_path / "o")]
+    argv = ["validate", "--layouts", str(layouts), "--gpu", "H200", "--device", "cpu",
+            "--output-dir", str(tmp_path / "o")]  # fmt: skip
     code, err = _run(argv, capsys)
     assert code == 1 and len(err) == 1
     assert err[0].startswith("mat: nothing measured: 0 of 1 layouts ran: 1 failed"), err

@@ -7,10 +7,9 @@ from hypothesis import strategies as st
 
 from megatron_autotuner.costmodel import CostOptions, estimate, gemm_time_s
 from megatron_autotuner.costmodel import defaults as d
-from megatron_autotuner.costmodel.measured import compare_decoder_rows
-from megatron_autotuner.costmodel.published import compare_published, summary
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = get_gpu_spec("H100-SXM")
@@ -160,8 +159,9 @@ def test_scatter_gather_pipeline_exchange_trades_network_bytes_for_an_nvlink_gat
 
 
 def test_published_runs_within_targets():
-    results = compare_published(ROOT / "tests/fixtures/published_runs.csv")
-    s = summary(results)
+    published = load_script("published")
+    results = published.compare_published(ROOT / "tests/fixtures/published_runs.csv")
+    s = published.summary(results)
     assert s["rows"] == 8
     # Target of the issue: every row within 15%, median within 8% (13.2% and 7.5% at this commit)
     assert s["max_abs_error"] < 0.15
@@ -182,7 +182,7 @@ def test_published_runs_within_targets():
 
 def test_measured_h200_layers_within_10_percent():
     rows = json.loads((ROOT / "benchmarks/results/testbench_h200_x2/dense_summary.json").read_text())["rows"]
-    result = compare_decoder_rows(rows, "H200")
+    result = load_script("measured").compare_decoder_rows(rows, "H200")
     assert len(result) == 16
     good = [r for r in result if abs(r["error"]) <= 0.10]
     assert len(good) >= 6

@@ -4,7 +4,6 @@ published runs written as Megatron-LM flags and imported as `mat estimate --mega
 target is asserted here: the JSON records the errors."""
 
 import hashlib
-import importlib.util
 import json
 import math
 import statistics
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from megatron_autotuner.specs.megatron_args import catalog, read_launch
+from tests.benchmark_scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks/published_modern.py"
@@ -23,10 +23,7 @@ PREDICTED = ("predicted_tokens_per_s_per_gpu", "predicted_tflops_per_gpu", "pred
 
 
 def _load_script():
-    spec = importlib.util.spec_from_file_location("published_modern", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("published_modern")
 
 
 @pytest.fixture(scope="module")
