@@ -394,7 +394,9 @@ def compare_row(row: dict[str, str], index: int) -> dict[str, Any]:
         if imp.model is None:
             raise ConfigError("megatron_args", "the flags describe no model")
         est = estimate(
-            imp.model, imp.parallel, imp.workload, gpu, CostOptions(flops_convention=convention, **imp.options)
+            imp.model, imp.parallel, imp.workload, gpu,
+            # these runs happened: whether they fit is judged against the whole HBM, no margin
+            CostOptions(flops_convention=convention, memory_margin=0.0, **imp.options),
         )
     except (ConfigError, SpecNotFoundError) as exc:
         record["reason"] = str(exc).splitlines()[0]

@@ -14,13 +14,14 @@ from .calibration import (
 )
 from .collectives import collective_time_s, p2p_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
-from .estimate import CostOptions, Estimate, StageTime, TimeResult, estimate, time_model
+from .estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, StageTime, TimeResult, estimate, time_model
 from .layer import LayerContext, LayerCost, layer_cost
 
 __all__ = [
     "Calibration",
     "MemoryCalibration",
     "CostOptions",
+    "DEFAULT_MEMORY_MARGIN",
     "Estimate",
     "LayerContext",
     "LayerCost",

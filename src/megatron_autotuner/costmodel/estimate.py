@@ -76,6 +76,12 @@ COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
 COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
 
 
+# HBM kept free when judging whether a layout fits, the same in `estimate` and `plan` (and their commands): the
+# memory model lands within 5% of real megatron-core peaks where it was measured (docs/memory.md), so a layout
+# predicted within the last 5% of HBM may not fit.
+DEFAULT_MEMORY_MARGIN = 0.05
+
+
 @dataclass(frozen=True)
 class CostOptions:
     """Choices the cost model cannot read from the layout.
@@ -99,7 +105,7 @@ class CostOptions:
     (fused permute, CUDA graphs) are not bound this way, hence off by default;
     `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far
     less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`);
-    `memory_margin`: fraction of HBM kept free when deciding `fits`.
+    `memory_margin`: fraction of HBM kept free when deciding `fits` (`DEFAULT_MEMORY_MARGIN`).
     """
 
     flops_convention: str = "causal"
@@ -115,7 +121,7 @@ class CostOptions:
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
     expandable_segments: bool = False
-    memory_margin: float = 0.0
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
 
     def __post_init__(self) -> None:
         if self.flops_convention not in ("causal", "full"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
-from ..costmodel.estimate import CostOptions, Estimate, estimate, padded_vocab, time_model
+from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, estimate, padded_vocab, time_model
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.model import ModelSpec
@@ -159,7 +159,7 @@ def plan(
     mode: str = "train",
     precision: str = "bf16",
     max_token_len: int | None = None,
-    memory_margin: float = 0.05,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
     space: SearchSpace | None = None,
     options: CostOptions | None = None,
     explain_impossible: bool = True,
