@@ -8,7 +8,7 @@ found are listed in fuzz_inputs.json, which this test reads. Every subcommand pa
 
 Contract checked: main returns or raises SystemExit (nothing else escapes), the exit code is 0, 1 or 2, and a
 failure ends with one line starting with "mat" on stderr, with no "Traceback". Examples are derandomized (the
-same inputs every run); MAT_FUZZ_EXPLORE=1 draws new ones.
+same inputs every run); MAT_FUZZ_EXPLORE=1 draws new ones, MAT_FUZZ_SCALE=N runs N times as many.
 """
 
 from __future__ import annotations
@@ -266,7 +266,10 @@ def test_fuzz_subcommand(path, workdir):
     _, files = workdir
     strategy = _argv_strategy(path, COMMANDS[path], files)
 
-    @settings(max_examples=EXAMPLES.get(path, DEFAULT_EXAMPLES), **FUZZ_SETTINGS)
+    scale = float(os.environ.get("MAT_FUZZ_SCALE", "1"))
+    examples = max(1, int(EXAMPLES.get(path, DEFAULT_EXAMPLES) * scale))
+
+    @settings(max_examples=examples, **FUZZ_SETTINGS)
     @given(strategy)
     def fuzz(argv):
         code, _, err = run_mat(argv)

@@ -51,8 +51,12 @@ def find_in_hf_cache(model_id: str) -> Path | None:
             continue
         ref = cache / folder / "refs" / "main"
         if ref.is_file():
-            candidate = snapshots / ref.read_text().strip() / "config.json"
-            if candidate.is_file():
+            try:
+                commit = ref.read_bytes()[:256].decode("utf-8", errors="replace").strip()
+            except OSError:
+                commit = ""
+            candidate = snapshots / commit / "config.json"
+            if commit and candidate.is_file():
                 return candidate
         found = sorted(snapshots.glob("*/config.json"), key=lambda p: p.stat().st_mtime, reverse=True)
         if found:
