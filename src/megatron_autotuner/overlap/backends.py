@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..testbench.measure import _stats, export_trace_gz
+from .jobs import NeedsFreshProcess
 
 
 def time_ops(ops: dict[str, tuple[Any, Any, Any]], warmup: int, repeats: int) -> dict[str, Any]:
@@ -196,8 +197,6 @@ class TEBackend(_Base):
 
     def _init_ub(self, cfg: dict | None) -> None:
         from transformer_engine.pytorch.module import base
-
-        from .worker import NeedsFreshProcess
 
         torch = self.torch
         if getattr(base, "_ub_communicators", None) is not None:

@@ -20,6 +20,11 @@ from ..testbench.results import rank_file
 
 CURRENT_FILE = "current_case.txt"
 REINIT_EXIT_CODE = 3  # worker asks for a fresh process (userbuffers could not be re-initialised in place)
+
+
+class NeedsFreshProcess(RuntimeError):
+    """Userbuffers cannot be set up again in this process: the worker exits with REINIT_EXIT_CODE and the
+    launcher restarts the job."""
 FIXED_LABELS = ("nccl", "te_default", "symm_mem", "no_tp")
 
 

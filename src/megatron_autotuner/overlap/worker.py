@@ -28,13 +28,9 @@ from ..specs import ModelSpec
 from ..testbench.results import rank_file
 from .candidates import SearchSpace, slots_for
 from .gemms import gemm_shapes
-from .jobs import CURRENT_FILE, REINIT_EXIT_CODE, all_round_records, done_id, round_id
+from .jobs import CURRENT_FILE, REINIT_EXIT_CODE, NeedsFreshProcess, all_round_records, done_id, round_id
 from .rules import cfg_from_dict, cfg_to_dict
 from .search import plan_searches
-
-
-class NeedsFreshProcess(RuntimeError):
-    """Userbuffers cannot be set up again in this process; the launcher restarts the job."""
 
 
 def make_backend(job: dict[str, Any], rank: int, world: int):
