@@ -25,6 +25,8 @@ REINIT_EXIT_CODE = 3  # worker asks for a fresh process (userbuffers could not b
 class NeedsFreshProcess(RuntimeError):
     """Userbuffers cannot be set up again in this process: the worker exits with REINIT_EXIT_CODE and the
     launcher restarts the job."""
+
+
 FIXED_LABELS = ("nccl", "te_default", "symm_mem", "no_tp")
 
 
