@@ -101,3 +101,15 @@ def test_fake_overlap_results_are_labelled_synthetic_in_every_file(tmp_path, cap
     assert report["synthetic"].startswith("SYNTHETIC")
     for line in (out / "collect" / "rank_0.jsonl").read_text().splitlines():
         assert json.loads(line)["synthetic"] is True
+
+
+@pytest.mark.parametrize("command", ["plan", "estimate"])
+def test_max_token_len_below_seq_len_is_named_as_the_cause(command, tmp_path, capsys):
+    """It used to surface as "nearest GPU counts that work: 7 or 9", which no GPU count fixes."""
+    argv = [command, "--model", "Llama-3.1-8B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "4096",
+            "--global-batch-size", "64", "--max-token-len", "100"]  # fmt: skip
+    if command == "plan":
+        argv += ["--output-dir", str(tmp_path)]
+    code, err = _run(argv, capsys)
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("mat: error: max_token_len: 100 is below seq_length=4096"), err

@@ -221,6 +221,12 @@ class Workload:
             raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
         if self.max_token_len is not None:
             _positive("max_token_len", self.max_token_len)
+            if self.max_token_len < self.seq_length:
+                raise ConfigError(
+                    "max_token_len",
+                    f"{self.max_token_len} is below seq_length={self.seq_length}: a micro-batch holds whole "
+                    "sequences (verl never splits one), so give max_token_len >= seq_length",
+                )
         if self.mode == "forward" and self.recompute.granularity != "none":
             raise ConfigError("recompute", "must be none in forward mode (nothing is kept for a backward pass)")
 
@@ -327,10 +333,6 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
                 f"{workload.global_batch_size} must be divisible by micro_batch_size*dp = "
                 f"{workload.micro_batch_size}*{parallel.dp} = {per_step}",
             )
-    elif workload.max_token_len < seq:
-        raise ConfigError(
-            "max_token_len", f"{workload.max_token_len} must be >= seq_length={seq} (a sequence is never split)"
-        )
     if parallel.vpp is not None and workload.is_training:
         m = num_microbatches(parallel, workload)
         if m % pp:
