@@ -230,6 +230,8 @@ def test_cli_plan_and_estimate(tmp_path, capsys):
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["candidates"]) == 3
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert len(written["rejections"]) == written["rejected"] > 200  # every rejection, with its reason
     assert (tmp_path / "plan.png").exists() and (tmp_path / "rank_1" / "megatron_lm_args.txt").exists()
     assert (
         "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in (tmp_path / "rank_1" / "launch_env.sh").read_text()

@@ -108,7 +108,7 @@ class PlanResult:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def to_dict(self, top_k: int | None = None, max_rejections: int = 200) -> dict[str, Any]:
+    def to_dict(self, top_k: int | None = None, max_rejections: int | None = None) -> dict[str, Any]:
         cands = self.candidates if top_k is None else self.candidates[:top_k]
         return {
             "schema_version": SCHEMA_VERSION,
