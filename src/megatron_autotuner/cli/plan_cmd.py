@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("gpu", "is required")
     if args.stand_in and (args.validate is None or args.measure_host_floor):
         raise ConfigError("stand_in", "--stand-in goes with --validate K and measures memory only (no host floor)")
+    if args.validate is not None:  # the runs need a GPU: say so before the search (exit 1), not after it
+        from ..launch.devices import require_cuda_gpus
+
+        require_cuda_gpus(args.validate, "layouts to validate", "drop --validate to plan without a GPU")
     # before the search: an output folder that cannot be written, or an unreadable yaml, fails now, not after it
     out_dir = output_dir_for("plan", args.output_dir, create=False)
     tuned = None
@@ -162,13 +166,14 @@ def run(args: argparse.Namespace) -> int:
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
     files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
+    validation = None
     if args.validate is not None:
         try:
             validate = importlib.import_module("megatron_autotuner.validate")
             validate_plan = validate.validate_plan
         except (ImportError, AttributeError) as exc:
             raise AutotunerError(f"--validate needs megatron_autotuner.validate.validate_plan ({exc})") from exc
-        validate_plan(
+        validation = validate_plan(
             result,
             args.validate,
             out_dir,
@@ -183,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
         data["output_dir"] = str(out_dir)
         data["files"] = files
         print_json(data)
+        _require_validated(validation)
         return 0
     out = console()
     precision = result.base_workload.precision_label
@@ -216,7 +222,18 @@ def run(args: argparse.Namespace) -> int:
         print_current_run(out, comparison)
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
+    if validation is not None:
+        out.print(f"validation of the top {args.validate}: {validation.out_dir}")
+    _require_validated(validation)
     return 0
+
+
+def _require_validated(validation) -> None:
+    """With --validate K: exit 1 (one line) when none of the layouts measured anything."""
+    if validation is not None:
+        from ..validate.command import require_measured
+
+        require_measured(validation, len(validation.rows), "ran")
 
 
 def print_current_run(out, comparison: CurrentRun) -> None:

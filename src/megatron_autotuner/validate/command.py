@@ -368,11 +368,11 @@ def run(args: argparse.Namespace) -> int:
         print(report.format_report(rep))
         if args.write_calibration:
             print(f"calibration: {args.write_calibration}")
-    _require_measured(rep, len(layouts), "reported" if args.report_only else "ran")
+    require_measured(rep, len(layouts), "reported" if args.report_only else "ran")
     return 0
 
 
-def _require_measured(rep, total: int, verb: str) -> None:
+def require_measured(rep, total: int, verb: str) -> None:
     """`NothingMeasuredError` (exit 1) when no layout of the batch has a measurement."""
     from ..errors import NothingMeasuredError
 
