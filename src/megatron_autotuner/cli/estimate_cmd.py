@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--global-batch-size 64\n"
         "  mat estimate --model Qwen3-30B-A3B --gpu H200 --num-gpus 16 --ep 8 --seq-len 4096 --recompute selective "
         "--json\n"
-        "  mat estimate --megatron-args tests/fixtures/launches/llama31_405b_h100_1024gpu_fp8cs.sh --gpu H100-SXM"
+        "  mat estimate --megatron-args examples/llama31_8b_h100_8gpu.sh --gpu H100-SXM"
         "   # flags, or a whole torchrun command",
     )
     add_model_arguments(p)

@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  mat plan --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --seq-len 8192 --global-batch-size 64\n"
         "  mat plan --model Qwen3-30B-A3B --gpu H200 --num-gpus 16 --seq-len 4096 --global-batch-size 256 --top 3 "
         "--no-chart\n"
-        "  mat plan --megatron-args tests/fixtures/launches/llama31_405b_h100_1024gpu_fp8cs.sh --gpu H100-SXM"
+        "  mat plan --megatron-args examples/llama31_8b_h100_8gpu.sh --gpu H100-SXM"
         "   # your run vs the best, and the flags to change",
     )
     add_model_arguments(p)
