@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from megatron_autotuner.argspec.help_format import MatHelpFormatter, iter_commands
 from megatron_autotuner.cli import build_parser, main
-from megatron_autotuner.cli.help_format import MatHelpFormatter, iter_commands
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNABLE = ("plan", "estimate", "theory", "models", "hardware", "trace", "overlap analyze")

@@ -7,7 +7,8 @@ import argparse
 
 import pytest
 
-from megatron_autotuner.cli import argtypes, build_parser, main
+from megatron_autotuner.argspec import argtypes
+from megatron_autotuner.cli import build_parser, main
 
 TRACE = "tests/fixtures/traces/h200_te_layer_tp1_rank0.json.gz"
 POS = "must be a positive integer, got"

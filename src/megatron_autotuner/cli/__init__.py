@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
+from ..argspec.help_format import MatHelpFormatter, command_list
 from ..errors import AutotunerError
 from . import (
     estimate_cmd,
@@ -23,7 +24,6 @@ from . import (
     trace_cmd,
     validate_cmd,
 )
-from .help_format import MatHelpFormatter, command_list
 
 COMMAND_MODULES = [
     models_cmd,

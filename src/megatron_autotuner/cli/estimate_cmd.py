@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..argspec.argtypes import margin_fraction, non_empty_path
 from ..costmodel import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, load_calibration
 from ..errors import ConfigError
-from .argtypes import margin_fraction, non_empty_path
 from .layout_args import (
     add_gpu_arguments,
     add_layout_arguments,

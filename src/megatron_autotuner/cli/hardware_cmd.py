@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..argspec.argtypes import non_empty_path
 from ..specs import GPU_PRESETS, load_gpu_specs_yaml
-from .argtypes import non_empty_path
 from .output import console, make_table, print_json
 
 

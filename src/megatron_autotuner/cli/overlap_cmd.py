@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .argtypes import (
+from ..argspec.argtypes import (
     fraction,
     non_empty_path,
     non_negative_float,

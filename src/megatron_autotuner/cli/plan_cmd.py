@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from ..argspec.argtypes import margin_fraction, non_empty_path, positive_int
+from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, estimate
 from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded
@@ -12,15 +14,12 @@ from ..report import output_dir_for, write_plan_report
 from ..search import plan
 from ..search.current import CurrentRun, compare_with_best
 from ..validate.command import add_stand_in_argument
-from .argtypes import margin_fraction, non_empty_path, positive_int
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
 from .layout_args import (
     add_flops_convention_argument,
     add_gpu_arguments,
-    add_grad_reduce_argument,
     add_mode_arguments,
     add_model_arguments,
-    add_precision_arguments,
     gpu_from_args,
     import_launch,
     model_from_args,

@@ -7,10 +7,10 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from ..argspec.argtypes import non_empty_path, non_negative_int, positive_float, positive_int, positive_int_list
 from ..errors import ConfigError
 from ..files import check_output_dir, check_output_file
 from ..testbench.cases import MODES, OPERATORS, expand_cases, load_case_file
-from .argtypes import non_empty_path, non_negative_int, positive_float, positive_int, positive_int_list
 from .output import console, make_table, print_json
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .. import SCHEMA_VERSION, __version__
+from ..argspec.argtypes import non_empty_path, non_negative_int, positive_int, rank_offset
 from ..errors import ConfigError
-from .argtypes import non_empty_path, non_negative_int, positive_int, rank_offset
 from .output import console, make_table, print_json
 
 # the shipped traces the help's examples read (paths from the repository root)

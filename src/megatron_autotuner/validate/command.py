@@ -26,16 +26,15 @@ def add_stand_in_argument(parser: argparse.ArgumentParser, prefix: str = "") -> 
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    # cli imports this module
-    from ..cli.argtypes import (
+    from ..argspec.argtypes import (
         non_empty_path,
         non_negative_int,
         num_layers_or_edge,
         positive_float,
         positive_int,
     )
-    from ..cli.help_format import MatHelpFormatter
-    from ..cli.layout_args import add_grad_reduce_argument, add_precision_arguments
+    from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
+    from ..argspec.help_format import MatHelpFormatter
 
     p = subparsers.add_parser(
         "validate",

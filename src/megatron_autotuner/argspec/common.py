@@ -1,0 +1,37 @@
+"""Option groups that `mat` and `python -m megatron_autotuner.validate` both define."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..specs.parallel import FP8_RECIPES, PRECISIONS
+
+
+def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Megatron-LM's `--grad-reduce-in-bf16` (read as `args.grad_reduce_in_bf16`)."""
+    parser.add_argument(
+        "--grad-reduce-in-bf16",
+        action="store_true",
+        default=None,
+        help="bf16 main-grad buffer (accumulate and reduce gradients in bf16; Megatron-LM's flag of the same name): "
+        "2 bytes per parameter less, half the DP gradient traffic (default: fp32 main grads)",
+    )
+
+
+def add_precision_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--precision` and Megatron-LM's fp8 options `--fp8-recipe` / `--fp8-param-gather`."""
+    parser.add_argument("--precision", choices=list(PRECISIONS), default=None, help="bf16 (default) or fp8")
+    parser.add_argument(
+        "--fp8-recipe",
+        choices=list(FP8_RECIPES),
+        default=None,
+        help="with --precision fp8: delayed scaling, per-tensor current scaling (tensorwise, NVIDIA's FP8-CS) or "
+        "1x128 / 128x128 block scaling (blockwise, DeepSeek-V3 style) (default: delayed)",
+    )
+    parser.add_argument(
+        "--fp8-param-gather",
+        action="store_true",
+        default=None,
+        help="with --precision fp8: keep TE linear weights in fp8 and all-gather them in fp8 (Megatron-LM's flag; "
+        "2 bytes per weight less, needs the distributed optimizer; default: off)",
+    )
