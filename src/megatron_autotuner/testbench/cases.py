@@ -53,6 +53,13 @@ class Case:
     fp8_recipe: str = "delayed"  # with dtype fp8: Megatron-LM's --fp8-recipe (delayed | tensorwise | blockwise)
     cp_comm_type: str = "p2p"
     use_te: bool = True  # TE layer spec; False = megatron-core local spec
+    # packed THD input (decoder / gpt_chunk): one micro-batch of whole sequences up to max_token_len tokens, lengths
+    # drawn with mean `mean_seq_length` (None: all seq_length, the longest) from `length_seed` (`testbench.packed`)
+    max_token_len: int | None = None
+    mean_seq_length: float | None = None
+    length_seed: int = 0
+
+    PACKED_OPS = ("decoder", "gpt_chunk")
 
     def __post_init__(self) -> None:
         if self.op not in OPERATORS:
@@ -77,6 +84,17 @@ class Case:
             raise ConfigError("seq_length", f"{self.seq_length} must be divisible by 2*cp={2 * self.cp}")
         if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
             raise ConfigError("seq_length", f"seq_length/cp must be divisible by tp={self.tp} with sequence parallel")
+        if self.max_token_len is not None:
+            if self.op not in self.PACKED_OPS:
+                raise ConfigError("max_token_len", f"packed input is built for ops {', '.join(self.PACKED_OPS)} only")
+            if not self.use_te:
+                # megatron-core's local DotProductAttention asserts packed_seq_params is None
+                raise ConfigError("use_te", "packed THD input (max_token_len) needs Transformer Engine attention")
+            if self.micro_batch_size != 1:
+                raise ConfigError("micro_batch_size", "must be 1 with packed input (one packed row)")
+            self.packed_micro_batch()  # raises ConfigError for a distribution that cannot be drawn
+        elif self.mean_seq_length is not None or self.length_seed != 0:
+            raise ConfigError("mean_seq_length", "length distributions need packed input (max_token_len)")
 
     @property
     def world_size(self) -> int:
@@ -93,6 +111,10 @@ class Case:
         data = dataclasses.asdict(self)
         if data["fp8_recipe"] == "delayed":
             del data["fp8_recipe"]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for key in ("max_token_len", "mean_seq_length", "length_seed"):  # added later: ids of older cases stay
+            if data[key] == defaults[key]:
+                del data[key]
         fields = json.dumps(data, sort_keys=True)
         digest = hashlib.sha1(fields.encode()).hexdigest()[:10]
         model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
@@ -109,6 +131,17 @@ class Case:
             return cls(**data)
         except TypeError as exc:
             raise ConfigError("case", str(exc)) from exc
+
+    def packed_micro_batch(self):
+        """The packed micro-batch of a case with max_token_len (`testbench.packed.PackedMicroBatch`), else None."""
+        if self.max_token_len is None:
+            return None
+        from .packed import single_micro_batch
+
+        mean = self.seq_length if self.mean_seq_length is None else self.mean_seq_length
+        if self.max_token_len < self.seq_length:
+            raise ConfigError("max_token_len", f"{self.max_token_len} is below seq_length={self.seq_length}")
+        return single_micro_batch(mean, self.seq_length, self.max_token_len, self.tp, self.cp, self.length_seed)
 
     def model_spec(self) -> ModelSpec:
         spec = load_model_spec(self.model)

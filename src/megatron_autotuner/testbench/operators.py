@@ -261,6 +261,10 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
             rotary_base=_rope_base(case.model),
             use_cpu_initialization=device == "cpu",
         )
+        if packed_mb is not None:
+            # THD: one table up to the longest (padded) sequence, applied per sequence through cu_seqlens; GPTModel
+            # asks RotaryEmbedding.forward for it with packed_seq=True (no CP slicing of the table)
+            return emb(max(packed_mb.padded_lengths), packed_seq=True)
         return emb(case.seq_length)
 
     def tensor_bytes(t: Any) -> int:
@@ -273,6 +277,21 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
 
     kind = "te" if use_te else "local"
     op = case.op
+    packed_mb = case.packed_micro_batch()
+    packed_batch: dict[str, Any] = {}
+    if packed_mb is not None:
+        # one THD row (batch 1) of whole sequences, this CP rank's chunks (`testbench.packed`, verl's layout)
+        from megatron.core import parallel_state
+
+        from .packed import thd_tensors
+
+        packed_batch = thd_tensors(
+            packed_mb, spec.vocab_size, case.length_seed, device, cp, parallel_state.get_context_parallel_rank()
+        )
+        seq_local = packed_batch["tokens"].shape[1]
+        seq_in = seq_local // tp if case.sequence_parallel else seq_local
+        b = 1
+    packed_kwargs = {"packed_seq_params": packed_batch["packed_seq_params"]} if packed_batch else {}
 
     if op in ("attention", "mlp", "moe", "decoder", "norm"):
         x = hidden_input()
@@ -281,7 +300,7 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
             module = build_module(lspec, config=config, layer_number=layer_index + 1)
 
             def run():
-                out = module(x, attention_mask=None, rotary_pos_emb=rotary)
+                out = module(x, attention_mask=None, rotary_pos_emb=rotary, **packed_kwargs)
                 return out[0] if isinstance(out, tuple) else out
         elif op == "attention":
             norm = build_module(lspec.submodules.input_layernorm, config=config, hidden_size=h, eps=1e-6)
@@ -406,8 +425,11 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
         return Operator(module, forward, backward, tensor_bytes(x), lambda _: 0, kind, f"lm_head of {spec.name}")
 
     if op in ("embedding", "gpt_chunk"):
-        tokens = torch.randint(0, spec.vocab_size, (b, seq_local), device=device)
-        positions = torch.arange(seq_local, device=device).unsqueeze(0).expand(b, -1)
+        if packed_batch:
+            tokens, positions = packed_batch["tokens"], packed_batch["position_ids"]
+        else:
+            tokens = torch.randint(0, spec.vocab_size, (b, seq_local), device=device)
+            positions = torch.arange(seq_local, device=device).unsqueeze(0).expand(b, -1)
         if op == "embedding":
             from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 
@@ -444,10 +466,19 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
             share_embeddings_and_output_weights=spec.tie_embeddings,
         )
         module = module.to(device) if device == "cpu" else module.cuda()
-        labels = torch.randint(0, spec.vocab_size, (b, seq_local), device=device)
+        if packed_batch:
+            labels, loss_mask = packed_batch["labels"], packed_batch["loss_mask"]
+        else:
+            labels = torch.randint(0, spec.vocab_size, (b, seq_local), device=device)
+            loss_mask = None
 
         def forward():
-            return module(input_ids=tokens, position_ids=positions, attention_mask=None, labels=labels).mean()
+            losses = module(
+                input_ids=tokens, position_ids=positions, attention_mask=None, labels=labels, **packed_kwargs
+            )
+            if loss_mask is None:
+                return losses.mean()
+            return (losses.float() * loss_mask).sum() / loss_mask.sum()  # pad tokens carry no loss
 
         def backward(loss):
             loss.backward()
@@ -459,7 +490,7 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
             0,
             lambda _: 0,
             kind,
-            f"GPTModel chunk of {spec.num_layers} layers of {spec.name}",
+            f"GPTModel chunk of {spec.num_layers} layers of {spec.name}" + (" (packed THD)" if packed_batch else ""),
         )
     raise ValueError(f"unknown op {op}")
 

@@ -130,6 +130,9 @@ def run_case(case: Case, args: argparse.Namespace, rank: int, world: int, env: d
     }
     estimated = estimate_case(case)
     record["estimated"] = estimated
+    if case.max_token_len is not None:
+        # the packed row measured: tokens and sum of s_i^2 (the estimate above is for seq_length x micro-batch)
+        record["packing"] = case.packed_micro_batch().summary()
     op = None
     try:
         if os.environ.get("MAT_TESTBENCH_HANG_OP") == case.op:

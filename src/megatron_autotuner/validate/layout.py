@@ -33,6 +33,9 @@ class Layout:
         "fp8_recipe",
         "fp8_param",
         "pipeline_layout",
+        "max_token_len",
+        "mean_seq_length",
+        "length_seed",
     )
 
     model: str
@@ -76,6 +79,13 @@ class Layout:
     # record the caching allocator's history (torch.cuda.memory._record_memory_history) from before the build to
     # the last step; writes memory/<layout_id>/rank_R.pickle.gz + its replay (`trace.memory_history`). Slows steps.
     memory_history: bool = False
+    # packed THD micro-batches (verl's dynamic batching, `testbench.packed`): each micro-batch packs whole sequences
+    # up to max_token_len tokens; `seq_length` is then the longest sequence (prompt + response) and
+    # `global_batch_size` the number of sequences per iteration; lengths are drawn with mean `mean_seq_length`
+    # (None: every sequence seq_length long) from the seed `length_seed`
+    max_token_len: int | None = None
+    mean_seq_length: float | None = None
+    length_seed: int = 0
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -96,6 +106,25 @@ class Layout:
             raise ConfigError("num_layers", f"must be a positive integer, got {self.num_layers!r}")
         self.parallel()  # raises ConfigError on a bad split
         self.workload()
+        self._check_packing()
+
+    def _check_packing(self) -> None:
+        if self.max_token_len is None:
+            if self.mean_seq_length is not None or self.length_seed != 0:
+                raise ConfigError("mean_seq_length", "length distributions need packed sequences (max_token_len)")
+            return
+        if not self.use_te:
+            # megatron-core's local DotProductAttention asserts packed_seq_params is None
+            # (megatron/core/transformer/dot_product_attention.py, forward): THD needs TEDotProductAttention
+            raise ConfigError("use_te", "packed THD sequences (max_token_len) need Transformer Engine attention")
+        if self.micro_batch_size != 1:
+            raise ConfigError("micro_batch_size", "must be 1 with packed sequences (one packed row per micro-batch)")
+        if not isinstance(self.length_seed, int) or isinstance(self.length_seed, bool):
+            raise ConfigError("length_seed", f"must be an integer, got {self.length_seed!r}")
+        mean = self.mean_seq_length
+        if mean is not None and (isinstance(mean, bool) or not isinstance(mean, int | float) or not mean >= 1):
+            raise ConfigError("mean_seq_length", f"must be a number >= 1, got {mean!r}")
+        self.packing_plan()  # raises ConfigError when the batch cannot be packed as asked
 
     # ------------------------------------------------------------------ derived objects
     def model_spec(self) -> ModelSpec:
@@ -138,6 +167,29 @@ class Layout:
             fp8_param=self.fp8_param,
         )
 
+    @property
+    def packed(self) -> bool:
+        return self.max_token_len is not None
+
+    def packing_plan(self):
+        """The packed micro-batches of every DP rank (`testbench.packed.PackingPlan`); None without packing."""
+        if self.max_token_len is None:
+            return None
+        from ..testbench.packed import plan_packing
+
+        par = self.parallel()
+        return plan_packing(
+            num_sequences=self.workload().global_batch_size,
+            mean_tokens=self.seq_length if self.mean_seq_length is None else self.mean_seq_length,
+            max_tokens=self.seq_length,
+            max_token_len=self.max_token_len,
+            dp=par.dp,
+            tp=self.tp,
+            cp=self.cp,
+            seed=self.length_seed,
+            multiple_of=self.pp if self.vpp else 1,
+        )
+
     def check(self) -> None:
         """Raise `ConfigError` if megatron-core would refuse the layout for this model."""
         validate_layout(self.model_spec(), self.parallel(), self.workload())
@@ -165,6 +217,8 @@ class Layout:
 
     @property
     def num_microbatches(self) -> int:
+        if self.max_token_len is not None:
+            return self.packing_plan().num_microbatches
         w = self.workload()
         return w.global_batch_size // (w.micro_batch_size * self.parallel().dp)
 
@@ -208,6 +262,9 @@ class Layout:
             parts.append("bf16-grads")
         if self.precision != "bf16":
             parts.append(self.workload().precision_label)
+        if self.max_token_len is not None:
+            mean = "" if self.mean_seq_length is None else f" mean{self.mean_seq_length:g}"
+            parts.append(f"packed{self.max_token_len}{mean}")
         if self.expandable_segments:
             parts.append("expandable")
         return " ".join(parts)

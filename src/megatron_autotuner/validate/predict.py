@@ -110,7 +110,28 @@ def predict(
         "moe_host_bound": options.moe_host_bound,
         "expandable_segments": options.expandable_segments,
     }
+    if layout.packed:
+        out["assumed"]["packing"] = packing_assumption(layout)
     return out
+
+
+def packing_assumption(layout: Layout) -> dict[str, Any]:
+    """What the prediction of a packed layout was given: the workload's max_token_len (the cost model packs
+    global_batch_size sequences of seq_length tokens each), beside what the run packs (the sampled lengths, verl's
+    micro-batch count, tokens and sum of s_i^2), so the two can be told apart."""
+    plan = layout.packing_plan()
+    summary = plan.summary()
+    return {
+        "workload_max_token_len": layout.max_token_len,
+        "workload_tokens_per_iteration": layout.workload().global_batch_size * layout.seq_length,
+        "run_tokens_per_iteration": summary["tokens"],
+        "run_padded_tokens_per_iteration": summary["padded_tokens"],
+        "run_sum_sq_tokens": summary["sum_sq_tokens"],
+        "run_num_microbatches": plan.num_microbatches,
+        "mean_seq_length": summary["mean_seq_length"],
+        "max_seq_length": summary["max_seq_length"],
+        "length_seed": layout.length_seed,
+    }
 
 
 def edge_num_layers(layout: Layout, gpu: str | GPUSpec, which: str, max_layers: int = 512) -> int:
@@ -180,6 +201,7 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
             "traces",
             "log_tail",
             "stand_in",
+            "packing",
         ):
             if key in measured_row:
                 row[key] = measured_row[key]
@@ -187,7 +209,11 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
     step = m.get("step_time_s")
     workload = layout.workload()
     if step:
-        tokens = workload.global_batch_size * workload.seq_length
+        # packed: the real (unpadded) tokens the run trained on
+        if layout.packed:
+            tokens = sum(layout.packing_plan().lengths)
+        else:
+            tokens = workload.global_batch_size * workload.seq_length
         m["tokens_per_s_per_gpu"] = tokens / step / layout.num_gpus
         flops = predicted.get("model_flops_per_iteration")
         if flops and gpu is not None:

@@ -149,6 +149,10 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
             row["env"] = r0.get("env")
             row["layer_spec"] = r0.get("layer_spec")
             row["gradient_accumulation_fusion"] = r0.get("gradient_accumulation_fusion")
+            packing = [rec["packing"] for _, rec in sorted(ranks.items()) if rec.get("packing")]
+            if packing:
+                # one entry per DP rank (ranks of one DP rank pack the same micro-batches)
+                row["packing"] = list({p["dp_rank"]: p for p in packing}.values())
             per_rank = []
             for rank, rec in sorted(ranks.items()):
                 m = rec.get("measured", {})

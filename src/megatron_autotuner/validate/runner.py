@@ -6,7 +6,10 @@ import, recorded as `layer_spec: local`), one chunk per virtual pipeline stage, 
 megatron-core `DistributedDataParallel` (fp32 grad buffers, overlapped grad reduce / param gather) and
 the distributed optimizer from `get_megatron_optimizer`, driven by `get_forward_backward_func`
 (no-pipelining, 1F1B or interleaved 1F1B) with the model config's grad-sync / finalize hooks set as
-Megatron-LM's `train()` sets them. Data are mock tokens (fixed random ids), one CP shard per rank.
+Megatron-LM's `train()` sets them. Data are mock tokens (fixed random ids), one CP shard per rank; with
+`Layout.max_token_len` each micro-batch is a packed THD row of whole sequences (`testbench.packed`: verl's dynamic
+batching and its `preprocess_packed_seqs` layout) passed to GPTModel.forward as `packed_seq_params` (a keyword of
+GPTModel.forward in megatron-core 0.16 and 0.19), which only TE's attention accepts.
 
 On CPU (gloo, tests only) megatron-core's DDP cannot run (its buffers live on CUDA): the chunks stay
 fp32 and a plain torch AdamW steps them; everything else is the same code path.
@@ -163,6 +166,10 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         masked_softmax_fusion=cuda,
         apply_rope_fusion=cuda and use_te,
     )
+    if layout.packed and layout.pp > 1:
+        # packed micro-batches differ in length: megatron-core's pipeline p2p then exchanges tensor shapes before
+        # the tensors (TransformerConfig.variable_seq_lengths, pipeline_parallel/p2p_communication.py), as verl sets
+        out["variable_seq_lengths"] = True
     if layout.pipeline_layout is not None:
         # megatron-core parses the string itself (TransformerConfig: PipelineParallelLayerLayout.from_str)
         out["pipeline_model_parallel_layout"] = layout.pipeline_layout
@@ -309,6 +316,24 @@ def _mock_batches(layout: Layout, device: str):
         yield batch
 
 
+def packed_micro_batches(layout: Layout, device: str, dp_rank: int, cp_rank: int) -> list[dict[str, Any]]:
+    """This rank's packed THD micro-batches of one iteration (the same every iteration), in verl's order."""
+    from ..testbench.packed import thd_tensors
+
+    plan = layout.packing_plan()
+    vocab = layout.model_spec().vocab_size
+    return [
+        thd_tensors(mb, vocab, seed=1000 * layout.length_seed + i, device=device, cp=layout.cp, cp_rank=cp_rank)
+        for i, mb in enumerate(plan.per_rank[dp_rank])
+    ]
+
+
+def _packed_batches(batches: list[dict[str, Any]]):
+    """An endless iterator over one iteration's packed micro-batches, in order."""
+    while True:
+        yield from batches
+
+
 def _loss_func(loss_mask, output_tensor):
     losses = output_tensor.float().view(-1)
     mask = loss_mask.view(-1).float()
@@ -318,8 +343,13 @@ def _loss_func(loss_mask, output_tensor):
 
 def _forward_step(data_iterator, model):
     batch = next(data_iterator)
+    packed = {"packed_seq_params": batch["packed_seq_params"]} if "packed_seq_params" in batch else {}
     output = model(
-        input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None, labels=batch["labels"]
+        input_ids=batch["tokens"],
+        position_ids=batch["position_ids"],
+        attention_mask=None,
+        labels=batch["labels"],
+        **packed,
     )
     return output, partial(_loss_func, batch["loss_mask"])
 
@@ -381,21 +411,29 @@ def _train_step(layout: Layout, model: list, optimizer: Any, iterators: list, de
         optimizer.zero_grad()
     fwd_bwd = get_forward_backward_func()
     ctx = torch.no_grad() if forward_only else contextlib.nullcontext()
+    # packed: the schedule's shapes are those of the longest packed row (ignored with variable_seq_lengths)
+    seq_length = packed_seq_length(layout) if layout.packed else layout.seq_length
     with ctx:
         losses = fwd_bwd(
             forward_step_func=_forward_step,
             data_iterator=iterators if len(iterators) > 1 else iterators[0],
             model=model if len(model) > 1 else model[0],
             num_microbatches=layout.num_microbatches,
-            seq_length=layout.seq_length,
+            seq_length=seq_length,
             micro_batch_size=layout.micro_batch_size,
-            decoder_seq_length=layout.seq_length,
+            decoder_seq_length=seq_length,
             forward_only=forward_only,
         )
     if not forward_only:
         optimizer.step()
     vals = [float(x["lm loss"]) for x in losses or [] if isinstance(x, dict) and "lm loss" in x]
     return sum(vals) / len(vals) if vals else None
+
+
+@functools.cache
+def packed_seq_length(layout: Layout) -> int:
+    """Tokens of the longest packed row of any rank (before the CP split)."""
+    return max(mb.padded_tokens for rank in layout.packing_plan().per_rank for mb in rank)
 
 
 def _memory(device: str) -> dict[str, float | None]:
@@ -474,6 +512,16 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
 
     use_te = layout.use_te and device == "cuda" and te_available()
     record: dict[str, Any] = {"layer_spec": "te" if use_te else "local"}
+    if layout.packed and not use_te:
+        why = "no CUDA device" if device != "cuda" else "Transformer Engine does not import"
+        record.update(
+            status="failed",
+            failure_kind="error",
+            error=f"packed THD sequences need Transformer Engine attention on CUDA ({why}); "
+            "megatron-core's local attention refuses packed_seq_params",
+            measured={},
+        )
+        return record
     if layout.use_te and not use_te:
         record["note"] = "Transformer Engine not used (not importable or CPU): megatron-core local layer spec"
     if device == "cuda":
@@ -498,7 +546,14 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         record["gradient_accumulation_fusion"] = bool(getattr(config, "gradient_accumulation_fusion", False))
         model, optimizer = wrap_for_training(layout, config, chunks, device)
         del chunks
-        iterators = [_mock_batches(layout, device) for _ in model]
+        if layout.packed:
+            dp_rank = parallel_state.get_data_parallel_rank()
+            batches = packed_micro_batches(layout, device, dp_rank, parallel_state.get_context_parallel_rank())
+            # what the prediction is checked against: this DP rank's micro-batches (tokens, sum of s_i^2)
+            record["packing"] = layout.packing_plan().summary(dp_rank)
+            iterators = [_packed_batches(batches) for _ in model]
+        else:
+            iterators = [_mock_batches(layout, device) for _ in model]
         _sync(device)
         measured["build_s"] = time.perf_counter() - t0
         measured["weights_allocated_gib"] = torch.cuda.memory_allocated() / GIB if device == "cuda" else None
