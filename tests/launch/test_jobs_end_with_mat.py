@@ -11,31 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from megatron_autotuner.specs import ModelSpec
-from tests.proc_helpers import processes_mentioning
+from tests.proc_helpers import cpu_job_env, processes_mentioning, write_tiny_model
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
 
 @pytest.fixture()
 def hanging_sweep(tmp_path, monkeypatch):
     """A `mat validate` command (and its environment) whose one layout hangs on both ranks until killed."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p),
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-        "MAT_VALIDATE_FAULT": "hang:hang",  # validate.runner's fault injection: the layout sleeps for an hour
-    }
-    model = tmp_path / "tiny.json"
-    ModelSpec(name="tiny", hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
-              ffn_hidden_size=128, vocab_size=256, max_position_embeddings=128).save_json(model)  # fmt: skip
+    env = {**cpu_job_env(), "MAT_VALIDATE_FAULT": "hang:hang"}  # validate.runner's fault injection: sleeps 1 h
+    model = write_tiny_model(tmp_path / "tiny.json")
     layouts = tmp_path / "layouts.json"
-    layout = {"model": str(model), "seq_length": 32, "num_gpus": 2, "global_batch_size": 2, "warmup_steps": 1,
+    layout = {"model": model, "seq_length": 32, "num_gpus": 2, "global_batch_size": 2, "warmup_steps": 1,
               "steps": 1, "use_te": False, "name": "hang"}  # fmt: skip
     layouts.write_text(json.dumps([layout]))
     out = tmp_path / "out"
@@ -46,6 +35,17 @@ def hanging_sweep(tmp_path, monkeypatch):
 
 def _ranks(out: Path) -> list[str]:
     return [p for p in processes_mentioning(str(out)) if "validate.worker" in p and "torch.distributed.run" not in p]
+
+
+def _start_hung(cmd: list[str], env: dict[str, str], out: Path) -> subprocess.Popen:
+    """Start the sweep and return once both ranks are inside the hanging layout."""
+    mat = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = _wait(lambda: len(_ranks(out)) == 2 and (out / "runs" / "current_layout.txt").exists(), 240)
+    if not started:
+        mat.kill()
+        mat.wait()
+        pytest.fail("the job never started: " + repr(processes_mentioning(str(out))))
+    return mat
 
 
 def _wait(condition, timeout_s: float, poll_s: float = 0.5) -> bool:
@@ -59,12 +59,8 @@ def _wait(condition, timeout_s: float, poll_s: float = 0.5) -> bool:
 
 def test_kill_9_of_mat_leaves_no_rank_alive_and_a_live_sweep_keeps_its_folder(hanging_sweep):
     cmd, env, out = hanging_sweep
-    mat = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mat = _start_hung(cmd, env, out)
     try:
-        # both ranks are inside the layout (it hangs there) before mat is killed
-        assert _wait(lambda: len(_ranks(out)) == 2 and (out / "runs" / "current_layout.txt").exists(), 240), (
-            "the job never started: " + repr(processes_mentioning(str(out)))
-        )
         # a second sweep into the same folder is refused while the first is alive
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2
@@ -87,14 +83,11 @@ def test_kill_9_of_torchrun_alone_still_ends_the_ranks_with_mat(hanging_sweep):
     """SIGKILL reaches torchrun before it can stop its workers; each rank then sees its owner (mat) still
     alive and keeps going, until mat ends too: then the watchdog ends it."""
     cmd, env, out = hanging_sweep
-    mat = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mat = _start_hung(cmd, env, out)
     try:
-        assert _wait(lambda: len(_ranks(out)) == 2 and (out / "runs" / "current_layout.txt").exists(), 240)
         agents = [p for p in processes_mentioning(str(out)) if "torch.distributed.run" in p]
         assert agents
-        torchrun = next(
-            int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _cmdline(d) == agents[0]
-        )
+        torchrun = next(int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _cmdline(d) == agents[0])
         os.kill(torchrun, signal.SIGKILL)
         time.sleep(2)
         mat.send_signal(signal.SIGKILL)

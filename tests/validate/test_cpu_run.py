@@ -6,34 +6,25 @@ no CP (TE attention only), no megatron DDP / distributed optimizer (plain AdamW 
 """
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from megatron_autotuner.errors import ConfigError
-from megatron_autotuner.specs import ModelSpec
 from megatron_autotuner.validate import validate_layouts
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.results import rank_file, read_records
-from tests.proc_helpers import processes_mentioning
+from tests.proc_helpers import cpu_job_env, processes_mentioning, write_tiny_model
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
 
 @pytest.fixture()
 def tiny(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    path = tmp_path / "tiny.json"
-    ModelSpec(name="tiny", hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
-              ffn_hidden_size=128, vocab_size=256, max_position_embeddings=128).save_json(path)  # fmt: skip
-    return str(path)
+    for name, value in cpu_job_env({}).items():
+        monkeypatch.setenv(name, value)
+    return write_tiny_model(tmp_path / "tiny.json")
 
 
 def _lay(model, name, **kw):

@@ -42,52 +42,46 @@ def _float(text: str, what: str) -> float:
     return value
 
 
+def _checked(value: float, text: str, what: str, ok: bool) -> float:
+    if not ok:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An integer >= 1: counts and sizes (GPUs, parallel sizes, tokens, batch sizes, layers, repeats)."""
     value = _int(text, "a positive integer")
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+    return _checked(value, text, "a positive integer", value >= 1)
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0: counts where 0 means none (warm-up steps, extra passes) or an index (a CUDA device)."""
     value = _int(text, "a non-negative integer")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text!r}")
-    return value
+    return _checked(value, text, "a non-negative integer", value >= 0)
 
 
 def positive_float(text: str) -> float:
     """A finite number > 0: durations such as time limits in seconds."""
     value = _float(text, "a positive number")
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
+    return _checked(value, text, "a positive number", value > 0)
 
 
 def non_negative_float(text: str) -> float:
     """A finite number >= 0: tolerances."""
     value = _float(text, "a non-negative number")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text!r}")
-    return value
+    return _checked(value, text, "a non-negative number", value >= 0)
 
 
 def fraction(text: str) -> float:
     """A number in [0, 1]: ratios and thresholds."""
     value = _float(text, "a fraction in [0, 1]")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1], got {text!r}")
-    return value
+    return _checked(value, text, "a fraction in [0, 1]", 0.0 <= value <= 1.0)
 
 
 def margin_fraction(text: str) -> float:
     """A number in [0, 1): a share of memory kept free (1 would leave nothing to fit in)."""
     value = _float(text, "a fraction in [0, 1)")
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text!r}")
-    return value
+    return _checked(value, text, "a fraction in [0, 1)", 0.0 <= value < 1.0)
 
 
 def non_empty_path(text: str) -> str:

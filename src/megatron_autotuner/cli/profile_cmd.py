@@ -124,14 +124,14 @@ def run(args: argparse.Namespace) -> int:
     from ..testbench.results import all_records
     from ..testbench.summary import summary_rows
 
-    visible = require_cuda_gpus(len(cases), "cases")  # exit 1 before any job when there is no GPU
-    num_gpus = args.num_gpus or visible
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     model_tag = "-".join(sorted({Path(c.model).stem for c in cases}))[:80]
     out_dir = Path(args.output_dir) if args.output_dir else Path("outputs") / f"{stamp}-profile" / model_tag
-    check_output_dir(out_dir, "output_dir")  # before the sweep, not after it
+    check_output_dir(out_dir, "output_dir")  # bad input (exit 2) before the sweep, not after it
     if args.calibration_out:
         check_output_file(args.calibration_out, "calibration_out")
+    visible = require_cuda_gpus(len(cases), "cases")  # then exit 1 before any job when there is no GPU
+    num_gpus = args.num_gpus or visible
     result = run_cases(
         cases,
         out_dir,

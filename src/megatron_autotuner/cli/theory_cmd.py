@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  mat theory --model Llama-3.1-8B --num-gpus 8 --tp 2 --pp 2 --seq-len 8192 --gpu H100-SXM\n"
         "  mat theory --model Qwen3-30B-A3B --num-gpus 16 --ep 8 --tp 2 --seq-len 4096 --recompute selective\n"
-        "  mat theory --megatron-args examples/llama31_405b_h100_1024gpu_fp8cs.sh --json",
+        "  mat theory --megatron-args tests/fixtures/launches/llama31_405b_h100_1024gpu_fp8cs.sh --json",
     )
     add_model_arguments(p)
     add_gpu_arguments(p)
