@@ -13,6 +13,8 @@ from ..files import check_output_dir, check_output_file
 from ..testbench.cases import MODES, OPERATORS, expand_cases, load_case_file
 from .output import console, make_table, print_json
 
+COPY_MODE = "copy-bandwidth"
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -25,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "   # list the cases, no GPU\n"
         "  mat profile --model Qwen3-8B --ops decoder --tp 1,2 --output-dir outputs/tb "
         "--calibration-out outputs/tb/calibration.json\n"
-        "  mat profile --case-file benchmarks/results/testbench_h200_x2/dense/cases.json --mode torch-profile",
+        "  mat profile --case-file benchmarks/results/testbench_h200_x2/dense/cases.json --mode torch-profile\n"
+        "  mat profile --mode copy-bandwidth --max-copy-gib 16 --calibration-out outputs/cal.json"
+        "   # H2D / D2H GB/s, no model",
     )
     p.add_argument(
         "--model",
@@ -54,10 +58,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--mode",
-        choices=MODES,
+        choices=[*MODES, COPY_MODE],
         default="collect",
         help="collect (times and memory), torch-profile (also a Kineto trace), memory-snapshot (also an allocator "
-        "snapshot) or nsys",
+        "snapshot), nsys, or copy-bandwidth (host <-> device copies, pinned and pageable, alone and beside HBM / "
+        "NCCL traffic; no model or cases)",
+    )
+    p.add_argument(
+        "--max-copy-gib",
+        type=positive_float,
+        default=16.0,
+        help="copy-bandwidth: largest copy in GiB, bounded by free host and device memory (default 16)",
+    )
+    p.add_argument(
+        "--copy-interference",
+        default="none,hbm_d2d,nccl_allreduce",
+        help="copy-bandwidth: comma-separated traffic beside the copies: none, hbm_d2d (a second stream copying "
+        "in HBM), nccl_allreduce (all-reduces between the GPUs; needs --num-gpus >= 2) (default: all three)",
     )
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed iterations per case")
     p.add_argument("--repeats", type=positive_int, default=10, help="timed iterations per case")
@@ -107,6 +124,8 @@ def _cases(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.mode == COPY_MODE:
+        return _run_copy_bandwidth(args)
     cases, skipped = _cases(args)
     if args.dry_run:
         data = {
@@ -185,4 +204,102 @@ def run(args: argparse.Namespace) -> int:
     ]
     columns = ["case", "status", "fwd+bwd ms", "TFLOP/s", "MFU", "act GiB", "act est GiB", "real/est", "error"]
     console().print(make_table(f"Testbench results in {out_dir}", columns, table_rows))
+    return 0
+
+
+def _copy_interferences(args: argparse.Namespace) -> list[str]:
+    from ..testbench.copy_bandwidth import INTERFERENCES
+
+    wanted = [x for x in args.copy_interference.split(",") if x]
+    bad = [x for x in wanted if x not in INTERFERENCES]
+    if bad or not wanted:
+        raise ConfigError(
+            "copy_interference", f"unknown {bad[0] if bad else '(empty)'!r}; allowed: {', '.join(INTERFERENCES)}"
+        )
+    return wanted
+
+
+def _run_copy_bandwidth(args: argparse.Namespace) -> int:
+    """`--mode copy-bandwidth`: one torchrun job (`testbench.copy_bandwidth`) over --num-gpus GPUs; rank 0 measures.
+    Writes OUT/copy_bandwidth/{rank_0.jsonl,summary.json}; --calibration-out gets its `host_copy` table (merged into
+    an existing calibration file, whose other tables stay)."""
+    import sys
+
+    from ..testbench.copy_bandwidth import GIB, copy_sizes
+
+    interferences = _copy_interferences(args)
+    cap = int(args.max_copy_gib * GIB)
+    if args.dry_run:
+        plan = {
+            "mode": COPY_MODE,
+            "sizes_up_to_cap": copy_sizes(cap),
+            "note": "the largest size is bounded by free host and device memory on the GPU machine",
+            "interference": interferences,
+            "num_gpus": args.num_gpus or 1,
+        }
+        print_json(plan) if args.json else console().print(plan)
+        return 0
+    from ..launch import start_job, watch_job
+    from ..launch.devices import require_cuda_gpus
+
+    visible = require_cuda_gpus(1, "copy-bandwidth runs")
+    num_gpus = args.num_gpus or 1
+    if num_gpus > visible:
+        raise ConfigError("num_gpus", f"{num_gpus} GPUs asked, {visible} visible")
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = Path(args.output_dir) if args.output_dir else Path("outputs") / f"{stamp}-profile" / COPY_MODE
+    check_output_dir(out_dir, "output_dir")
+    if args.calibration_out:
+        check_output_file(args.calibration_out, "calibration_out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={num_gpus}",
+        "-m",
+        "megatron_autotuner.testbench.copy_bandwidth",
+        "--out-dir",
+        str(out_dir),
+        "--max-gib",
+        str(args.max_copy_gib),
+        "--repeats",
+        str(args.repeats),
+        "--warmup",
+        str(max(args.warmup, 1)),
+        "--interference",
+        ",".join(interferences),
+    ]
+    log_path = out_dir / "copy_bandwidth.log"
+    with open(log_path, "w") as log:
+        proc = start_job(cmd, log)
+        # no per-item progress file: the whole job gets --case-timeout
+        timed_out, _ = watch_job(proc, out_dir / "copy_bandwidth" / "current.txt", args.case_timeout)
+    summary_path = out_dir / "copy_bandwidth" / "summary.json"
+    if timed_out or proc.returncode != 0 or not summary_path.exists():
+        from ..errors import NothingMeasuredError
+
+        why = f"timed out after {args.case_timeout:.0f} s" if timed_out else f"exit code {proc.returncode}"
+        raise NothingMeasuredError(f"copy-bandwidth job failed ({why}); log: {log_path}")
+    summary = json.loads(summary_path.read_text())
+    if args.calibration_out:
+        from ..testbench.calibration import write_host_copy_calibration
+
+        write_host_copy_calibration(summary, args.calibration_out)
+    if args.json:
+        print_json({"output_dir": str(out_dir), **summary})
+        return 0
+    rows = [
+        [
+            r["direction"],
+            "pinned" if r["pinned"] else "pageable",
+            f"{r['nbytes'] / 2**20:.0f}",
+            r["interference"],
+            f"{r['gbps']:.2f}",
+        ]
+        for r in summary["host_copy"]
+    ]
+    title = f"Host <-> device copies in {out_dir} (GB/s = 1e9 bytes/s)"
+    console().print(make_table(title, ["direction", "host memory", "MiB", "beside", "GB/s"], rows))
     return 0

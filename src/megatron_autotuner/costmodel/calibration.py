@@ -24,6 +24,14 @@ with `CostOptions.moe_host_bound` (the validate runner's eager MoE) a MoE block 
 recipe without its own entry uses another fp8 recipe's, a precision without one the bf16 entry (same host),
 then `defaults.MOE_HOST_FLOOR_*`.
 
+`host_copy` (optional): host <-> device copy bandwidth measured by `mat profile --mode copy-bandwidth`
+(`testbench.copy_bandwidth`), one entry per row:
+    [{"direction": "h2d" | "d2h", "pinned": true, "nbytes": 1073741824, "gbps": 52.1,
+      "interference": "none" | "hbm_d2d" | "nccl_allreduce", "time_ms": 20.6}, ...]
+(`gbps` in 1e9 bytes/s; `interference` the traffic that ran beside the copy, absent = none).
+`Calibration.host_copy_gbps` interpolates linearly in log(nbytes) between the entries of one direction, host
+memory kind and interference, clamped to the smallest / largest size measured; None when none was measured.
+
 `op` is an operator name of `theory.flops` (qkv, proj, fc1, fc2, experts_fc1, ..., logits,
 core_attention) or "gemm" for a generic matrix product; `phase` is fwd, dgrad, wgrad, bwd or
 fwd+bwd; `precision` (bf16 | fp8) defaults to bf16. Attention entries may carry `seq_length`,
@@ -171,6 +179,28 @@ class MoeHostFloor:
 
 
 DEFAULT_MOE_HOST_FLOOR = MoeHostFloor()
+COPY_DIRECTIONS = ("h2d", "d2h")
+COPY_INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce")
+
+
+@dataclass(frozen=True)
+class HostCopyMeasurement:
+    """One measured host <-> device copy: its direction, host memory kind, size, bandwidth and the traffic beside it."""
+
+    direction: str
+    pinned: bool
+    nbytes: int
+    gbps: float
+    interference: str = "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "direction": self.direction,
+            "pinned": self.pinned,
+            "nbytes": self.nbytes,
+            "gbps": self.gbps,
+            "interference": self.interference,
+        }
 
 
 @dataclass(frozen=True, eq=False)
@@ -185,6 +215,7 @@ class Calibration:
     layers: tuple[LayerMeasurement, ...] = ()
     memory: tuple[MemoryCalibration, ...] = ()
     moe_host_floors: tuple[MoeHostFloor, ...] = ()
+    host_copies: tuple[HostCopyMeasurement, ...] = ()
     source: str = ""
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -260,6 +291,27 @@ class Calibration:
                 return found[0]
         return None
 
+    def host_copy_gbps(self, direction: str, pinned: bool, nbytes: int, interference: str = "none") -> float | None:
+        """Measured bandwidth (GB/s, 1e9 bytes/s) of one host <-> device copy of `nbytes`: linear in log(nbytes)
+        between the measured sizes of this direction ("h2d" | "d2h"), host memory kind (pinned or pageable) and
+        interference, the nearest measured size's outside them; None when nothing of the kind was measured."""
+        if direction not in COPY_DIRECTIONS:
+            raise ConfigError("direction", f"must be one of {', '.join(COPY_DIRECTIONS)}, got {direction!r}")
+        if interference not in COPY_INTERFERENCES:
+            raise ConfigError("interference", f"must be one of {', '.join(COPY_INTERFERENCES)}, got {interference!r}")
+        key = ("host_copy", direction, bool(pinned), interference)
+        if key not in self._tables:
+            by_size: dict[int, list[float]] = {}
+            for m in self.host_copies:
+                if (m.direction, m.pinned, m.interference) == key[1:]:
+                    by_size.setdefault(m.nbytes, []).append(m.gbps)
+            points = sorted((math.log(n), sum(v) / len(v)) for n, v in by_size.items())
+            self._tables[key] = ([x for x, _ in points], [y for _, y in points]) if points else None
+        table = self._tables[key]
+        if table is None:
+            return None
+        return _interpolate(table, math.log(max(int(nbytes), 1)))
+
     def to_summary(self) -> dict[str, Any]:
         return {
             "source": self.source,
@@ -270,6 +322,7 @@ class Calibration:
             "layers": len(self.layers),
             "memory": [block.to_dict() for block in self.memory],
             "moe_host_floor": [floor.to_dict() for floor in self.moe_host_floors],
+            "host_copy": len(self.host_copies),
         }
 
 
@@ -439,6 +492,37 @@ def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
     return tuple(floors)
 
 
+def _parse_host_copies(source: str, raw: Any) -> tuple[HostCopyMeasurement, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: host_copy", "must be a list of objects")
+    out = []
+    for i, row in enumerate(raw):
+        where = f"{source}: host_copy[{i}]"
+        if not isinstance(row, dict):
+            raise ConfigError(where, "must be an object")
+        if row.get("direction") not in COPY_DIRECTIONS:
+            raise ConfigError(f"{where}.direction", f"must be h2d or d2h, got {row.get('direction')!r}")
+        if not isinstance(row.get("pinned"), bool):
+            raise ConfigError(f"{where}.pinned", f"must be true or false, got {row.get('pinned')!r}")
+        interference = row.get("interference", "none")
+        if interference not in COPY_INTERFERENCES:
+            raise ConfigError(
+                f"{where}.interference", f"must be one of {', '.join(COPY_INTERFERENCES)}, got {interference!r}"
+            )
+        out.append(
+            HostCopyMeasurement(
+                direction=row["direction"],
+                pinned=row["pinned"],
+                nbytes=_integer(f"{where}.nbytes", row.get("nbytes")),
+                gbps=_number(f"{where}.gbps", row.get("gbps")),
+                interference=interference,
+            )
+        )
+    return tuple(out)
+
+
 def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibration:
     """Validate a parsed calibration document; every problem is one `ConfigError` naming the field."""
     if not isinstance(data, dict):
@@ -471,6 +555,7 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
         layers=layers,
         memory=memory,
         moe_host_floors=_parse_moe_host_floors(source, data.get("moe_host_floor")),
+        host_copies=_parse_host_copies(source, data.get("host_copy")),
         source=source,
     )
 

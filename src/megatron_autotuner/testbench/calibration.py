@@ -206,3 +206,45 @@ def write_calibration(result_dirs: list[str | Path], out_path: str | Path, gpu: 
     calibration["source"] = [str(d) for d in result_dirs]
     Path(out_path).write_text(json.dumps(calibration, indent=1) + "\n")
     return calibration
+
+
+def write_host_copy_calibration(summary: dict[str, Any], out_path: str | Path) -> dict[str, Any]:
+    """Put a copy-bandwidth run's `host_copy` table (`testbench.copy_bandwidth`) into a calibration file: merged
+    into the file when it already is a calibration of the same GPU (its other tables stay, its old `host_copy`
+    goes), else a new file holding only that table. Returns what was written."""
+    from ..costmodel.calibration import calibration_from_dict
+    from .worker import gpu_preset_for
+
+    env = summary.get("env") or {}
+    preset = gpu_preset_for(env.get("device") or "")
+    if preset is None:
+        raise ConfigError("gpu", f"no GPU preset for device {env.get('device')!r}: cannot label the calibration")
+    path = Path(out_path)
+    if path.exists() and path.stat().st_size:
+        from ..files import DATA_LIMIT_BYTES, read_json_bounded
+
+        calibration = read_json_bounded(path, "calibration_out", DATA_LIMIT_BYTES)
+        calibration_from_dict(calibration, source=str(path))  # a malformed file is refused, not overwritten
+        if calibration["gpu"] != preset:
+            raise ConfigError("calibration_out", f"{path} is a calibration of {calibration['gpu']}, not {preset}")
+    else:
+        calibration = {
+            "schema_version": SCHEMA_VERSION,
+            "tool_version": __version__,
+            "kind": "megatron-autotuner-calibration",
+            "gpu": preset,
+            "device_name": env.get("device"),
+            "date": dt.datetime.now(dt.timezone.utc).date().isoformat(),
+            "versions": {k: env.get(k) for k in ("torch", "megatron_core", "transformer_engine", "cuda", "nccl")},
+            "ops": [],
+        }
+    calibration["host_copy"] = summary["host_copy"]
+    calibration["host_copy_source"] = {
+        "world_size": summary.get("world_size"),
+        "date": env.get("date"),
+        "hostname": env.get("hostname"),
+        "interferences_not_run": summary.get("interferences_not_run", {}),
+    }
+    calibration_from_dict(calibration, source=str(path))
+    path.write_text(json.dumps(calibration, indent=1) + "\n")
+    return calibration

@@ -1,0 +1,309 @@
+"""Host <-> device copy bandwidth: H2D and D2H, pinned and pageable host memory, 1 MiB up to the largest size free
+host and device memory allow, each timed with CUDA events (median of repeats) on its own stream.
+
+    torchrun --nproc-per-node W -m megatron_autotuner.testbench.copy_bandwidth --out-dir D [--max-gib 16]
+
+Every row names the traffic that ran beside the copy (`interference`):
+- "none": the copy alone;
+- "hbm_d2d": a second CUDA stream on the same GPU runs device-to-device copies of two large buffers (reading and
+  writing HBM), enqueued before the timed copy and long enough to outlast it;
+- "nccl_allreduce" (world size >= 2 only): every rank runs NCCL all-reduces of a large buffer, enqueued before
+  rank 0's timed copy and long enough to outlast it. NCCL refuses two ranks on one device, so one GPU cannot run it.
+Rank 0 measures and writes D/copy_bandwidth/rank_0.jsonl (one JSON line per row) and D/copy_bandwidth/summary.json;
+other ranks only take part in the all-reduces.
+
+Pageable copies go through the CUDA driver's staging buffers (synchronous for the host); pinned ones are async DMA.
+These are the two cases verl's offload meets: `.cpu().pin_memory()` and `.to("cpu", non_blocking=True)` (torch's
+`_to_copy` allocates a pinned destination for a non-blocking CUDA->CPU copy), then `.copy_(..., non_blocking=True)`
+or `.to(device, non_blocking=True)` back from pinned memory (verl/utils/megatron_utils.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+MIB = 2**20
+GIB = 2**30
+DIRECTIONS = ("h2d", "d2h")
+INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce")
+# host buffers (a pinned and a pageable one) may take this fraction of MemAvailable each; the device buffer this
+# fraction of free device memory (the d2d interference buffers take another 2 x HBM_BUFFER_BYTES)
+HOST_FRACTION = 0.2
+DEVICE_FRACTION = 0.4
+HBM_BUFFER_BYTES = GIB
+ALLREDUCE_BYTES = 256 * MIB
+# the interfering work is enqueued to last this many times the copy's own (alone) time, plus two launches
+OUTLAST_FACTOR = 2.0
+MAX_INTERFERING_LAUNCHES = 4096
+
+
+def copy_sizes(max_bytes: int, min_bytes: int = MIB, factor: int = 4) -> list[int]:
+    """1 MiB, 4 MiB, 16 MiB, ... up to `max_bytes` (the largest power-of-`factor` multiple not above it), and
+    `max_bytes` itself when it is a whole GiB beyond the last step."""
+    if max_bytes < min_bytes:
+        return []
+    sizes = [min_bytes]
+    while sizes[-1] * factor <= max_bytes:
+        sizes.append(sizes[-1] * factor)
+    if max_bytes > sizes[-1] and max_bytes % GIB == 0:
+        sizes.append(max_bytes)
+    return sizes
+
+
+def max_copy_bytes(cap_bytes: int, host_available_bytes: int, device_free_bytes: int) -> int:
+    """The largest copy to measure: `cap_bytes`, bounded by the host and device shares, rounded down to whole MiB."""
+    limit = min(cap_bytes, int(HOST_FRACTION * host_available_bytes), int(DEVICE_FRACTION * device_free_bytes))
+    return limit // MIB * MIB
+
+
+def host_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def interfering_launches(copy_s: float, launch_s: float) -> int:
+    """How many interfering kernels (each `launch_s` long alone) to enqueue so they outlast a copy of `copy_s`."""
+    if launch_s <= 0:
+        return 2
+    return min(MAX_INTERFERING_LAUNCHES, math.ceil(OUTLAST_FACTOR * copy_s / launch_s) + 2)
+
+
+def _stats_ms(values: list[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
+
+
+class _Bench:
+    """Buffers and streams of one GPU; times copies and the interfering work."""
+
+    def __init__(self, torch, max_bytes: int, world: int, rank: int) -> None:
+        self.torch = torch
+        self.world = world
+        self.rank = rank
+        self.copy_stream = torch.cuda.Stream()
+        self.side_stream = torch.cuda.Stream()
+        self.device_buf = torch.empty(max_bytes, dtype=torch.uint8, device="cuda") if rank == 0 else None
+        self.pinned = torch.empty(max_bytes, dtype=torch.uint8, pin_memory=True) if rank == 0 else None
+        self.pageable = torch.ones(max_bytes, dtype=torch.uint8) if rank == 0 else None  # pages touched
+        hbm = HBM_BUFFER_BYTES if rank == 0 else 0
+        self.hbm_src = torch.empty(hbm, dtype=torch.uint8, device="cuda")
+        self.hbm_dst = torch.empty(hbm, dtype=torch.uint8, device="cuda")
+        self.allreduce_buf = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda") if world > 1 else None
+
+    def _events(self):
+        return [self.torch.cuda.Event(enable_timing=True) for _ in range(2)]
+
+    def time_copy(self, direction: str, pinned: bool, nbytes: int) -> float:
+        """Seconds of one copy on the copy stream (CUDA events)."""
+        host = (self.pinned if pinned else self.pageable)[:nbytes]
+        dev = self.device_buf[:nbytes]
+        start, end = self._events()
+        with self.torch.cuda.stream(self.copy_stream):
+            start.record()
+            if direction == "h2d":
+                dev.copy_(host, non_blocking=pinned)
+            else:
+                host.copy_(dev, non_blocking=pinned)
+            end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e-3
+
+    def enqueue_hbm(self, launches: int) -> None:
+        with self.torch.cuda.stream(self.side_stream):
+            for _ in range(launches):
+                self.hbm_dst.copy_(self.hbm_src, non_blocking=True)
+
+    def time_hbm_launch(self, repeats: int = 5) -> float:
+        times = []
+        for _ in range(repeats):
+            start, end = self._events()
+            with self.torch.cuda.stream(self.side_stream):
+                start.record()
+                self.hbm_dst.copy_(self.hbm_src, non_blocking=True)
+                end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        return statistics.median(times)
+
+    def enqueue_allreduce(self, launches: int) -> list[Any]:
+        dist = self.torch.distributed
+        return [dist.all_reduce(self.allreduce_buf, async_op=True) for _ in range(launches)]
+
+    def time_allreduce(self, repeats: int = 5) -> float:
+        dist = self.torch.distributed
+        times = []
+        for _ in range(repeats):
+            self.torch.cuda.synchronize()
+            start, end = self._events()
+            start.record()
+            dist.all_reduce(self.allreduce_buf)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        return statistics.median(times)
+
+    def agree(self, value: int) -> int:
+        """Rank 0's integer on every rank (a broadcast; the value only matters on rank 0 before)."""
+        if self.world == 1:
+            return value
+        t = self.torch.tensor([value], dtype=self.torch.int64, device="cuda")
+        self.torch.distributed.broadcast(t, src=0)
+        return int(t.item())
+
+
+def measure(
+    sizes: list[int], repeats: int, warmup: int, interferences: list[str], bench: _Bench
+) -> list[dict[str, Any]]:
+    """Rows of every size x direction x pinned x interference (rank 0 returns them; other ranks an empty list)."""
+    torch = bench.torch
+    rows: list[dict[str, Any]] = []
+    lead = bench.rank == 0
+    hbm_launch_s = bench.time_hbm_launch() if lead and "hbm_d2d" in interferences else None
+    allreduce_s = bench.time_allreduce() if "nccl_allreduce" in interferences else None
+    for nbytes in sizes:
+        for direction in DIRECTIONS:
+            for pinned in (True, False):
+                alone_s = None
+                for interference in interferences:
+                    times: list[float] = []
+                    detail: dict[str, Any] = {}
+                    for i in range(warmup + repeats):
+                        works = []
+                        if interference == "nccl_allreduce":
+                            launches = bench.agree(interfering_launches(alone_s or 0.0, allreduce_s) if lead else 0)
+                            detail = {
+                                "allreduce_bytes": ALLREDUCE_BYTES,
+                                "allreduce_alone_s": allreduce_s,
+                                "launches": launches,
+                                "world_size": bench.world,
+                            }
+                            works = bench.enqueue_allreduce(launches)
+                        if lead:
+                            if interference == "hbm_d2d":
+                                launches = interfering_launches(alone_s or 0.0, hbm_launch_s)
+                                detail = {
+                                    "d2d_copy_bytes": HBM_BUFFER_BYTES,
+                                    "d2d_copy_alone_s": hbm_launch_s,
+                                    "launches": launches,
+                                }
+                                bench.enqueue_hbm(launches)
+                            seconds = bench.time_copy(direction, pinned, nbytes)
+                            if i >= warmup:
+                                times.append(seconds)
+                        for w in works:
+                            w.wait()
+                        torch.cuda.synchronize()
+                    if not lead:
+                        continue
+                    median_s = statistics.median(times)
+                    if interference == "none":
+                        alone_s = median_s
+                    rows.append(
+                        {
+                            "direction": direction,
+                            "pinned": pinned,
+                            "nbytes": nbytes,
+                            "interference": interference,
+                            "interference_detail": detail,
+                            "time_ms": _stats_ms([t * 1e3 for t in times]),
+                            "gbps": nbytes / median_s / 1e9,
+                        }
+                    )
+    return rows
+
+
+def host_copy_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calibration file's `host_copy` entries: one per measured row (median GB/s, 1e9 bytes/s)."""
+    return [
+        {k: r[k] for k in ("direction", "pinned", "nbytes", "interference")}
+        | {"gbps": r["gbps"], "time_ms": r["time_ms"]["median"]}
+        for r in rows
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--max-gib", type=float, default=16.0, help="largest copy, bounded by free memory")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument(
+        "--interference", default="none,hbm_d2d,nccl_allreduce", help=f"comma-separated from {INTERFERENCES}"
+    )
+    args = parser.parse_args(argv)
+    from ..launch import append_record, exit_with_owner
+    from ..launch.environment import environment
+
+    exit_with_owner()
+    import datetime as dt
+
+    import torch
+
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if world > 1:
+        torch.distributed.init_process_group(backend="nccl", timeout=dt.timedelta(seconds=600))
+    wanted = [x for x in args.interference.split(",") if x]
+    bad = [x for x in wanted if x not in INTERFERENCES]
+    if bad:
+        raise SystemExit(f"unknown interference {bad[0]!r}; allowed: {', '.join(INTERFERENCES)}")
+    interferences = [x for x in wanted if x != "nccl_allreduce" or world > 1]
+    if "none" not in interferences:
+        interferences.insert(0, "none")  # the others size their traffic from the copy alone
+    skipped = [x for x in wanted if x not in interferences]
+    free, _ = torch.cuda.mem_get_info()
+    reserve = 2 * HBM_BUFFER_BYTES + (ALLREDUCE_BYTES if world > 1 else 0)
+    max_bytes = max_copy_bytes(int(args.max_gib * GIB), host_available_bytes(), free - reserve)
+    sizes = copy_sizes(max_bytes)
+    bench = _Bench(torch, max(sizes), world, rank)
+    rows = measure(sizes, args.repeats, args.warmup, interferences, bench)
+    out = Path(args.out_dir) / "copy_bandwidth"
+    if rank == 0:
+        env = environment("cuda")
+        out.mkdir(parents=True, exist_ok=True)
+        for row in rows:
+            append_record(out / "rank_0.jsonl", {"env": env, "world_size": world, **row})
+        summary = {
+            "env": env,
+            "world_size": world,
+            "max_bytes": max(sizes),
+            "sizes": sizes,
+            "interferences": interferences,
+            "interferences_not_run": {x: "needs world size >= 2 (NCCL refuses two ranks on one GPU)" for x in skipped},
+            "host_available_bytes": host_available_bytes(),
+            "device_free_bytes": free,
+            "host_copy": host_copy_table(rows),
+        }
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        for r in rows:
+            print(
+                f"{r['direction']} {'pinned  ' if r['pinned'] else 'pageable'} {r['nbytes'] / MIB:>8.0f} MiB "
+                f"{r['interference']:<15} {r['gbps']:7.2f} GB/s",
+                flush=True,
+            )
+    if world > 1:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
