@@ -26,6 +26,79 @@ from .bridge import MegatronArgs
 VERL_REF = "volcengine/verl@b178a3c"
 MODES = ("train", "forward")
 
+ARR = "actor_rollout_ref"
+# Every verl config key this module writes, and every key `rlhf.verl_args` reads from a launch: one table (verl's
+# names, verl/trainer/config/_generated_ppo_megatron_trainer.yaml of verl 0.9.1; the same at b178a3c).
+VERL_KEYS: dict[str, str] = {
+    # layout: McoreEngineConfig (verl/workers/config/engine.py); the sizes are `MCORE_LAYOUT_KEYS` under these
+    "actor_megatron": f"{ARR}.actor.megatron",
+    "ref_megatron": f"{ARR}.ref.megatron",
+    "critic_megatron": "critic.megatron",
+    "actor_transformer_overrides": f"{ARR}.actor.megatron.override_transformer_config",
+    "actor_ddp_overrides": f"{ARR}.actor.megatron.override_ddp_config",
+    "actor_optimizer_overrides": f"{ARR}.actor.optim.override_optimizer_config",
+    "actor_distributed_optimizer": f"{ARR}.actor.megatron.use_distributed_optimizer",
+    "actor_dtype": f"{ARR}.actor.megatron.dtype",
+    # offload (McoreEngineConfig.param_offload / optimizer_offload; grad_offload exists at b178a3c only and is
+    # read by no code there, megatron_workers.py:363)
+    "actor_param_offload": f"{ARR}.actor.megatron.param_offload",
+    "actor_optimizer_offload": f"{ARR}.actor.megatron.optimizer_offload",
+    "actor_grad_offload": f"{ARR}.actor.megatron.grad_offload",
+    "ref_param_offload": f"{ARR}.ref.megatron.param_offload",
+    "critic_param_offload": "critic.megatron.param_offload",
+    "critic_optimizer_offload": "critic.megatron.optimizer_offload",
+    # batches
+    "train_batch_size": "data.train_batch_size",
+    "max_prompt_length": "data.max_prompt_length",
+    "max_response_length": "data.max_response_length",
+    "rollout_n": f"{ARR}.rollout.n",
+    "actor_mini_batch": f"{ARR}.actor.ppo_mini_batch_size",
+    "actor_epochs": f"{ARR}.actor.ppo_epochs",
+    "actor_dynamic_bsz": f"{ARR}.actor.use_dynamic_bsz",
+    "actor_max_token_len": f"{ARR}.actor.ppo_max_token_len_per_gpu",
+    "actor_micro_batch": f"{ARR}.actor.ppo_micro_batch_size_per_gpu",
+    "rollout_log_prob_dynamic_bsz": f"{ARR}.rollout.log_prob_use_dynamic_bsz",
+    "rollout_log_prob_max_token_len": f"{ARR}.rollout.log_prob_max_token_len_per_gpu",
+    "rollout_log_prob_micro_batch": f"{ARR}.rollout.log_prob_micro_batch_size_per_gpu",
+    "ref_log_prob_dynamic_bsz": f"{ARR}.ref.log_prob_use_dynamic_bsz",
+    "ref_log_prob_max_token_len": f"{ARR}.ref.log_prob_max_token_len_per_gpu",
+    "ref_log_prob_micro_batch": f"{ARR}.ref.log_prob_micro_batch_size_per_gpu",
+    "critic_enable": "critic.enable",
+    "critic_mini_batch": "critic.ppo_mini_batch_size",
+    "critic_epochs": "critic.ppo_epochs",
+    "critic_dynamic_bsz": "critic.use_dynamic_bsz",
+    "critic_max_token_len": "critic.ppo_max_token_len_per_gpu",
+    "critic_forward_max_token_len": "critic.forward_max_token_len_per_gpu",
+    "critic_micro_batch": "critic.ppo_micro_batch_size_per_gpu",
+    "critic_forward_micro_batch": "critic.forward_micro_batch_size_per_gpu",
+    "critic_model_path": "critic.model.path",
+    # rollout engine
+    "rollout_name": f"{ARR}.rollout.name",
+    "rollout_tp": f"{ARR}.rollout.tensor_model_parallel_size",
+    "rollout_memory_utilization": f"{ARR}.rollout.gpu_memory_utilization",
+    "rollout_free_cache_engine": f"{ARR}.rollout.free_cache_engine",
+    # algorithm: which passes run (verl/trainer/ppo/utils.py need_reference_policy / need_critic)
+    "adv_estimator": "algorithm.adv_estimator",
+    "use_kl_in_reward": "algorithm.use_kl_in_reward",
+    "use_kl_loss": f"{ARR}.actor.use_kl_loss",
+    # model and cluster
+    "model_path": f"{ARR}.model.path",
+    "n_gpus_per_node": "trainer.n_gpus_per_node",
+    "nnodes": "trainer.nnodes",
+    "model_engine": "model_engine",
+}
+# McoreEngineConfig's parallel sizes: the keys `_layout` writes under `*.megatron` (megatron-core's names, from
+# `MegatronArgs.parallel_sizes`), and those `rlhf.verl_args` reads there.
+MCORE_LAYOUT_KEYS = (
+    "tensor_model_parallel_size",
+    "pipeline_model_parallel_size",
+    "virtual_pipeline_model_parallel_size",
+    "context_parallel_size",
+    "sequence_parallel",
+    "expert_model_parallel_size",
+    "expert_tensor_parallel_size",
+)
+
 
 def _layout(a: MegatronArgs) -> dict[str, Any]:
     """McoreEngineConfig parallel sizes (verl/workers/config/engine.py McoreEngineConfig @ b178a3c)."""
@@ -86,6 +159,15 @@ def _token_budget(max_token_len: int, cp: int) -> int:
     return max_token_len // cp
 
 
+def _put(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `value` at the dotted verl path in a nested dict (creating the levels)."""
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+
+
 def verl_overrides(args: dict[str, Any], *, mode: str, max_token_len: int | None) -> dict[str, Any]:
     """Nested verl overrides under `actor_rollout_ref` for a Megatron-LM layout.
 
@@ -100,6 +182,8 @@ def verl_overrides(args: dict[str, Any], *, mode: str, max_token_len: int | None
 
     `max_token_len`: the token budget of one micro-batch (all its sequences, before the CP split); None means
     a fixed micro-batch of `micro_batch_size` sequences.
+
+    Every key is spelled once, in `VERL_KEYS` (which `rlhf.verl_args` reads launches with).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
@@ -108,13 +192,14 @@ def verl_overrides(args: dict[str, Any], *, mode: str, max_token_len: int | None
     dynamic = max_token_len is not None
     if not dynamic and a["micro_batch_size"] is None:
         raise ValueError("micro_batch_size is required without max_token_len")
-
+    K = VERL_KEYS
+    out: dict[str, Any] = {}
     layout = _layout(a)
-    actor_megatron: dict[str, Any] = dict(layout)
-    actor_megatron["override_transformer_config"] = _transformer_overrides(a, training)
-    actor: dict[str, Any] = {"megatron": actor_megatron}
+    for key, value in layout.items():
+        _put(out, f"{K['actor_megatron']}.{key}", value)
+    _put(out, K["actor_transformer_overrides"], _transformer_overrides(a, training))
     if training:
-        actor_megatron["use_distributed_optimizer"] = bool(a["use_distributed_optimizer"])
+        _put(out, K["actor_distributed_optimizer"], bool(a["use_distributed_optimizer"]))
         # override_ddp_config updates verl's DistributedDataParallelConfig dict (verl/utils/megatron_utils.py
         # @ b178a3c:139-145, defaults grad_reduce_in_fp32=True, overlap_grad_reduce=False). verl wires grad-reduce
         # overlap like Megatron-LM's training loop (no_sync_func / grad_sync_func, megatron_utils.py:1233-1247).
@@ -128,36 +213,72 @@ def verl_overrides(args: dict[str, Any], *, mode: str, max_token_len: int | None
         }
         if a["ddp_bucket_size"] is not None:
             ddp["bucket_size"] = int(a["ddp_bucket_size"])
+        fp8_optim = None
         if a["fp8"] is not None and a["fp8_param_gather"]:
             ddp["fp8_param_gather"] = True
             # As the existing export: with fp8 parameters the distributed optimizer casts master weights by
             # recipe (optim.override_optimizer_config.fp8_recipe).
-            actor["optim"] = {"override_optimizer_config": {"fp8_recipe": a["fp8_recipe"]}}
-        actor_megatron["override_ddp_config"] = ddp
+            fp8_optim = {"fp8_recipe": a["fp8_recipe"]}
+        _put(out, K["actor_ddp_overrides"], ddp)
+        if fp8_optim is not None:
+            _put(out, K["actor_optimizer_overrides"], fp8_optim)
 
     # verl asserts actor.use_dynamic_bsz == rollout.log_prob_use_dynamic_bsz
     # (verl/workers/engine_workers.py:472 @ b178a3c), so both are always written.
-    actor["use_dynamic_bsz"] = dynamic
-    log_prob: dict[str, Any] = {"log_prob_use_dynamic_bsz": dynamic}
+    _put(out, K["actor_dynamic_bsz"], dynamic)
     if dynamic:
         budget = _token_budget(int(max_token_len), a.cp)
-        log_prob["log_prob_max_token_len_per_gpu"] = budget
         if training:
-            actor["ppo_max_token_len_per_gpu"] = budget
+            _put(out, K["actor_max_token_len"], budget)
+        log_prob = {"dynamic_bsz": dynamic, "max_token_len": budget}
     else:
         mbs = int(a["micro_batch_size"])
         # validate_config requires ref.log_prob_micro_batch_size_per_gpu (with a reference policy) and
         # rollout.log_prob_micro_batch_size_per_gpu when actor.use_dynamic_bsz is off
         # (verl/utils/config.py:154-168 @ b178a3c).
-        log_prob["log_prob_micro_batch_size_per_gpu"] = mbs
         if training:
-            actor["ppo_micro_batch_size_per_gpu"] = mbs
+            _put(out, K["actor_micro_batch"], mbs)
+        log_prob = {"dynamic_bsz": dynamic, "micro_batch": mbs}
 
     # The reference model's key is log_prob_use_dynamic_bsz (verl/trainer/config/ref/ref.yaml @ b178a3c; the
     # engine worker pops it into ref.use_dynamic_bsz itself, engine_workers.py:433).
-    ref: dict[str, Any] = {"megatron": dict(layout), **log_prob}
-    rollout: dict[str, Any] = dict(log_prob)
-    return {"actor_rollout_ref": {"actor": actor, "ref": ref, "rollout": rollout}}
+    for key, value in layout.items():
+        _put(out, f"{K['ref_megatron']}.{key}", value)
+    for role in ("ref", "rollout"):
+        for name, value in log_prob.items():
+            _put(out, K[f"{role}_log_prob_{name}"], value)
+    return out
+
+
+def verl_step_overrides(
+    args: dict[str, Any],
+    *,
+    max_token_len: int | None,
+    log_prob_max_token_len: int | None = None,
+    param_offload: bool | None = None,
+    optimizer_offload: bool | None = None,
+    ref_param_offload: bool | None = None,
+) -> dict[str, Any]:
+    """`verl_overrides(mode="train")` for a whole colocated verl step: the actor's layout and training micro-batch,
+    the log-prob passes' own token budget (`log_prob_max_token_len`, one micro-batch before the CP split; a
+    forward pass holds no activations for a backward, so it may pack more than the training micro-batch), and the
+    offload switches `mat rlhf` chose (None: not written, verl's default stays)."""
+    out = verl_overrides(args, mode="train", max_token_len=max_token_len)
+    K = VERL_KEYS
+    if log_prob_max_token_len is not None:
+        if max_token_len is None:
+            raise ValueError("log_prob_max_token_len needs dynamic batching (max_token_len)")
+        budget = _token_budget(int(log_prob_max_token_len), MegatronArgs(args).cp)
+        _put(out, K["ref_log_prob_max_token_len"], budget)
+        _put(out, K["rollout_log_prob_max_token_len"], budget)
+    for key, value in (
+        ("actor_param_offload", param_offload),
+        ("actor_optimizer_offload", optimizer_offload),
+        ("ref_param_offload", ref_param_offload),
+    ):
+        if value is not None:
+            _put(out, K[key], bool(value))
+    return out
 
 
 # A Hydra primary config on top of verl's ppo_trainer.yaml with the megatron engine, as verl's own
@@ -215,15 +336,28 @@ def _flatten(prefix: str, node: dict[str, Any]) -> list[tuple[str, Any]]:
 _PASS_THROUGH = ("override_transformer_config", "override_ddp_config", "override_optimizer_config")
 
 
-def verl_override_lines(args: dict[str, Any], *, mode: str, max_token_len: int | None) -> list[str]:
-    """`key=value` arguments for `python -m verl.trainer.main_ppo model_engine=megatron ...` (Hydra syntax; keys
-    inside verl's pass-through dicts get `++`). Each item is one argv entry: quote it for a shell
-    (`shlex.join`)."""
+def override_lines(tree: dict[str, Any]) -> list[str]:
+    """`key=value` Hydra arguments of a nested override dict (keys inside verl's pass-through dicts get `++`)."""
     lines = []
-    for path, value in _flatten("", verl_overrides(args, mode=mode, max_token_len=max_token_len)):
+    for path, value in _flatten("", tree):
         prefix = "++" if any(f".{name}." in path for name in _PASS_THROUGH) else ""
         lines.append(f"{prefix}{path}={_hydra_value(value)}")
     return lines
 
 
-__all__ = ["verl_override_lines", "verl_overrides", "verl_overrides_yaml"]
+def verl_override_lines(args: dict[str, Any], *, mode: str, max_token_len: int | None) -> list[str]:
+    """`key=value` arguments for `python -m verl.trainer.main_ppo model_engine=megatron ...` (Hydra syntax; keys
+    inside verl's pass-through dicts get `++`). Each item is one argv entry: quote it for a shell
+    (`shlex.join`)."""
+    return override_lines(verl_overrides(args, mode=mode, max_token_len=max_token_len))
+
+
+__all__ = [
+    "MCORE_LAYOUT_KEYS",
+    "VERL_KEYS",
+    "override_lines",
+    "verl_override_lines",
+    "verl_overrides",
+    "verl_overrides_yaml",
+    "verl_step_overrides",
+]

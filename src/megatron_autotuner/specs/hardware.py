@@ -31,6 +31,10 @@ class GPUSpec:
     scale_out_gbps: float  # inter-node (InfiniBand / RoCE) bandwidth per GPU per direction, GB/s
     gpus_per_node: int = 8  # GPUs in one NVLink domain
     fp32_tflops: float = 0.0  # non-tensor fp32 peak (memory-bound ops do not use it; informative)
+    # GPU <-> host (CPU memory) link per direction, GB/s: a spec peak (PCIe lanes x rate, or NVLink-C2C), not a
+    # measurement; None = unknown. Host copies (verl's CPU offload) use a measured calibration table when there is
+    # one, else this.
+    host_link_gbps: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("bf16_tflops", "hbm_gib", "hbm_gbps", "nvlink_gbps", "scale_out_gbps"):
@@ -40,6 +44,10 @@ class GPUSpec:
             raise ConfigError("gpu.fp8_tflops", "must be >= 0 (0 = no fp8 support)")
         if self.gpus_per_node < 1:
             raise ConfigError("gpu.gpus_per_node", "must be >= 1")
+        if self.host_link_gbps is not None and not (
+            isinstance(self.host_link_gbps, (int, float)) and self.host_link_gbps > 0
+        ):
+            raise ConfigError("gpu.host_link_gbps", f"must be > 0 GB/s (or left out), got {self.host_link_gbps!r}")
 
     def peak_tflops(self, precision: str) -> float:
         """Dense tensor-core peak for `precision` ('bf16' or 'fp8')."""
@@ -74,15 +82,27 @@ class GPUSpec:
 #  GB200: NVIDIA GB200 NVL72 datasheet, per GPU: FP16/BF16 5 PFLOPS and FP8 10 PFLOPS with sparsity
 #        -> 2,500 / 5,000 dense; 186 GB HBM3e, 8 TB/s; NVLink 5 1.8 TB/s bidirectional in a 72-GPU
 #        NVLink domain; ConnectX-8 800 Gb/s per GPU.
+# Host link (`host_link_gbps`, per direction, spec peaks -- none of these is a measurement):
+#  PCIe Gen5 x16: 32 GT/s x 16 lanes / 8 bits x 128/130 encoding = 63.0 GB/s per direction (PCI-SIG PCIe 5.0
+#        base specification); NVIDIA's H100 and H200 datasheets list "PCIe Gen5: 128 GB/s" (both directions).
+#        B200 (HGX B200) attaches over PCIe Gen5 x16 as well.
+#  PCIe Gen4 x16: 16 GT/s x 16 / 8 x 128/130 = 31.5 GB/s per direction; the A100 datasheet lists "PCIe Gen4:
+#        64 GB/s" (both directions).
+#  GB200: NVLink-C2C to the Grace CPU, 900 GB/s bidirectional (GB200 NVL72 datasheet) = 450 per direction.
+#  Pinned copies reach most of these peaks; pageable copies are staged through a pinned bounce buffer and reach
+#  much less -- only a measured table (`Calibration.host_copy_gbps`) tells how much.
+PCIE_GEN4_X16_GBPS = 16e9 * 16 / 8 * 128 / 130 / 1e9
+PCIE_GEN5_X16_GBPS = 32e9 * 16 / 8 * 128 / 130 / 1e9
+NVLINK_C2C_GBPS = 450.0
 GPU_PRESETS: dict[str, GPUSpec] = {
     spec.name: spec
     for spec in (
-        GPUSpec("A100-40GB", 312.0, 0.0, 40536 * MIB / GIB, 1555.0, 300.0, 25.0, 8, 19.5),
-        GPUSpec("A100-80GB", 312.0, 0.0, 81251 * MIB / GIB, 2039.0, 300.0, 25.0, 8, 19.5),
-        GPUSpec("H100-SXM", 989.0, 1979.0, 81559 * MIB / GIB, 3350.0, 450.0, 50.0, 8, 67.0),
-        GPUSpec("H200", 989.0, 1979.0, 143771 * MIB / GIB, 4800.0, 450.0, 50.0, 8, 67.0),
-        GPUSpec("B200", 2250.0, 4500.0, 180e9 / GIB, 8000.0, 900.0, 50.0, 8, 80.0),
-        GPUSpec("GB200", 2500.0, 5000.0, 186e9 / GIB, 8000.0, 900.0, 100.0, 72, 80.0),
+        GPUSpec("A100-40GB", 312.0, 0.0, 40536 * MIB / GIB, 1555.0, 300.0, 25.0, 8, 19.5, PCIE_GEN4_X16_GBPS),
+        GPUSpec("A100-80GB", 312.0, 0.0, 81251 * MIB / GIB, 2039.0, 300.0, 25.0, 8, 19.5, PCIE_GEN4_X16_GBPS),
+        GPUSpec("H100-SXM", 989.0, 1979.0, 81559 * MIB / GIB, 3350.0, 450.0, 50.0, 8, 67.0, PCIE_GEN5_X16_GBPS),
+        GPUSpec("H200", 989.0, 1979.0, 143771 * MIB / GIB, 4800.0, 450.0, 50.0, 8, 67.0, PCIE_GEN5_X16_GBPS),
+        GPUSpec("B200", 2250.0, 4500.0, 180e9 / GIB, 8000.0, 900.0, 50.0, 8, 80.0, PCIE_GEN5_X16_GBPS),
+        GPUSpec("GB200", 2500.0, 5000.0, 186e9 / GIB, 8000.0, 900.0, 100.0, 72, 80.0, NVLINK_C2C_GBPS),
     )
 }
 
@@ -108,7 +128,7 @@ def _gpu_from_mapping(data: dict[str, Any], source: str) -> GPUSpec:
     if unknown:
         raise ConfigError(f"{source}: {unknown[0]}", f"is not a GPU field (allowed: base, {', '.join(sorted(fields))})")
     merged = {**base, **{k: v for k, v in data.items() if k != "base"}}
-    missing = sorted(fields - set(merged) - {"gpus_per_node", "fp32_tflops"})
+    missing = sorted(fields - set(merged) - {"gpus_per_node", "fp32_tflops", "host_link_gbps"})
     if missing:
         raise ConfigError(f"{source}: {missing[0]}", "is required (or name a preset in 'base' to inherit from)")
     try:
