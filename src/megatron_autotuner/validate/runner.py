@@ -391,6 +391,24 @@ def patch_schedules_for_cpu() -> None:
         torch.cuda.current_device = lambda: "cpu"
 
 
+def mock_iterators(layout: Layout, model: list, device: str) -> list:
+    """One data iterator per model chunk, as `run_layout` feeds them (packed THD rows when the layout packs;
+    data-parallel and CP rank from megatron-core's parallel state)."""
+    if not layout.packed:
+        return [_mock_batches(layout, device) for _ in model]
+    from megatron.core import parallel_state
+
+    batches = packed_micro_batches(
+        layout, device, parallel_state.get_data_parallel_rank(), parallel_state.get_context_parallel_rank()
+    )
+    return [_packed_batches(batches) for _ in model]
+
+
+def train_step(layout: Layout, model: list, optimizer: Any, iterators: list, device: str) -> float | None:
+    """One iteration of `layout` (all micro-batches, then the optimizer step when training): the mean loss."""
+    return _train_step(layout, model, optimizer, iterators, device)
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch

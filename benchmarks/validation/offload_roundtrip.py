@@ -1,0 +1,258 @@
+"""Offload round trip of a megatron-core training state, the way verl moves it, measured against a prediction
+made before the run.
+
+    torchrun --standalone --nproc-per-node 1 benchmarks/validation/offload_roundtrip.py \
+        --calibration OUT/copy_calibration.json --out OUT/offload_roundtrip.json
+
+Builds a GPTModel (default Qwen3-8B reduced to 4 layers) with megatron-core DDP and the distributed optimizer on
+one GPU (`validate.runner`: what `mat validate` trains), runs one training step so the optimizer state exists,
+then `--repeats` times offloads and reloads it as verl/utils/megatron_utils.py does:
+- offload_megatron_model_to_cpu: per DDP buffer (`model.buffers`, `model.expert_parallel_buffers`) the bf16
+  `param_data` is copied to the host and pinned (`.cpu().pin_memory()`: a pageable D2H copy, then a host copy
+  into pinned memory) and its storage freed; the fp32 `grad_data` storage is freed, not copied;
+- offload_megatron_optimizer (through offload_megatron_copy_params): the distributed optimizer's fp32 master
+  shards (`shard_fp32_from_float16_groups`) and Adam's `exp_avg` / `exp_avg_sq` go `.to("cpu", non_blocking=True)`
+  (torch gives a non-blocking CUDA->CPU copy a pinned destination);
+- load_megatron_model_to_gpu: grad storage re-allocated and zeroed, param storage re-allocated and filled from
+  the pinned copy (`copy_(..., non_blocking=True)`);
+- load_megatron_optimizer: master shards and Adam moments `.to(device, non_blocking=True)`.
+Each phase is timed on the host around a CUDA synchronize (verl's callers wait for the moves the same way), and a
+training step after the last reload checks that the state came back whole (finite loss).
+
+The prediction (written to the JSON before anything is timed): every tensor's bytes over the bandwidth the
+calibration's `host_copy` table gives for its size and direction (`Calibration.host_copy_gbps`: pageable D2H for
+the params, pinned otherwise), summed per phase. The host-side pinning copy of the params, the grad re-zeroing,
+gc.collect and empty_cache are not in it (no table for them); their time shows as measured minus predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _chained(optimizer: Any) -> list:
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def _flat(groups: Any) -> list:
+    out = []
+    for g in groups or []:
+        out.extend(g if isinstance(g, list) else [g])
+    return [t for t in out if t is not None]
+
+
+def state_tensors(model: list, optimizer: Any) -> dict[str, list]:
+    """The tensors verl moves, by kind: param buffers, grad buffers (freed only), fp32 master shards, Adam moments."""
+    params, grads = [], []
+    for chunk in model:
+        for buffer in [*chunk.buffers, *chunk.expert_parallel_buffers]:
+            params.append(buffer.param_data)
+            grads.append(buffer.grad_data)
+    masters, moments = [], []
+    for opt in _chained(optimizer):
+        masters.extend(_flat(getattr(opt, "shard_fp32_from_float16_groups", None)))
+        if opt.optimizer is not None:
+            for state in opt.optimizer.state.values():
+                moments.extend(state[k] for k in ("exp_avg", "exp_avg_sq") if k in state)
+    return {"params": params, "grads": grads, "master_params": masters, "adam_moments": moments}
+
+
+def nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def predict(tensors: dict[str, list], calibration) -> dict[str, Any]:
+    """Seconds per phase from the calibration's host copy bandwidths, per tensor size; None where unmeasured."""
+
+    def seconds(kind: str, direction: str, pinned: bool) -> float | None:
+        total = 0.0
+        for t in tensors[kind]:
+            gbps = calibration.host_copy_gbps(direction, pinned, nbytes(t)) if calibration else None
+            if gbps is None:
+                return None
+            total += nbytes(t) / (gbps * 1e9)
+        return total
+
+    def add(*values):
+        return None if any(v is None for v in values) else sum(values)
+
+    phases = {
+        "offload_model_s": seconds("params", "d2h", pinned=False),
+        "offload_optimizer_s": add(seconds("master_params", "d2h", True), seconds("adam_moments", "d2h", True)),
+        "load_model_s": seconds("params", "h2d", pinned=True),
+        "load_optimizer_s": add(seconds("master_params", "h2d", True), seconds("adam_moments", "h2d", True)),
+    }
+    phases["round_trip_s"] = add(*phases.values())
+    return phases
+
+
+def offload_model(model: list) -> None:
+    """verl offload_megatron_model_to_cpu, DDP branch."""
+    import torch
+
+    with torch.no_grad():
+        for chunk in model:
+            for buffer in [*chunk.buffers, *chunk.expert_parallel_buffers]:
+                if buffer.param_data.untyped_storage().size() > 0:
+                    buffer.param_data.cpu_data = buffer.param_data.data.cpu().pin_memory()
+                    buffer.param_data_size = buffer.param_data.untyped_storage().size()
+                    buffer.param_data.untyped_storage().resize_(0)
+                if buffer.grad_data.untyped_storage().size() > 0:
+                    buffer.grad_data_size = buffer.grad_data.untyped_storage().size()
+                    buffer.grad_data.untyped_storage().resize_(0)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def load_model(model: list) -> None:
+    """verl load_megatron_model_to_gpu(load_grad=True), DDP branch."""
+    import torch
+
+    with torch.no_grad():
+        for chunk in model:
+            for buffer in [*chunk.buffers, *chunk.expert_parallel_buffers]:
+                if hasattr(buffer, "grad_data_size"):
+                    buffer.grad_data.untyped_storage().resize_(buffer.grad_data_size)
+                    buffer.grad_data.zero_()
+                if buffer.param_data.untyped_storage().size() == 0:
+                    buffer.param_data.untyped_storage().resize_(buffer.param_data_size)
+                    buffer.param_data.copy_(buffer.param_data.cpu_data, non_blocking=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def move_optimizer(optimizer: Any, device: str) -> None:
+    """verl offload_megatron_optimizer (device "cpu") / load_megatron_optimizer (device "cuda")."""
+    import torch
+
+    target = "cpu" if device == "cpu" else torch.cuda.current_device()
+    with torch.no_grad():
+        for opt in _chained(optimizer):
+            for t in _flat(getattr(opt, "shard_fp32_from_float16_groups", None)):
+                t.data = t.data.to(target, non_blocking=True)
+            if opt.optimizer is not None:
+                for state in opt.optimizer.state.values():
+                    for k in ("exp_avg", "exp_avg_sq"):
+                        if k in state:
+                            state[k] = state[k].to(target, non_blocking=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def timed(fn, *args) -> float:
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(*args)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="Qwen3-8B")
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--seq-length", type=int, default=4096)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--calibration", help="calibration JSON with a host_copy table (mat profile --mode copy-bandwidth)"
+    )
+    parser.add_argument("--out", required=True, help="JSON result path")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from megatron_autotuner import __version__
+    from megatron_autotuner.costmodel.calibration import load_calibration
+    from megatron_autotuner.launch.environment import environment
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.runner import (
+        build_model,
+        init_parallel,
+        mock_iterators,
+        train_step,
+        wrap_for_training,
+    )
+
+    calibration = load_calibration(args.calibration) if args.calibration else None
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    torch.distributed.init_process_group(backend="nccl")
+    layout = Layout(
+        model=args.model, num_layers=args.num_layers, seq_length=args.seq_length, global_batch_size=1, name="offload"
+    )
+    init_parallel(layout, "cuda", 600)
+    config, chunks = build_model(layout, "cuda", use_te=True)
+    model, optimizer = wrap_for_training(layout, config, chunks, "cuda")
+    del chunks
+    iterators = mock_iterators(layout, model, "cuda")
+    loss_before = train_step(layout, model, optimizer, iterators, "cuda")
+    torch.cuda.synchronize()
+    tensors = state_tensors(model, optimizer)
+    out: dict[str, Any] = {
+        "schema_version": 1,
+        "tool_version": __version__,
+        "kind": "offload-roundtrip",
+        "env": environment("cuda"),
+        "layout": layout.to_dict(),
+        "calibration": args.calibration,
+        "bytes": {kind: sum(nbytes(t) for t in ts) for kind, ts in tensors.items()},
+        "tensors": {kind: len(ts) for kind, ts in tensors.items()},
+        "copies": {
+            "params": "D2H .cpu() (pageable) then .pin_memory(); back H2D from pinned, non_blocking",
+            "grads": "storage freed on offload, re-allocated and zeroed on load: no bytes copied",
+            "master_params": "D2H/H2D .to(..., non_blocking=True): pinned on the host",
+            "adam_moments": "D2H/H2D .to(..., non_blocking=True): pinned on the host",
+        },
+        "predicted": predict(tensors, calibration),
+        "predicted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    out["bytes"]["copied_each_way"] = sum(out["bytes"][k] for k in ("params", "master_params", "adam_moments"))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")  # the prediction is on disk before any timing
+    del tensors
+    runs = []
+    for _ in range(args.repeats):
+        allocated_before = torch.cuda.memory_allocated()
+        run = {"offload_model_s": timed(offload_model, model)}
+        run["offload_optimizer_s"] = timed(move_optimizer, optimizer, "cpu")
+        run["allocated_offloaded_gib"] = torch.cuda.memory_allocated() / 2**30
+        run["allocated_before_gib"] = allocated_before / 2**30
+        run["load_model_s"] = timed(load_model, model)
+        run["load_optimizer_s"] = timed(move_optimizer, optimizer, "cuda")
+        run["round_trip_s"] = sum(
+            run[k] for k in ("offload_model_s", "offload_optimizer_s", "load_model_s", "load_optimizer_s")
+        )
+        runs.append(run)
+        print(json.dumps(run), flush=True)
+    loss_after = train_step(layout, model, optimizer, iterators, "cuda")
+    measured = {k: statistics.median(r[k] for r in runs) for k in out["predicted"]}
+    out.update(
+        measured=measured,
+        runs=runs,
+        loss_before=loss_before,
+        loss_after_reload=loss_after,
+        state_restored=loss_after is not None and math.isfinite(loss_after),
+        error_rel={
+            k: (out["predicted"][k] / measured[k] - 1.0) if out["predicted"][k] and measured[k] else None
+            for k in measured
+        },
+    )
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps({"predicted": out["predicted"], "measured": measured, "bytes": out["bytes"]}, indent=1))
+    torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
