@@ -29,6 +29,13 @@ the fp8 weight casts (or, with fp8 parameters, TE's quantization of the updated 
 rebuilt after the all-gather); exposed with the DP communication, the tied-embedding gradient all-reduce between
 the first and last stage.
 
+Variable lengths (`Workload.lengths`): the micro-batches are verl's packing of the step's sampled sequences
+(`specs.parallel.packed_batch`, each sequence padded to the THD alignment). A layer's time is linear in the
+tokens (GEMMs, memory-bound work, collectives) and in sum s_i^2 (attention) up to the efficiency curves, so the
+sum over a rank's m micro-batches is taken as m x the time of their mean (tokens / m, effective length
+sum s^2 / sum s), on the data-parallel rank with the most FLOPs (the others wait for it at the gradient
+reduction). Memory is that of the largest micro-batch (`theory.memory`).
+
 MFU = model FLOPs / (num_gpus * step * dense bf16 peak), as NVIDIA's tables report bf16 runs;
 fp8 runs also report `mfu_fp8` against the dense fp8 peak. Model FLOPs follow the requested
 convention (causal: attention counted as half the square; full: the whole square); hardware FLOPs
@@ -50,11 +57,12 @@ from ..specs.parallel import (
     RecomputeConfig,
     Workload,
     num_microbatches,
+    packed_batch,
     pipeline_layout_of,
     validate_layout,
 )
 from ..theory.comm import dp_step_volumes
-from ..theory.flops import chunk_layer_kinds, iteration_flops
+from ..theory.flops import chunk_layer_kinds, iteration_flops, model_flops_per_token
 from ..theory.memory import (
     GIB,
     ActivationOptions,
@@ -300,11 +308,40 @@ def local_tokens_per_microbatch(parallel: ParallelConfig, workload: Workload) ->
     With dynamic batching (max_token_len) the DP rank's share of the global batch is spread over
     ceil(tokens / max_token_len) micro-batches, so the average micro-batch holds tokens / m.
     """
+    if workload.lengths is not None:
+        raise ConfigError("lengths", "variable lengths need the model: use packed_microbatch_shape")
     if workload.max_token_len is None:
         return workload.micro_batch_size * workload.seq_length / parallel.cp
     m = num_microbatches(parallel, workload)
     per_dp = workload.global_batch_size * workload.seq_length / parallel.dp
     return per_dp / m / parallel.cp
+
+
+@lru_cache(maxsize=256)
+def _flops_per_token_terms(model: ModelSpec, training: bool) -> tuple[float, float]:
+    """(FLOPs per token without attention, attention FLOPs per token per unit of sequence length)."""
+    linear = model_flops_per_token(model, 0, "causal", training)
+    return linear, model_flops_per_token(model, 1, "causal", training) - linear
+
+
+def packed_microbatch_shape(
+    model: ModelSpec, parallel: ParallelConfig, workload: Workload
+) -> tuple[float, float]:
+    """(local tokens, effective sequence length) of the mean micro-batch of the data-parallel rank with the most
+    FLOPs (tokens x linear + sum s^2 x attention per unit length), with variable lengths: tokens = the rank's
+    padded tokens / (m * cp), length = its sum s^2 / sum s. Without lengths: b*s/cp (`local_tokens_per_microbatch`)
+    and seq_length."""
+    packed = packed_batch(parallel, workload)
+    if packed is None:
+        return local_tokens_per_microbatch(parallel, workload), workload.seq_length
+    linear, attention = _flops_per_token_terms(model, workload.is_training)
+    shapes = []
+    for rank in packed.ranks:
+        tokens = sum(sum(mb) for mb in rank)
+        squares = sum(s * s for mb in rank for s in mb)
+        shapes.append((tokens * linear + squares * attention, tokens, squares))
+    _, tokens, squares = max(shapes)
+    return tokens / (packed.num_micro_batches * parallel.cp), squares / tokens
 
 
 @lru_cache(maxsize=4096)
@@ -325,20 +362,31 @@ def stage_parameter_counts(model: ModelSpec, parallel: ParallelConfig, stage: in
 
 @lru_cache(maxsize=4096)
 def _iteration_flops_cached(
-    model: ModelSpec, pp: int, vpp: int | None, layout, dp: int, workload: Workload, conv: str, pad: int
+    model: ModelSpec,
+    pp: int,
+    vpp: int | None,
+    layout,
+    dp: int,
+    workload: Workload,
+    conv: str,
+    pad: int,
+    tp: int = 1,
+    cp: int = 1,
 ):
-    parallel = ParallelConfig(num_gpus=dp * pp, pp=pp, vpp=vpp, pipeline_layout=layout)
+    parallel = ParallelConfig(num_gpus=dp * pp * tp * cp, tp=tp, pp=pp, cp=cp, vpp=vpp, pipeline_layout=layout)
     return iteration_flops(model, parallel, workload, conv, pad)
 
 
 def cached_iteration_flops(
     model: ModelSpec, parallel: ParallelConfig, workload: Workload, convention: str, padded: int
 ):
-    """`theory.flops.iteration_flops`, cached on what it depends on (pp, vpp, layout, dp, workload)."""
+    """`theory.flops.iteration_flops`, cached on what it depends on (pp, vpp, layout, dp, workload; with
+    variable lengths also tp and cp, which set the padding of each sequence)."""
     if workload.max_token_len is None:
         workload = workload.replace(micro_batch_size=1)
     p = parallel
-    return _iteration_flops_cached(model, p.pp, p.vpp, p.pipeline_layout, p.dp, workload, convention, padded)
+    tp_cp = (p.tp, p.cp) if workload.lengths is not None else (1, 1)
+    return _iteration_flops_cached(model, p.pp, p.vpp, p.pipeline_layout, p.dp, workload, convention, padded, *tp_cp)
 
 
 def _merge(target: dict[str, float], parts: dict[str, float], factor: float = 1.0, rename=None) -> None:
@@ -427,7 +475,7 @@ def stage_time(
     tp, cp, pp = parallel.tp, parallel.cp, parallel.pp
     sp = parallel.sequence_parallel
     x = tp if sp else 1
-    tokens = local_tokens_per_microbatch(parallel, workload)
+    tokens, seq_length = packed_microbatch_shape(model, parallel, workload)
     rc = workload.recompute
     ctx = LayerContext(
         cluster=cluster,
@@ -437,7 +485,7 @@ def stage_time(
         ep=parallel.ep,
         etp=parallel.etp,
         tokens=tokens,
-        seq_length=workload.seq_length,
+        seq_length=seq_length,
         precision=workload.precision,
         fp8_recipe=workload.fp8_recipe,
         training=training,

@@ -8,10 +8,13 @@ and Megatron-LM's `arguments.py` enforce; each `ConfigError` names the field and
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
+from .lengths import PackedBatch, SequenceLengths, pack_micro_batches
 from .model import ModelSpec
 from .pipeline import PipelineLayout, even_layout
 
@@ -185,6 +188,10 @@ class Workload:
 
     `max_token_len`, when set, is verl's dynamic batching: each micro-batch packs up to that many
     tokens per GPU (sequences of `seq_length` each at most), replacing the fixed micro-batch.
+    `lengths` (with `max_token_len`): the sequences vary in length (`specs.lengths.SequenceLengths`); the
+    `global_batch_size` sequences of a step are sampled from it and packed as verl packs them (`packed_batch`),
+    and `seq_length` is the longest sequence there can be (>= `lengths.max_tokens`). Without `lengths`, every
+    sequence is `seq_length` tokens long.
     With precision fp8: `fp8_recipe` is Megatron-LM's `--fp8-recipe` (delayed | tensorwise | blockwise) and
     `fp8_param` its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
     linear weights are stored in fp8 and all-gathered in fp8 instead of bf16.
@@ -199,6 +206,7 @@ class Workload:
     max_token_len: int | None = None
     fp8_recipe: str = "delayed"
     fp8_param: bool = False
+    lengths: SequenceLengths | None = None
 
     def __post_init__(self) -> None:
         for name in ("seq_length", "micro_batch_size", "global_batch_size"):
@@ -229,6 +237,16 @@ class Workload:
                 )
         if self.mode == "forward" and self.recompute.granularity != "none":
             raise ConfigError("recompute", "must be none in forward mode (nothing is kept for a backward pass)")
+        if self.lengths is not None:
+            if not isinstance(self.lengths, SequenceLengths):
+                raise ConfigError("lengths", f"must be a SequenceLengths, got {type(self.lengths).__name__}")
+            if self.max_token_len is None:
+                raise ConfigError("lengths", "variable sequence lengths need max_token_len (verl's dynamic batching)")
+            if self.seq_length < self.lengths.max_tokens:
+                raise ConfigError(
+                    "seq_length",
+                    f"{self.seq_length} is below the longest sequence of the lengths ({self.lengths.max_tokens})",
+                )
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -251,15 +269,70 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lengths"}
+        data["recompute"] = dataclasses.asdict(self.recompute)
+        if self.lengths is not None:
+            data["lengths"] = self.lengths.to_dict()
+        return data
+
+
+def thd_alignment(parallel: ParallelConfig, workload: Workload) -> tuple[int, int]:
+    """(per-sequence, per-micro-batch) token multiples a packed (THD) micro-batch is padded to.
+
+    verl pads each sequence to a multiple of tp*cp*2 with CP (each CP rank takes 2 of 2cp chunks, load-balanced
+    for causal masks) and of tp without (sequence parallelism splits the packed tokens over TP)
+    (verl/models/mcore/util.py `preprocess_packed_seqs` / `preprocess_thd_engine`; megatron-core pads the same
+    way: megatron/core/models/multimodal/context_parallel.py `get_padding`, tp*cp*2 with CP + SP). With fp8
+    (`use_fp8_padding`) each sequence goes to a multiple of lcm(16, that) and the micro-batch to one of that x 128
+    (`_compute_fp8_thd_align_size`, for Transformer Engine's fp8 GEMMs).
+    """
+    tp, cp = parallel.tp, parallel.cp
+    align = tp * cp * 2 if cp > 1 else tp
+    if workload.precision == "fp8":
+        return math.lcm(16, align), align * 128
+    return align, 1
+
+
+def vpp_micro_batch_group(parallel: ParallelConfig) -> int | None:
+    """verl rounds the micro-batch count up to a multiple of megatron-core's `microbatch_group_size_per_vp_stage`
+    (default pp: megatron/core/model_parallel_config.py) with an interleaved pipeline, else leaves it."""
+    return parallel.pp if parallel.vpp is not None else None
+
+
+@lru_cache(maxsize=1024)
+def _packed(lengths: SequenceLengths, sequences: int, max_token_len: int, dp: int, group: int | None) -> PackedBatch:
+    return pack_micro_batches(lengths.sample(sequences), max_token_len, dp=dp, num_batches_divided_by=group)
+
+
+def packed_batch(parallel: ParallelConfig, workload: Workload, padded: bool = True) -> PackedBatch | None:
+    """The micro-batches of one step with variable lengths (None without `workload.lengths`): the
+    `global_batch_size` sampled sequences packed over the dp ranks as verl does (`specs.lengths`), each sequence
+    padded to `thd_alignment` when `padded`."""
+    if workload.lengths is None:
+        return None
+    if workload.global_batch_size % parallel.dp:
+        raise ConfigError(
+            "global_batch_size",
+            f"{workload.global_batch_size} must be divisible by dp={parallel.dp} (verl splits the sequences equally)",
+        )
+    batch = _packed(
+        workload.lengths,
+        workload.global_batch_size,
+        workload.max_token_len,
+        parallel.dp,
+        vpp_micro_batch_group(parallel),
+    )
+    return batch.padded(*thd_alignment(parallel, workload)) if padded else batch
 
 
 def num_microbatches(parallel: ParallelConfig, workload: Workload) -> int:
     """Micro-batches per iteration per data-parallel rank: global / (micro x dp).
 
     With `max_token_len` the count is the tokens of the global batch on one DP rank divided by the
-    tokens one micro-batch packs, rounded up.
+    tokens one micro-batch packs, rounded up; with `lengths`, the count verl's packing makes (`packed_batch`).
     """
+    if workload.lengths is not None:
+        return packed_batch(parallel, workload, padded=False).num_micro_batches
     if workload.max_token_len is not None:
         tokens_per_dp_rank = workload.global_batch_size * workload.seq_length // parallel.dp
         return max(1, -(-tokens_per_dp_rank // workload.max_token_len))
@@ -314,9 +387,12 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
     if model.ffn_hidden_size % tp:
         raise ConfigError("tp", f"ffn_hidden_size={model.ffn_hidden_size} must be divisible by tp={tp}")
     seq = workload.seq_length
-    if cp > 1 and seq % (2 * cp):
+    packed = workload.lengths is not None  # THD: each sequence is padded to `thd_alignment` instead
+    if packed:
+        packed_batch(parallel, workload, padded=False)  # raises when verl could not pack the step
+    if cp > 1 and seq % (2 * cp) and not packed:
         raise ConfigError("seq_length", f"{seq} must be divisible by 2*cp = {2 * cp} (load-balanced context parallel)")
-    if parallel.sequence_parallel and (seq // cp) % tp:
+    if parallel.sequence_parallel and (seq // cp) % tp and not packed:
         raise ConfigError(
             "seq_length", f"seq_length/cp = {seq // cp} must be divisible by tp={tp} with sequence parallel"
         )

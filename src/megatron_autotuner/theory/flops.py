@@ -10,6 +10,10 @@ Conventions (one multiply-add = 2 FLOPs):
 - Elementwise work (norms, activations, softmax, rope) is not counted: model FLOPs are matmul FLOPs.
 - "Model FLOPs" count the work of one forward + backward; "hardware FLOPs" add the forward work
   redone by activation recomputation.
+- Variable lengths (`Workload.lengths`, packed THD micro-batches): attention is per sequence, so a micro-batch
+  of sequences s_i costs attention_per_token(1) * sum_i s_i^2 (causal: half), not the square of the packed
+  block; `iteration_flops` uses the effective length sum s_i^2 / sum s_i. Model FLOPs count the real tokens;
+  hardware FLOPs add the alignment padding of each sequence (`padding_flops`, `specs.parallel.thd_alignment`).
 
 Check (tests): Llama-3-8B at seq 8192: 5.79e10 FLOPs/token full, 5.15e10 causal (Megatron-Bridge
 performance summary; NeMo 24.07 table).
@@ -22,7 +26,14 @@ from functools import lru_cache
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, num_microbatches, pipeline_layout_of
+from ..specs.parallel import (
+    ParallelConfig,
+    RecomputeConfig,
+    Workload,
+    num_microbatches,
+    packed_batch,
+    pipeline_layout_of,
+)
 
 FLOPS_CONVENTIONS = ("causal", "full")
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -33,8 +44,9 @@ def _check_convention(convention: str) -> None:
         raise ConfigError("flops_convention", f"must be causal or full, got {convention!r}")
 
 
-def attention_flops_per_token(model: ModelSpec, seq_length: int, convention: str = "causal") -> float:
-    """Forward core-attention FLOPs per token: 2*s*a*(d_qk + d_v), halved for causal."""
+def attention_flops_per_token(model: ModelSpec, seq_length: float, convention: str = "causal") -> float:
+    """Forward core-attention FLOPs per token: 2*s*a*(d_qk + d_v), halved for causal. Linear in s, so sequences of
+    lengths s_i cost this at s = sum s_i^2 / sum s_i per token (`effective_seq_length`)."""
     _check_convention(convention)
     a = model.num_attention_heads
     if model.multi_latent_attention:
@@ -184,9 +196,10 @@ class FlopsBreakdown:
     convention: str
     tokens_per_iteration: int
     model_flops: float  # fwd + bwd of the model (fwd only in forward mode)
-    hardware_flops: float  # model_flops + recomputed forward work
+    hardware_flops: float  # model_flops + recomputed forward work + padding_flops
     recompute_flops: float
     by_operator: dict[str, dict[str, float]] = field(default_factory=dict)  # op -> phase -> FLOPs
+    padding_flops: float = 0.0  # packed variable lengths: the work on each sequence's alignment padding
 
     @property
     def model_flops_per_token(self) -> float:
@@ -199,6 +212,7 @@ class FlopsBreakdown:
             "model_flops": self.model_flops,
             "hardware_flops": self.hardware_flops,
             "recompute_flops": self.recompute_flops,
+            "padding_flops": self.padding_flops,
             "model_flops_per_token": self.model_flops_per_token,
             "by_operator": self.by_operator,
         }
@@ -230,15 +244,56 @@ def iteration_flops(
     """FLOPs of one iteration of `workload` (global batch x seq tokens), model and hardware.
 
     Independent of the parallel layout except for which layers full recompute with method 'block'
-    covers (it depends on the pipeline chunking).
+    covers (it depends on the pipeline chunking) and, with variable lengths, the packing (dp, vpp) and the
+    padding (tp, cp).
     """
     _check_convention(convention)
+    packed = packed_batch(parallel, workload, padded=False)
+    if packed is not None:
+        real = _iteration_flops(model, parallel, workload, *packing_shape(packed), convention, padded_vocab_size)
+        padded = packed_batch(parallel, workload)
+        work = _iteration_flops(model, parallel, workload, *packing_shape(padded), convention, padded_vocab_size)
+        padding = work.model_flops - real.model_flops
+        # recompute redoes the padded forward work
+        return FlopsBreakdown(
+            convention=convention,
+            tokens_per_iteration=real.tokens_per_iteration,
+            model_flops=real.model_flops,
+            hardware_flops=real.model_flops + work.recompute_flops + padding,
+            recompute_flops=work.recompute_flops,
+            by_operator=real.by_operator,
+            padding_flops=padding,
+        )
     seq = workload.seq_length
     if workload.max_token_len is not None:
         tokens = num_microbatches(parallel, workload) * workload.max_token_len * parallel.dp
         tokens = min(tokens, workload.global_batch_size * seq)
     else:
         tokens = workload.global_batch_size * seq
+    return _iteration_flops(model, parallel, workload, tokens, seq, convention, padded_vocab_size)
+
+
+def effective_seq_length(lengths: list[int] | tuple[int, ...]) -> float:
+    """sum s_i^2 / sum s_i: the length at which per-token attention FLOPs of equal sequences match those of
+    sequences s_i (attention per token is linear in s)."""
+    return sum(s * s for s in lengths) / sum(lengths)
+
+
+def packing_shape(batch) -> tuple[int, float]:
+    """(tokens, effective sequence length) of a whole `specs.lengths.PackedBatch`."""
+    return batch.total_tokens, batch.sum_squares / batch.total_tokens
+
+
+def _iteration_flops(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    tokens: int,
+    seq: float,
+    convention: str,
+    padded_vocab_size: int | None,
+) -> FlopsBreakdown:
+    """`iteration_flops` of `tokens` tokens in sequences of (effective) length `seq`."""
     training = workload.is_training
     phases = PHASES if training else ("fwd",)
     by_op: dict[str, dict[str, float]] = {}

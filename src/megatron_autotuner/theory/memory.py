@@ -38,6 +38,11 @@ with TP, and so on. MoE layers: router input and fp32 router probabilities, and 
 `T*k*etp/tp` routed token copies (balanced routing, dropless) through the experts
 (input 2h, fc1 out, fc2 input, and the fp32 probability the weighted activation saves).
 
+Variable lengths (`Workload.lengths`): T is the largest packed micro-batch of any data-parallel rank, its
+sequences padded to `specs.parallel.thd_alignment` (what verl feeds megatron-core), divided by cp; every
+in-flight micro-batch is counted at that size (the peak holds the largest). Unfused attention cannot run packed
+sequences (megatron-core `DotProductAttention.forward` asserts `packed_seq_params is None`).
+
 In-flight micro-batches (1F1B, Narayanan et al. 2021): pipeline rank r keeps min(pp - r, m)
 micro-batches of its layers; interleaved with v chunks: min(m*v, 2(pp - r - 1) + (v - 1)pp + 1)
 chunk-micro-batches of L/(pp*v) layers each (megatron-core's warm-up count + 1).
@@ -55,7 +60,7 @@ from functools import lru_cache
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload, num_microbatches, pipeline_layout_of
+from ..specs.parallel import ParallelConfig, Workload, num_microbatches, packed_batch, pipeline_layout_of
 from .flops import chunk_layer_kinds
 from .params import ParameterCounts, stage_layer_range, stage_parameters
 
@@ -189,7 +194,11 @@ def _sp_divisor(parallel: ParallelConfig) -> int:
 
 
 def local_tokens(workload: Workload, parallel: ParallelConfig) -> int:
-    """Tokens of one micro-batch on one CP rank: b*s/cp (or max_token_len/cp)."""
+    """Tokens of one micro-batch on one CP rank: b*s/cp (or max_token_len/cp; with variable lengths the largest
+    padded packed micro-batch / cp)."""
+    packed = packed_batch(parallel, workload)
+    if packed is not None:
+        return packed.largest_micro_batch_tokens // parallel.cp
     return workload.tokens_per_micro_batch // parallel.cp
 
 
@@ -228,6 +237,8 @@ def attention_activation_bytes(
     else:
         if parallel.cp > 1:
             raise ConfigError("flash_attention", "context parallelism needs fused (flash) attention in megatron-core")
+        if workload.lengths is not None:
+            raise ConfigError("flash_attention", "packed variable-length sequences need fused (flash) attention")
         if not rc.recomputes("core_attn"):
             scores = heads_local * tokens * workload.seq_length  # b*a/t*s*s
             parts["softmax_output"] = e * scores

@@ -1,0 +1,471 @@
+"""Variable sequence lengths of RLHF batches, and verl's packing of them into micro-batches.
+
+`LengthDistribution`: lengths in tokens, either a histogram (length, count) or, from a (mean, max) pair, a
+geometric distribution on {1, 2, ...} clipped at max (the mass above max sits at max, as responses truncated at
+`max_response_length` do): P(L > k) = q^k for k < max, so E[L] = (1 - q^max) / (1 - q), solved for q in [0, 1]
+so that the mean is exact. Sampling is deterministic: `random.Random(seed)`.
+
+`SequenceLengths`: prompt + response lengths (each a distribution), or whole-sequence lengths from a histogram.
+
+verl's dynamic batching (`use_dynamic_bsz`; verl 0.9.1, verl/utils/seqlen_balancing.py), reproduced by
+`micro_batch_partitions` and `pack_micro_batches`:
+- `ray_trainer.RayPPOTrainer._balance_batch` (trainer.balance_batch, on by default) first splits the batch over
+  the dp ranks with `get_seqlen_balanced_partitions(workloads, k_partitions=dp, equal_size=True)`: every rank gets
+  the same number of sequences, balanced by `calculate_workload` = 24576*s + s^2 (a 7B model's linear + attention
+  FLOPs up to a factor), then orders each rank's share small / large / small (`partition[::2] + partition[1::2]
+  [::-1]` of the sequences sorted by workload).
+- `rearrange_micro_batches` on each rank: asserts `max_token_len >= ` the longest sequence (a sequence is never
+  split); number of micro-batches n = min(sequences, ceil(total tokens / max_token_len)); with DP the ranks take
+  the MAX of their n (all-reduce), rounded up to a multiple of `num_batches_divided_by` (megatron's
+  `microbatch_group_size_per_vp_stage` with vpp > 1, verl/workers/engine/megatron/transformer_impl.py); then
+  `get_seqlen_balanced_partitions(workloads, n, equal_size=False)` (Karmarkar-Karp largest differencing on the
+  workloads, not on the tokens), and while any micro-batch of any rank holds more than max_token_len tokens n
+  grows by the divisor (1 without vpp) and the partition is redone (ceil(total / max) is only a lower bound);
+  n > the sequences of a rank is an error. Finally (`use_dynamic_bsz_balance`) the micro-batches are sorted by
+  workload, largest first, and reordered `[::2][::-1] + [1::2]` (small ones at both ends of the pipeline).
+  The older verl (commit b178a3c, January 2026) had no such loop: its micro-batches could exceed max_token_len.
+- Karmarkar-Karp (`karmarkar_karp`): one partial solution per item (k sets, one holding the item) or, with
+  equal_size, per k consecutive sorted items; repeatedly merge the two partial solutions with the largest spread
+  (largest set sum - smallest), pairing the largest set of one with the smallest of the other.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
+
+# The weight verl's `calculate_workload` gives a token against its attention term: 24576*s + s^2, derived there
+# from 12*h^2*s + 2*h*s^2 FLOPs of a dense layer with h = 4096 (verl/utils/seqlen_balancing.py).
+VERL_WORKLOAD_LINEAR_WEIGHT = 24576
+
+
+def _positive_int(field: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    return value
+
+
+@lru_cache(maxsize=256)
+def _geometric_ratio(mean: float, maximum: int) -> float:
+    """q with (1 - q^max) / (1 - q) = mean (1 + q + ... + q^(max-1), increasing in q): bisection."""
+    if mean <= 1.0:
+        return 0.0
+    if mean >= maximum:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(200):
+        q = (lo + hi) / 2
+        if (1 - q**maximum) / (1 - q) < mean:
+            lo = q
+        else:
+            hi = q
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Sequence lengths in tokens: a histogram (`values`, `counts`), or clipped geometric with `mean` and `max`."""
+
+    name: str
+    mean_tokens: float
+    max_tokens: int
+    values: tuple[int, ...] = ()
+    counts: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive_int(f"{self.name}.max", self.max_tokens)
+        if self.values or self.counts:
+            if len(self.values) != len(self.counts):
+                raise ConfigError(self.name, "a histogram needs one count per length")
+            for v, c in zip(self.values, self.counts, strict=True):
+                _positive_int(f"{self.name} length", v)
+                if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+                    raise ConfigError(self.name, f"counts must be integers >= 0, got {c!r} for length {v}")
+            if sum(self.counts) == 0:
+                raise ConfigError(self.name, "the histogram has no sequences (every count is 0)")
+            return
+        mean = self.mean_tokens
+        if isinstance(mean, bool) or not isinstance(mean, (int, float)) or not math.isfinite(mean) or mean < 1:
+            raise ConfigError(f"{self.name}.mean", f"must be a number >= 1 token, got {mean!r}")
+        if mean > self.max_tokens:
+            raise ConfigError(self.name, f"mean {mean:g} is above max {self.max_tokens}")
+
+    @classmethod
+    def from_mean_max(cls, name: str, mean_tokens: float, max_tokens: int) -> LengthDistribution:
+        return cls(name, mean_tokens, max_tokens)
+
+    @classmethod
+    def from_histogram(cls, name: str, pairs: Sequence[tuple[int, int]]) -> LengthDistribution:
+        """From (length, count) pairs; lengths may repeat (their counts add)."""
+        merged: dict[int, int] = {}
+        for length, count in pairs:
+            _positive_int(f"{name} length", length)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ConfigError(name, f"counts must be integers >= 0, got {count!r} for length {length}")
+            merged[length] = merged.get(length, 0) + count
+        kept = sorted((v, c) for v, c in merged.items() if c > 0)
+        if not kept:
+            raise ConfigError(name, "the histogram has no sequences (no row or every count is 0)")
+        total = sum(c for _, c in kept)
+        mean = sum(v * c for v, c in kept) / total
+        return cls(name, mean, kept[-1][0], tuple(v for v, _ in kept), tuple(c for _, c in kept))
+
+    @property
+    def is_histogram(self) -> bool:
+        return bool(self.values)
+
+    def draw(self, rng: random.Random) -> int:
+        """One length: weighted choice from the histogram, or inverse CDF of the clipped geometric,
+        L = min(max, 1 + floor(ln U / ln q)) for U uniform in (0, 1]."""
+        if self.values:
+            return rng.choices(self.values, weights=self.counts)[0]
+        q = _geometric_ratio(self.mean_tokens, self.max_tokens)
+        if q <= 0.0:
+            return 1
+        if q >= 1.0:
+            return self.max_tokens
+        u = 1.0 - rng.random()  # (0, 1]
+        return min(self.max_tokens, 1 + int(math.log(u) / math.log(q)))
+
+    def describe(self) -> str:
+        if self.values:
+            n = sum(self.counts)
+            return f"{self.name} histogram ({n} sequences, mean {self.mean_tokens:.0f}, max {self.max_tokens})"
+        return f"{self.name} mean {self.mean_tokens:g} max {self.max_tokens}"
+
+
+@dataclass(frozen=True)
+class SequenceLengths:
+    """Lengths of the sequences of a batch: prompt + response, or whole sequences (`sequence`, a histogram)."""
+
+    prompt: LengthDistribution | None = None
+    response: LengthDistribution | None = None
+    sequence: LengthDistribution | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        parts = (self.prompt, self.response)
+        if self.sequence is None and None in parts:
+            raise ConfigError("lengths", "give both prompt and response lengths, or a whole-sequence histogram")
+        if self.sequence is not None and parts != (None, None):
+            raise ConfigError("lengths", "give prompt and response lengths or a whole-sequence histogram, not both")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError("lengths.seed", f"must be an integer, got {self.seed!r}")
+
+    @classmethod
+    def from_mean_max(
+        cls, prompt: tuple[float, int], response: tuple[float, int], seed: int = 0
+    ) -> SequenceLengths:
+        return cls(
+            LengthDistribution.from_mean_max("prompt_len", *prompt),
+            LengthDistribution.from_mean_max("response_len", *response),
+            seed=seed,
+        )
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence there can be: max prompt + max response (verl pads the batch to that width)."""
+        if self.sequence is not None:
+            return self.sequence.max_tokens
+        return self.prompt.max_tokens + self.response.max_tokens
+
+    @property
+    def mean_tokens(self) -> float:
+        if self.sequence is not None:
+            return self.sequence.mean_tokens
+        return self.prompt.mean_tokens + self.response.mean_tokens
+
+    def sample(self, n: int, seed: int | None = None) -> tuple[int, ...]:
+        """`n` sequence lengths (prompt + response), the same for the same seed (default `self.seed`)."""
+        _positive_int("num_sequences", n)
+        rng = random.Random(self.seed if seed is None else seed)
+        if self.sequence is not None:
+            return tuple(self.sequence.draw(rng) for _ in range(n))
+        return tuple(self.prompt.draw(rng) + self.response.draw(rng) for _ in range(n))
+
+    def describe(self) -> str:
+        if self.sequence is not None:
+            return self.sequence.describe()
+        return f"{self.prompt.describe()}, {self.response.describe()}"
+
+    def to_dict(self) -> dict:
+        out: dict = {"mean_tokens": self.mean_tokens, "max_tokens": self.max_tokens, "seed": self.seed}
+        for name in ("prompt", "response", "sequence"):
+            d = getattr(self, name)
+            if d is not None:
+                out[name] = {"mean_tokens": d.mean_tokens, "max_tokens": d.max_tokens}
+                if d.values:
+                    out[name]["histogram"] = [[v, c] for v, c in zip(d.values, d.counts, strict=True)]
+        return out
+
+
+def parse_mean_max(field: str, text: str) -> tuple[float, int]:
+    """'MEAN:MAX' (e.g. '512:1024') -> (mean, max); a one-line ConfigError otherwise."""
+    mean_text, sep, max_text = str(text).partition(":")
+    if not sep:
+        raise ConfigError(field, f"must be MEAN:MAX in tokens (e.g. 512:1024), got {text!r}")
+    try:
+        mean = float(mean_text)
+        maximum = int(max_text)
+    except ValueError:
+        raise ConfigError(field, f"must be MEAN:MAX in tokens (a number and an integer), got {text!r}") from None
+    if not math.isfinite(mean) or mean < 1:
+        raise ConfigError(field, f"mean must be >= 1 token, got {mean_text!r}")
+    if maximum < 1:
+        raise ConfigError(field, f"max must be a positive integer, got {max_text!r}")
+    if mean > maximum:
+        raise ConfigError(field, f"mean {mean:g} is above max {maximum}")
+    return mean, maximum
+
+
+def read_length_histogram(path: str | Path, field: str = "length_histogram", seed: int = 0) -> SequenceLengths:
+    """Whole-sequence lengths from a histogram file: JSON (a list of [length, count] pairs, or an object
+    {"length": count}) or CSV (lines `length,count`; a header line and `#` comments are skipped)."""
+    text = read_text_bounded(path, field, CONFIG_LIMIT_BYTES)
+    pairs: list[tuple[int, int]] = []
+    if str(path).lower().endswith(".json") or text.lstrip().startswith(("[", "{")):
+        import json
+
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ConfigError(field, f"{path} is not valid JSON ({exc})") from None
+        items = data.items() if isinstance(data, dict) else data
+        if not isinstance(items, (list, type({}.items()))):
+            raise ConfigError(field, f"{path}: expected a list of [length, count] pairs or a {{length: count}} object")
+        for item in items:
+            if not isinstance(item, (list, tuple)) or len(item) != 2:
+                raise ConfigError(field, f"{path}: each entry must be [length, count], got {item!r}")
+            pairs.append((_int_cell(field, path, item[0]), _int_cell(field, path, item[1])))
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            cells = [c.strip() for c in line.replace(";", ",").split(",")]
+            if len(cells) != 2:
+                raise ConfigError(field, f"{path} line {number}: expected length,count, got {line!r}")
+            if not pairs and not cells[0].lstrip("-").isdigit():
+                continue  # a header
+            pairs.append((_int_cell(field, path, cells[0], number), _int_cell(field, path, cells[1], number)))
+    if not pairs:
+        raise ConfigError(field, f"{path} holds no length,count rows")
+    try:
+        dist = LengthDistribution.from_histogram("length_histogram", pairs)
+    except ConfigError as exc:
+        raise ConfigError(field, f"{path}: {exc.rule}") from None
+    return SequenceLengths(sequence=dist, seed=seed)
+
+
+def _int_cell(field: str, path: str | Path, value: object, line: int | None = None) -> int:
+    where = f"{path}" + (f" line {line}" if line is not None else "")
+    if isinstance(value, bool):
+        raise ConfigError(field, f"{where}: expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ConfigError(field, f"{where}: expected an integer, got {value!r}") from None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def verl_workload(length: int) -> int:
+    """verl's `calculate_workload`: 24576*s + s^2 (the quantity its partitions balance)."""
+    return VERL_WORKLOAD_LINEAR_WEIGHT * length + length * length
+
+
+class _Partial:
+    """A Karmarkar-Karp partial solution: k sets of (index, value) items, largest set sum first."""
+
+    __slots__ = ("sets",)
+
+    def __init__(self, sets: list[tuple[int, list[tuple[int, int]]]]):
+        # a set is (sum, items); ordered like verl's: by sum, then item count, then the items themselves
+        self.sets = sorted(sets, key=_set_key, reverse=True)
+
+    @property
+    def spread(self) -> int:
+        return self.sets[0][0] - self.sets[-1][0]
+
+    def __lt__(self, other: _Partial) -> bool:
+        # the heap pops the largest spread first; equal spreads: the larger largest set first
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return _set_key(self.sets[0]) > _set_key(other.sets[0])
+
+
+def _set_key(s: tuple[int, list[tuple[int, int]]]) -> tuple:
+    return (s[0], len(s[1]), s[1])
+
+
+def karmarkar_karp(values: Sequence[int], k: int, equal_size: bool) -> list[list[int]]:
+    """Indices of `values` in k sets of near-equal sums by the largest differencing method (module docstring)."""
+    order = sorted((v, i) for i, v in enumerate(values))
+    heap: list[_Partial] = []
+    if equal_size:
+        if len(values) % k:
+            raise ConfigError("global_batch_size", f"{len(values)} sequences do not split equally over {k} ranks")
+        for start in range(0, len(order), k):
+            heapq.heappush(heap, _Partial([(v, [(i, v)]) for v, i in order[start : start + k]]))
+    else:
+        for v, i in order:
+            heapq.heappush(heap, _Partial([(v, [(i, v)])] + [(0, []) for _ in range(k - 1)]))
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        # a's largest set takes b's smallest, and so on
+        merged = [(sa[0] + sb[0], sa[1] + sb[1]) for sa, sb in zip(a.sets, reversed(b.sets), strict=True)]
+        heapq.heappush(heap, _Partial(merged))
+    return [[i for i, _ in items] for _, items in heap[0].sets]
+
+
+def balanced_partitions(values: Sequence[int], k: int, equal_size: bool) -> list[list[int]]:
+    """verl's `get_seqlen_balanced_partitions`: Karmarkar-Karp, each set's indices sorted; none may be empty."""
+    if len(values) < k:
+        raise ConfigError("max_token_len", f"{len(values)} sequences cannot fill {k} micro-batches")
+    parts = [sorted(p) for p in karmarkar_karp(values, k, equal_size)]
+    if any(not p for p in parts):
+        raise ConfigError("max_token_len", f"a balanced partition of {len(values)} sequences into {k} is empty")
+    return parts
+
+
+def micro_batch_partitions(
+    lengths: Sequence[int],
+    max_token_len: int,
+    num_batches_divided_by: int | None = None,
+    *,
+    min_num_micro_batch: int | None = None,
+    balance_order: bool = True,
+) -> list[list[int]]:
+    """verl's `rearrange_micro_batches` on one rank (no DP sync): index lists of the micro-batches, in verl's
+    order. `ConfigError` for a sequence longer than `max_token_len` (verl: an assertion)."""
+    return _rearrange([list(lengths)], max_token_len, num_batches_divided_by, min_num_micro_batch, balance_order)[0]
+
+
+def _rearrange(
+    ranks: list[list[int]],
+    max_token_len: int,
+    divided_by: int | None,
+    min_count: int | None,
+    balance_order: bool,
+) -> list[list[list[int]]]:
+    """`rearrange_micro_batches` on every DP rank at once, with its all-reduces (MAX of the counts, MIN of
+    'every micro-batch within max_token_len')."""
+    _positive_int("max_token_len", max_token_len)
+    longest = max(max(r) for r in ranks)
+    if longest > max_token_len:
+        raise ConfigError(
+            "max_token_len",
+            f"{max_token_len} is below the longest sequence ({longest} tokens): verl never splits a sequence",
+        )
+    n = max(min(len(r), -(-sum(r) // max_token_len)) for r in ranks)
+    if min_count is not None:
+        n = max(n, min_count)
+    step = divided_by or 1
+    n = -(-n // step) * step
+    fewest = min(len(r) for r in ranks)
+    workloads = [[verl_workload(s) for s in r] for r in ranks]
+    while True:
+        if n > fewest:
+            raise ConfigError(
+                "max_token_len",
+                f"{n} micro-batches are needed to keep each within {max_token_len} tokens, but a data-parallel "
+                f"rank has only {fewest} sequences",
+            )
+        parts = [balanced_partitions(w, n, equal_size=False) for w in workloads]
+        if all(sum(r[i] for i in p) <= max_token_len for r, ps in zip(ranks, parts, strict=True) for p in ps):
+            break
+        n += step
+    if balance_order:
+        for w, ps in zip(workloads, parts, strict=True):
+            ps.sort(key=lambda p, w=w: (sum(w[i] for i in p), p[0]), reverse=True)
+            ps[:] = ps[::2][::-1] + ps[1::2]
+    return parts
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Sequence lengths of every micro-batch of every data-parallel rank: `ranks[r][m]` (same m on every rank)."""
+
+    ranks: tuple[tuple[tuple[int, ...], ...], ...]
+    max_token_len: int
+
+    @property
+    def num_micro_batches(self) -> int:
+        return len(self.ranks[0])
+
+    @property
+    def micro_batches(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(mb for r in self.ranks for mb in r)
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(sum(mb) for mb in self.micro_batches)
+
+    @property
+    def sum_squares(self) -> int:
+        """sum over sequences of s^2 (what causal attention work scales with)."""
+        return sum(s * s for mb in self.micro_batches for s in mb)
+
+    @property
+    def largest_micro_batch_tokens(self) -> int:
+        return max(sum(mb) for mb in self.micro_batches)
+
+    def padded(self, align_tokens: int, total_align_tokens: int = 1) -> PackedBatch:
+        """Each sequence rounded up to a multiple of `align_tokens`; the last of each micro-batch further so that
+        the micro-batch is a multiple of `total_align_tokens` (verl's fp8 THD padding)."""
+        _positive_int("align_tokens", align_tokens)
+
+        def pad(mb: tuple[int, ...]) -> tuple[int, ...]:
+            out = [-(-s // align_tokens) * align_tokens for s in mb]
+            if total_align_tokens > 1 and out:
+                out[-1] += (-sum(out)) % total_align_tokens
+            return tuple(out)
+
+        return PackedBatch(tuple(tuple(pad(mb) for mb in r) for r in self.ranks), self.max_token_len)
+
+
+def split_over_ranks(lengths: Sequence[int], dp: int) -> list[list[int]]:
+    """verl's `_balance_batch`: equal-size Karmarkar-Karp split over dp ranks by workload, then each rank's
+    sequences sorted by workload and ordered small / large / small. Lengths per rank, in that order."""
+    _positive_int("dp", dp)
+    work = [verl_workload(s) for s in lengths]
+    ranks = []
+    for part in balanced_partitions(work, dp, equal_size=True):
+        part.sort(key=lambda i: (work[i], i))
+        ranks.append([lengths[i] for i in part[::2] + part[1::2][::-1]])
+    return ranks
+
+
+def pack_micro_batches(
+    lengths: Sequence[int],
+    max_token_len: int,
+    *,
+    dp: int = 1,
+    num_batches_divided_by: int | None = None,
+    balance_batch: bool = True,
+) -> PackedBatch:
+    """The micro-batches verl makes of one optimizer step's `lengths` on `dp` ranks: `split_over_ranks`
+    (`balance_batch`; else consecutive equal shares, verl's dispatch), then `rearrange_micro_batches` on every
+    rank with the counts synchronised (module docstring)."""
+    _positive_int("dp", dp)
+    if len(lengths) % dp:
+        raise ConfigError(
+            "global_batch_size", f"{len(lengths)} sequences must be divisible by dp={dp} (verl splits them equally)"
+        )
+    if balance_batch:
+        ranks = split_over_ranks(lengths, dp)
+    else:
+        share = len(lengths) // dp
+        ranks = [list(lengths[r * share : (r + 1) * share]) for r in range(dp)]
+    parts = _rearrange(ranks, max_token_len, num_batches_divided_by, None, True)
+    packed = tuple(tuple(tuple(r[i] for i in p) for p in ps) for r, ps in zip(ranks, parts, strict=True))
+    return PackedBatch(packed, max_token_len)
