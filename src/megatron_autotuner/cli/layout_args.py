@@ -10,6 +10,7 @@ from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
 from ..errors import ConfigError
 from ..specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
 from ..specs.hardware import GPUSpec
+from ..specs.lengths import SequenceLengths, parse_mean_max, read_length_histogram
 from ..specs.megatron_args import ImportedLaunch, launch_to_specs, read_launch_file
 from ..specs.model import ModelSpec
 from ..specs.pipeline import PipelineLayout
@@ -139,6 +140,41 @@ def add_mode_arguments(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> 
         default=None,
         help="verl dynamic batching: tokens per micro-batch (default: none, fixed micro-batches)",
     )
+
+
+def add_length_arguments(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--prompt-len MEAN:MAX --response-len MEAN:MAX` or `--length-histogram FILE`: variable sequence lengths."""
+    g.add_argument(
+        "--prompt-len",
+        metavar="MEAN:MAX",
+        help="RLHF prompt lengths in tokens, e.g. 512:1024 (a geometric distribution clipped at MAX, with that mean); "
+        "with --response-len, replaces --seq-len: sequences vary and are packed as verl's dynamic batching packs "
+        "them (default: every sequence --seq-len tokens)",
+    )
+    g.add_argument("--response-len", metavar="MEAN:MAX", help="RLHF response lengths in tokens, e.g. 1024:4096")
+    g.add_argument(
+        "--length-histogram",
+        metavar="FILE",
+        type=non_empty_path,
+        help="whole-sequence lengths instead: JSON [[length, count], ...] or {\"length\": count}, or CSV lines "
+        "length,count",
+    )
+
+
+def lengths_from_args(args: argparse.Namespace) -> SequenceLengths | None:
+    """The `add_length_arguments` options as `SequenceLengths`, None when none is given."""
+    prompt, response = getattr(args, "prompt_len", None), getattr(args, "response_len", None)
+    histogram = getattr(args, "length_histogram", None)
+    if histogram is not None:
+        if prompt is not None or response is not None:
+            raise ConfigError("length_histogram", "give --length-histogram or --prompt-len/--response-len, not both")
+        return read_length_histogram(histogram, "length_histogram")
+    if prompt is None and response is None:
+        return None
+    if prompt is None or response is None:
+        missing = "prompt_len" if prompt is None else "response_len"
+        raise ConfigError(missing, "--prompt-len and --response-len go together (MEAN:MAX each)")
+    return SequenceLengths.from_mean_max(parse_mean_max("prompt_len", prompt), parse_mean_max("response_len", response))
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:

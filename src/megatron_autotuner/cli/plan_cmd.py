@@ -18,10 +18,12 @@ from .estimate_cmd import add_expandable_segments_argument, cost_options_from_ar
 from .layout_args import (
     add_flops_convention_argument,
     add_gpu_arguments,
+    add_length_arguments,
     add_mode_arguments,
     add_model_arguments,
     gpu_from_args,
     import_launch,
+    lengths_from_args,
     model_from_args,
 )
 from .output import console, make_table, print_json
@@ -39,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  mat plan --model Qwen3-30B-A3B --gpu H200 --num-gpus 16 --seq-len 4096 --global-batch-size 256 --top 3 "
         "--no-chart\n"
         "  mat plan --megatron-args examples/llama31_8b_h100_8gpu.sh --gpu H100-SXM"
-        "   # your run vs the best, and the flags to change",
+        "   # your run vs the best, and the flags to change\n"
+        "  mat plan --model Qwen3-8B --gpu H100-SXM --num-gpus 8 --global-batch-size 256 --prompt-len 1024:2048 "
+        "--response-len 2048:6144   # verl RLHF: picks max_token_len with the layout",
     )
     add_model_arguments(p)
     add_gpu_arguments(p, required=True)
@@ -51,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--seq-len",
         type=positive_int,
-        help="tokens per sequence (required without --megatron-args; with it, taken from the launch)",
+        help="tokens per sequence (required without --megatron-args or lengths; with it, taken from the launch)",
     )
     p.add_argument(
         "--global-batch-size",
@@ -59,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sequences per optimizer step (required without --megatron-args; with it, taken from the launch)",
     )
     add_mode_arguments(p)
+    add_length_arguments(p)
     add_precision_arguments(p)
     add_flops_convention_argument(p)
     p.add_argument(
@@ -122,6 +127,13 @@ def run(args: argparse.Namespace) -> int:
     if args.tp_comm_overlap_cfg:
         tuned = read_text_bounded(args.tp_comm_overlap_cfg, "tp_comm_overlap_cfg", CONFIG_LIMIT_BYTES)
     current = None
+    lengths = lengths_from_args(args)
+    if lengths is not None:
+        if args.megatron_args:
+            raise ConfigError("prompt_len", "variable lengths are not read with --megatron-args (the launch is fixed)")
+        if args.seq_len is not None:
+            raise ConfigError("seq_len", "comes from the lengths (the longest prompt + response) with variable lengths")
+        args.seq_len = lengths.max_tokens
     if args.megatron_args:
         for name in ("seq_len", "global_batch_size", "precision", "fp8_recipe", "fp8_param_gather"):
             if getattr(args, name) is not None:
@@ -161,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
         grad_reduce_in_fp32=grad_fp32,
         fp8_recipe=recipe,
         fp8_param=fp8_param,
+        lengths=lengths,
     )
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
@@ -191,8 +204,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = console()
     precision = result.base_workload.precision_label
+    seq_text = f"seq {seq}" if lengths is None else f"{lengths.describe()} (longest {seq})"
     out.print(
-        f"[bold]{model.name}[/bold] on {num_gpus} x {gpu.name}, seq {seq}, "
+        f"[bold]{model.name}[/bold] on {num_gpus} x {gpu.name}, {seq_text}, "
         f"global batch {gbs}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
         f"{'' if grad_fp32 else ', bf16 main grads'}: "
         f"{result.considered} layouts considered, "
@@ -217,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
             rows,
         )
     )
+    if result.best.max_token_len_reason:
+        out.print(f"max_token_len of the best layout: {result.best.max_token_len_reason}")
     if comparison is not None:
         print_current_run(out, comparison)
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))

@@ -7,6 +7,11 @@ distributed optimizer, recompute) the micro-batch sizes are tried smallest first
 with the micro-batch, so the first size that does not fit rejects the larger ones without
 computing them. Memory (`theory.memory`) is computed before time; only layouts that fit are
 timed (`costmodel.time_model`, cached per layer shape).
+
+Variable lengths (`lengths`, verl's dynamic batching) without a given `max_token_len`: the token budget per
+micro-batch is searched like the micro-batch size (`space.token_budget_choices`, smallest first; a budget that
+does not fit rejects the larger ones), and each layout keeps its fastest budget that fits, with the reason
+(`Candidate.max_token_len_reason`).
 """
 
 from __future__ import annotations
@@ -19,10 +24,18 @@ from .. import SCHEMA_VERSION, __version__
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, estimate, padded_vocab, time_model
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
+from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, validate_layout
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
-from .space import RECOMPUTE_CHOICES, SearchSpace, iter_model_parallel, layout_choices, micro_batch_choices
+from .space import (
+    RECOMPUTE_CHOICES,
+    SearchSpace,
+    iter_model_parallel,
+    layout_choices,
+    micro_batch_choices,
+    token_budget_choices,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +46,9 @@ class Candidate:
     parallel: ParallelConfig
     workload: Workload
     estimate: Estimate
+    # with variable lengths and the budget searched: why this max_token_len ("16384: the largest budget that
+    # fits; 32768 needs 81.2 GiB > 75.7 GiB usable")
+    max_token_len_reason: str | None = None
 
     @property
     def label(self) -> str:
@@ -45,6 +61,9 @@ class Candidate:
             "label": self.label,
             "parallel": self.parallel.to_dict(),
             "micro_batch_size": self.workload.micro_batch_size,
+            "max_token_len": self.workload.max_token_len,
+            "max_token_len_reason": self.max_token_len_reason,
+            "num_microbatches": e.time.num_microbatches,
             "recompute": self.workload.recompute.granularity,
             "step_time_s": e.step_time_s,
             "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
@@ -95,6 +114,7 @@ class PlanResult:
             fields = {
                 **c.parallel.to_dict(),
                 "micro_batch_size": c.workload.micro_batch_size,
+                "max_token_len": c.workload.max_token_len,
                 "recompute": c.workload.recompute.granularity,
             }
             if all(fields.get(k) == v for k, v in match.items()):
@@ -166,8 +186,13 @@ def plan(
     grad_reduce_in_fp32: bool = True,
     fp8_recipe: str = "delayed",
     fp8_param: bool = False,
+    lengths: SequenceLengths | None = None,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
+
+    `lengths`: variable prompt + response lengths (verl RLHF), packed into micro-batches of `max_token_len`
+    tokens; without `max_token_len` the budget is chosen per layout (module docstring). `seq_length` is then the
+    longest sequence (>= `lengths.max_tokens`).
 
     `grad_reduce_in_fp32=False` (Megatron-LM's --grad-reduce-in-bf16), `fp8_recipe` and `fp8_param`
     (--fp8-recipe, --fp8-param-gather) are numerics choices the user makes, so they are applied to every layout
@@ -182,9 +207,20 @@ def plan(
         options = CostOptions(memory_margin=memory_margin)
     elif options.memory_margin != memory_margin:
         options = CostOptions(**{**options.__dict__, "memory_margin": memory_margin})
+    budgets = token_budget_choices(seq_length) if lengths is not None and max_token_len is None else None
     base = Workload(
-        seq_length, 1, global_batch_size, RecomputeConfig(), precision, mode, max_token_len, fp8_recipe, fp8_param
+        seq_length,
+        1,
+        global_batch_size,
+        RecomputeConfig(),
+        precision,
+        mode,
+        budgets[0] if budgets else max_token_len,
+        fp8_recipe,
+        fp8_param,
+        lengths,
     )
+    packed = lengths is not None
     if precision == "fp8":
         gpu.peak_tflops("fp8")
     forward = mode == "forward"
@@ -200,10 +236,22 @@ def plan(
     structural = 0
     # Structures: everything but the distributed optimizer, recompute and micro-batch.
     structures: list[tuple] = []
-    for tp, pp, cp, ep, etp in iter_model_parallel(model, num_gpus, seq_length, gpu.gpus_per_node, space):
+    for tp, pp, cp, ep, etp in iter_model_parallel(model, num_gpus, seq_length, gpu.gpus_per_node, space, packed):
         dp = num_gpus // (tp * pp * cp)
         sps = [tp > 1] if (tp == 1 or (model.is_moe and ep > 1)) else [s for s in space.sequence_parallel]
-        if max_token_len is None:
+        if packed and global_batch_size % dp:
+            considered += 1
+            structural += 1
+            rejections.append(
+                Rejection(
+                    f"tp{tp} pp{pp} cp{cp} dp{dp} ep{ep}",
+                    f"batch: global batch {global_batch_size} not divisible by dp={dp} (verl splits it equally)",
+                )
+            )
+            continue
+        if budgets is not None:
+            mbs_list = budgets  # token budgets, smallest first
+        elif max_token_len is None:
             if global_batch_size % dp:
                 considered += 1
                 structural += 1
@@ -229,6 +277,8 @@ def plan(
             num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, sp and tp > 1,
             pipeline_layout=pipeline_layout,
         )  # fmt: skip
+        if budgets is not None:
+            return parallel, base.replace(max_token_len=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
         return parallel, base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
 
     memory: dict[tuple[ParallelConfig, Workload], tuple[bool, float, list]] = {}
@@ -302,6 +352,8 @@ def plan(
             )
         )
 
+    # (layout, recompute) -> (the smallest token budget that failed, why): the reason a larger one was not chosen
+    budget_limits: dict[tuple[ParallelConfig, str], tuple[int, str]] = {}
     for st in kept:
         mbs_list = st[-1]
         any_fit = False  # with the distributed optimizer (tried first): without it needs more memory
@@ -313,7 +365,8 @@ def plan(
                     parallel, workload = config(st, dist, rc_name, mbs)
                     label = layout_label(parallel, workload)
                     if too_big:
-                        why = "a smaller micro-batch" if dist or any_fit else "the distributed optimizer"
+                        smaller = "a smaller token budget" if budgets is not None else "a smaller micro-batch"
+                        why = smaller if dist or any_fit else "the distributed optimizer"
                         rejections.append(Rejection(label, f"memory: {why} already does not fit"))
                         continue
                     try:
@@ -321,11 +374,15 @@ def plan(
                     except ConfigError as exc:
                         structural += 1
                         rejections.append(Rejection(label, f"invalid: {exc}"))
+                        budget_limits.setdefault((parallel, rc_name), (mbs, f"is invalid ({exc})"))
                         continue
                     ok, peak, stages = fits(parallel, workload)
                     if not ok:
                         too_big = True
                         rejections.append(Rejection(label, too_large(peak), peak / GIB))
+                        budget_limits.setdefault(
+                            (parallel, rc_name), (mbs, f"needs {peak / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable")
+                        )
                         continue
                     feasible.append((parallel, workload, stages))
                     any_fit = True
@@ -336,13 +393,24 @@ def plan(
     estimates = []
     for parallel, workload, stages in feasible:
         estimates.append(estimate(model, parallel, workload, gpu, options, memory_stages=stages))
-    estimates.sort(key=lambda e: (e.step_time_s, e.peak_memory_gib))
-    candidates = tuple(Candidate(i + 1, e.parallel, e.workload, e) for i, e in enumerate(estimates))
+    reasons: dict[int, str] = {}
     notes: list[str] = []
+    if budgets is not None:
+        estimates, reasons = _fastest_budget_per_layout(estimates, budget_limits)
+        notes.append(
+            "max_token_len chosen per layout from " + ", ".join(map(str, budgets)) + " (the longest sequence x "
+            "1..16): the fastest budget that fits"
+        )
+    estimates.sort(key=lambda e: (e.step_time_s, e.peak_memory_gib))
+    candidates = tuple(
+        Candidate(i + 1, e.parallel, e.workload, e, reasons.get(id(e))) for i, e in enumerate(estimates)
+    )
     if not candidates and explain_impossible:
         raise ConfigError(
             "num_gpus",
-            _does_not_fit_message(model, gpu, num_gpus, rejections, memory_margin, base, grad_reduce_in_fp32),
+            _does_not_fit_message(
+                model, gpu, num_gpus, rejections, memory_margin, base, grad_reduce_in_fp32, max_token_len
+            ),
         )
     return PlanResult(
         model=model,
@@ -356,6 +424,36 @@ def plan(
         elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
     )
+
+
+def _fastest_budget_per_layout(
+    estimates: list[Estimate], limits: dict[tuple[ParallelConfig, str], tuple[int, str]]
+) -> tuple[list[Estimate], dict[int, str]]:
+    """Per layout (parallel config and recompute) the estimate of its fastest token budget, and why (by the
+    estimate's id): the largest that fits and what the next one needs, or the faster of those that fit."""
+    groups: dict[tuple[ParallelConfig, str], list[Estimate]] = {}
+    for e in estimates:
+        groups.setdefault((e.parallel, e.workload.recompute.granularity), []).append(e)
+    kept, reasons = [], {}
+    for key, group in groups.items():
+        best = min(group, key=lambda e: (e.step_time_s, e.peak_memory_gib))
+        chosen = best.workload.max_token_len
+        largest = max(group, key=lambda e: e.workload.max_token_len)
+        if largest is best:
+            reason = f"{chosen}: the largest budget that fits"
+            limit = limits.get(key)
+            if limit is not None:
+                reason += f"; {limit[0]} {limit[1]}"
+            else:
+                reason += " (the largest tried)"
+        else:
+            reason = (
+                f"{chosen}: the fastest budget that fits ({best.step_time_s:.3f} s/step; "
+                f"{largest.workload.max_token_len} fits but takes {largest.step_time_s:.3f} s)"
+            )
+        kept.append(best)
+        reasons[id(best)] = reason
+    return kept, reasons
 
 
 def _has_valid_layout(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int, space: SearchSpace) -> bool:
@@ -375,7 +473,9 @@ def _nearest_gpu_count_message(model: ModelSpec, gpu: GPUSpec, n: int, seq: int,
     )
 
 
-def _does_not_fit_message(model, gpu, n, rejections, margin, base: Workload, grad_reduce_in_fp32: bool) -> str:
+def _does_not_fit_message(
+    model, gpu, n, rejections, margin, base: Workload, grad_reduce_in_fp32: bool, max_token_len: int | None
+) -> str:
     seq, gbs = base.seq_length, base.global_batch_size
     mem = [r for r in rejections if r.peak_memory_gib is not None]
     smallest = min(mem, key=lambda r: r.peak_memory_gib) if mem else None
@@ -393,11 +493,12 @@ def _does_not_fit_message(model, gpu, n, rejections, margin, base: Workload, gra
                 gbs * factor if gbs % m and gbs < m else gbs,
                 mode=base.mode,
                 precision=base.precision,
-                max_token_len=base.max_token_len,
+                max_token_len=max_token_len,
                 memory_margin=margin,
                 grad_reduce_in_fp32=grad_reduce_in_fp32,
                 fp8_recipe=base.fp8_recipe,
                 fp8_param=base.fp8_param,
+                lengths=base.lengths,
                 space=SearchSpace(
                     distributed_optimizer=(True,),
                     sequence_parallel=(True,),

@@ -81,8 +81,12 @@ def tp_choices(model: ModelSpec, gpus_per_node: int, space: SearchSpace) -> list
     return out
 
 
-def cp_choices(seq_length: int, space: SearchSpace) -> list[int]:
-    return [cp for cp in (space.cp or powers_of_two(space.max_cp)) if cp == 1 or seq_length % (2 * cp) == 0]
+def cp_choices(seq_length: int, space: SearchSpace, packed: bool = False) -> list[int]:
+    """Powers of two with seq % 2cp == 0; with packed variable lengths every one (each sequence is padded to a
+    multiple of 2*tp*cp instead, `specs.parallel.thd_alignment`)."""
+    return [
+        cp for cp in (space.cp or powers_of_two(space.max_cp)) if cp == 1 or packed or seq_length % (2 * cp) == 0
+    ]
 
 
 def pp_choices(model: ModelSpec, space: SearchSpace) -> list[int]:
@@ -164,6 +168,17 @@ def ep_choices(model: ModelSpec, space: SearchSpace) -> list[int]:
     return [ep for ep in (space.ep or powers_of_two(model.num_moe_experts)) if model.num_moe_experts % ep == 0]
 
 
+# Token budgets `mat plan` tries for verl's dynamic batching when lengths vary and --max-token-len is not given:
+# these multiples of the longest sequence (verl needs max_token_len >= it). More tokens per micro-batch: fewer
+# micro-batches, less per-micro-batch overhead and a smaller pipeline bubble, more activation memory.
+TOKEN_BUDGET_MULTIPLES = (1, 2, 4, 8, 16)
+
+
+def token_budget_choices(longest_tokens: int) -> list[int]:
+    """max_token_len candidates, smallest first: the longest sequence x `TOKEN_BUDGET_MULTIPLES`."""
+    return [longest_tokens * k for k in TOKEN_BUDGET_MULTIPLES]
+
+
 def micro_batch_choices(local_batch: int, space: SearchSpace, forward: bool) -> list[int]:
     """Micro-batch sizes that divide the global batch share of one DP rank (forward mode allows 4x larger)."""
     cap = space.max_micro_batch * (4 if forward else 1)
@@ -172,12 +187,12 @@ def micro_batch_choices(local_batch: int, space: SearchSpace, forward: bool) -> 
 
 
 def iter_model_parallel(
-    model: ModelSpec, num_gpus: int, seq_length: int, gpus_per_node: int, space: SearchSpace
+    model: ModelSpec, num_gpus: int, seq_length: int, gpus_per_node: int, space: SearchSpace, packed: bool = False
 ) -> Iterator[tuple[int, int, int, int, int]]:
-    """(tp, pp, cp, ep, etp) whose products divide num_gpus."""
+    """(tp, pp, cp, ep, etp) whose products divide num_gpus (`packed`: variable lengths, see `cp_choices`)."""
     for tp in tp_choices(model, gpus_per_node, space):
         for pp in pp_choices(model, space):
-            for cp in cp_choices(seq_length, space):
+            for cp in cp_choices(seq_length, space, packed):
                 if num_gpus % (tp * pp * cp):
                     continue
                 for ep in ep_choices(model, space):
