@@ -4,8 +4,8 @@
 #    16 GiB (bounded by free memory), alone and beside a second stream copying in HBM (one GPU: no NCCL rows), into a
 #    calibration file's `host_copy` table;
 # 2. packed THD micro-batches (verl's dynamic batching) in `mat validate`: Qwen3-0.6B (28 layers) and Llama-3.1-8B
-#    reduced to 4 layers, 32 sequences of mean 1536 / max 4096 tokens (seed 0) packed at max_token_len 8192 and
-#    16384, training and forward-only (h100_x1_rlhf_packing_layouts.json; predictions written before the runs);
+#    reduced to 4 layers, 32 sequences of prompt mean 512 / max 1024 + response mean 1024 / max 3072 tokens (seed 0)
+#    packed at max_token_len 8192 and 16384, training and forward-only (h100_x1_rlhf_packing_layouts.json; predictions written before the runs);
 # 3. the offload round trip of a 4-layer Qwen3-8B's params, grads and optimizer state the way verl moves them
 #    (offload_roundtrip.py), predicted from step 1's table before it is timed.
 # ~6 min. Run from the repository root on the GPU machine:

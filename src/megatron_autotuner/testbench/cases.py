@@ -54,9 +54,11 @@ class Case:
     cp_comm_type: str = "p2p"
     use_te: bool = True  # TE layer spec; False = megatron-core local spec
     # packed THD input (decoder / gpt_chunk): one micro-batch of whole sequences up to max_token_len tokens, lengths
-    # drawn with mean `mean_seq_length` (None: all seq_length, the longest) from `length_seed` (`testbench.packed`)
+    # prompt + response, each [mean, max] (`specs.lengths.SequenceLengths`, seed `length_seed`); without them every
+    # sequence is seq_length long (`testbench.packed`)
     max_token_len: int | None = None
-    mean_seq_length: float | None = None
+    prompt_length: tuple[float, int] | None = None
+    response_length: tuple[float, int] | None = None
     length_seed: int = 0
 
     PACKED_OPS = ("decoder", "gpt_chunk")
@@ -93,8 +95,8 @@ class Case:
             if self.micro_batch_size != 1:
                 raise ConfigError("micro_batch_size", "must be 1 with packed input (one packed row)")
             self.packed_micro_batch()  # raises ConfigError for a distribution that cannot be drawn
-        elif self.mean_seq_length is not None or self.length_seed != 0:
-            raise ConfigError("mean_seq_length", "length distributions need packed input (max_token_len)")
+        elif self.prompt_length or self.response_length or self.length_seed != 0:
+            raise ConfigError("prompt_length", "length distributions need packed input (max_token_len)")
 
     @property
     def world_size(self) -> int:
@@ -112,7 +114,8 @@ class Case:
         if data["fp8_recipe"] == "delayed":
             del data["fp8_recipe"]
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for key in ("max_token_len", "mean_seq_length", "length_seed"):  # added later: ids of older cases stay
+        # fields added later: the ids of older cases stay
+        for key in ("max_token_len", "prompt_length", "response_length", "length_seed"):
             if data[key] == defaults[key]:
                 del data[key]
         fields = json.dumps(data, sort_keys=True)
@@ -136,12 +139,26 @@ class Case:
         """The packed micro-batch of a case with max_token_len (`testbench.packed.PackedMicroBatch`), else None."""
         if self.max_token_len is None:
             return None
+        from ..specs.lengths import LengthDistribution, SequenceLengths
         from .packed import single_micro_batch
 
-        mean = self.seq_length if self.mean_seq_length is None else self.mean_seq_length
         if self.max_token_len < self.seq_length:
             raise ConfigError("max_token_len", f"{self.max_token_len} is below seq_length={self.seq_length}")
-        return single_micro_batch(mean, self.seq_length, self.max_token_len, self.tp, self.cp, self.length_seed)
+        if (self.prompt_length is None) != (self.response_length is None):
+            raise ConfigError("prompt_length", "give both prompt_length and response_length, or neither")
+        try:
+            if self.prompt_length is None:
+                fixed = LengthDistribution.from_histogram("sequence_len", [(self.seq_length, 1)])
+                lengths = SequenceLengths(sequence=fixed, seed=self.length_seed)
+            else:
+                lengths = SequenceLengths.from_mean_max(
+                    tuple(self.prompt_length), tuple(self.response_length), seed=self.length_seed
+                )
+        except TypeError as exc:
+            raise ConfigError("prompt_length", f"must be [mean, max] in tokens ({exc})") from exc
+        if lengths.max_tokens > self.seq_length:
+            raise ConfigError("seq_length", f"{self.seq_length} is below the longest sequence ({lengths.max_tokens})")
+        return single_micro_batch(lengths, self.max_token_len, self.tp, self.cp)
 
     def model_spec(self) -> ModelSpec:
         spec = load_model_spec(self.model)

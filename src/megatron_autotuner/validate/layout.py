@@ -34,7 +34,8 @@ class Layout:
         "fp8_param",
         "pipeline_layout",
         "max_token_len",
-        "mean_seq_length",
+        "prompt_length",
+        "response_length",
         "length_seed",
     )
 
@@ -79,12 +80,14 @@ class Layout:
     # record the caching allocator's history (torch.cuda.memory._record_memory_history) from before the build to
     # the last step; writes memory/<layout_id>/rank_R.pickle.gz + its replay (`trace.memory_history`). Slows steps.
     memory_history: bool = False
-    # packed THD micro-batches (verl's dynamic batching, `testbench.packed`): each micro-batch packs whole sequences
-    # up to max_token_len tokens; `seq_length` is then the longest sequence (prompt + response) and
-    # `global_batch_size` the number of sequences per iteration; lengths are drawn with mean `mean_seq_length`
-    # (None: every sequence seq_length long) from the seed `length_seed`
+    # packed THD micro-batches (verl's dynamic batching): each micro-batch packs whole sequences up to max_token_len
+    # tokens; `global_batch_size` is the number of sequences per iteration. Their lengths: prompt + response, each a
+    # [mean, max] pair in tokens (`specs.lengths.SequenceLengths.from_mean_max`, drawn from `length_seed`), and
+    # `seq_length` the longest there can be (>= max prompt + max response); without them every sequence is
+    # seq_length long. The packing is `specs.lengths.pack_micro_batches`, as the prediction's.
     max_token_len: int | None = None
-    mean_seq_length: float | None = None
+    prompt_length: tuple[float, int] | None = None
+    response_length: tuple[float, int] | None = None
     length_seed: int = 0
     name: str = ""
 
@@ -109,9 +112,15 @@ class Layout:
         self._check_packing()
 
     def _check_packing(self) -> None:
+        for key in ("prompt_length", "response_length"):
+            value = getattr(self, key)
+            if value is not None:
+                if not isinstance(value, list | tuple) or len(value) != 2:
+                    raise ConfigError(key, f"must be [mean, max] in tokens, got {value!r}")
+                object.__setattr__(self, key, tuple(value))
         if self.max_token_len is None:
-            if self.mean_seq_length is not None or self.length_seed != 0:
-                raise ConfigError("mean_seq_length", "length distributions need packed sequences (max_token_len)")
+            if self.prompt_length or self.response_length or self.length_seed != 0:
+                raise ConfigError("prompt_length", "length distributions need packed sequences (max_token_len)")
             return
         if not self.use_te:
             # megatron-core's local DotProductAttention asserts packed_seq_params is None
@@ -119,11 +128,8 @@ class Layout:
             raise ConfigError("use_te", "packed THD sequences (max_token_len) need Transformer Engine attention")
         if self.micro_batch_size != 1:
             raise ConfigError("micro_batch_size", "must be 1 with packed sequences (one packed row per micro-batch)")
-        if not isinstance(self.length_seed, int) or isinstance(self.length_seed, bool):
-            raise ConfigError("length_seed", f"must be an integer, got {self.length_seed!r}")
-        mean = self.mean_seq_length
-        if mean is not None and (isinstance(mean, bool) or not isinstance(mean, int | float) or not mean >= 1):
-            raise ConfigError("mean_seq_length", f"must be a number >= 1, got {mean!r}")
+        if (self.prompt_length is None) != (self.response_length is None):
+            raise ConfigError("prompt_length", "give both prompt_length and response_length, or neither")
         self.packing_plan()  # raises ConfigError when the batch cannot be packed as asked
 
     # ------------------------------------------------------------------ derived objects
@@ -165,30 +171,45 @@ class Layout:
             mode=self.mode,
             fp8_recipe=self.fp8_recipe,
             fp8_param=self.fp8_param,
+            max_token_len=self.max_token_len,
+            lengths=self.sequence_lengths(),
         )
+
+    def sequence_lengths(self):
+        """`specs.lengths.SequenceLengths` of the prompt + response lengths; None when not given."""
+        if self.prompt_length is None or self.response_length is None:
+            return None
+        from ..specs.lengths import SequenceLengths
+
+        try:
+            return SequenceLengths.from_mean_max(self.prompt_length, self.response_length, seed=self.length_seed)
+        except TypeError as exc:
+            raise ConfigError("prompt_length", f"must be [mean, max] in tokens ({exc})") from exc
 
     @property
     def packed(self) -> bool:
         return self.max_token_len is not None
 
     def packing_plan(self):
-        """The packed micro-batches of every DP rank (`testbench.packed.PackingPlan`); None without packing."""
+        """The packed micro-batches of every DP rank (`testbench.packed.PackingPlan`): verl's packing as the cost
+        model has it (`specs.parallel.packed_batch`), sequences padded as megatron-core needs (`thd_alignment`,
+        per sequence); None without packing."""
         if self.max_token_len is None:
             return None
-        from ..testbench.packed import plan_packing
+        from ..specs.lengths import pack_micro_batches
+        from ..specs.parallel import packed_batch, thd_alignment, vpp_micro_batch_group
+        from ..testbench.packed import plan_from_packed
 
-        par = self.parallel()
-        return plan_packing(
-            num_sequences=self.workload().global_batch_size,
-            mean_tokens=self.seq_length if self.mean_seq_length is None else self.mean_seq_length,
-            max_tokens=self.seq_length,
-            max_token_len=self.max_token_len,
-            dp=par.dp,
-            tp=self.tp,
-            cp=self.cp,
-            seed=self.length_seed,
-            multiple_of=self.pp if self.vpp else 1,
-        )
+        par, work = self.parallel(), self.workload()
+        packed = packed_batch(par, work, padded=False)
+        if packed is None:  # every sequence seq_length long
+            packed = pack_micro_batches(
+                [self.seq_length] * work.global_batch_size,
+                self.max_token_len,
+                dp=par.dp,
+                num_batches_divided_by=vpp_micro_batch_group(par),
+            )
+        return plan_from_packed(packed, thd_alignment(par, work)[0])
 
     def check(self) -> None:
         """Raise `ConfigError` if megatron-core would refuse the layout for this model."""
@@ -263,8 +284,7 @@ class Layout:
         if self.precision != "bf16":
             parts.append(self.workload().precision_label)
         if self.max_token_len is not None:
-            mean = "" if self.mean_seq_length is None else f" mean{self.mean_seq_length:g}"
-            parts.append(f"packed{self.max_token_len}{mean}")
+            parts.append(f"packed{self.max_token_len}")
         if self.expandable_segments:
             parts.append("expandable")
         return " ".join(parts)
@@ -275,6 +295,9 @@ class Layout:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["recompute_modules"] = list(self.recompute_modules)
+        for key in ("prompt_length", "response_length"):
+            if data[key] is not None:
+                data[key] = list(data[key])
         return data
 
     @classmethod

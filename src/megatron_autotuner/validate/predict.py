@@ -116,21 +116,21 @@ def predict(
 
 
 def packing_assumption(layout: Layout) -> dict[str, Any]:
-    """What the prediction of a packed layout was given: the workload's max_token_len (the cost model packs
-    global_batch_size sequences of seq_length tokens each), beside what the run packs (the sampled lengths, verl's
-    micro-batch count, tokens and sum of s_i^2), so the two can be told apart."""
+    """What the prediction of a packed layout was given (the workload's max_token_len and lengths: the cost model
+    packs the same sampled sequences the same way, `specs.parallel.packed_batch`) and what the run packs (tokens,
+    padded tokens, sum of s_i^2, micro-batches), to check one against the other."""
     plan = layout.packing_plan()
     summary = plan.summary()
+    lengths = layout.sequence_lengths()
     return {
         "workload_max_token_len": layout.max_token_len,
-        "workload_tokens_per_iteration": layout.workload().global_batch_size * layout.seq_length,
+        "workload_lengths": None if lengths is None else lengths.to_dict(),
         "run_tokens_per_iteration": summary["tokens"],
         "run_padded_tokens_per_iteration": summary["padded_tokens"],
         "run_sum_sq_tokens": summary["sum_sq_tokens"],
         "run_num_microbatches": plan.num_microbatches,
         "mean_seq_length": summary["mean_seq_length"],
         "max_seq_length": summary["max_seq_length"],
-        "length_seed": layout.length_seed,
     }
 
 
