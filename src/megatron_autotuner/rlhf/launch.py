@@ -1,0 +1,187 @@
+"""A verl launch (`verl_args.VerlLaunch`) as the step model's inputs: `StepSpec` (what the launch fixes), the
+launch's own `StepChoice` (its layout, batching and offload) and `CostOptions` (what verl runs with)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions
+from ..errors import ConfigError, SpecNotFoundError
+from ..export.verl import VERL_KEYS
+from ..specs.loader import load_model_spec
+from ..specs.model import ModelSpec
+from ..specs.parallel import ParallelConfig, RecomputeConfig
+from .phases import Batching, SequenceLengths
+from .step import StepChoice, StepSpec
+from .verl_args import DDP_READ, TRANSFORMER_READ, VerlLaunch
+
+MIB = 2**20
+
+
+@dataclass(frozen=True)
+class LaunchInputs:
+    spec: StepSpec
+    choice: StepChoice
+    options: CostOptions
+    notes: tuple[str, ...]
+
+
+def model_from_launch(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelSpec, str | None]:
+    """`--model` when given, else `actor_rollout_ref.model.path` (a preset, config path or HF id in the local
+    cache; a path whose last part names a preset, e.g. ~/models/Qwen3-8B, uses that preset, with a note)."""
+    if model_arg:
+        return load_model_spec(model_arg), None
+    path = launch.get("model_path")
+    key = VERL_KEYS["model_path"]
+    if not path:
+        raise ConfigError("model", f"give --model, or {key} in the launch")
+    try:
+        return load_model_spec(str(path)), None
+    except SpecNotFoundError:
+        tail = Path(str(path).rstrip("/")).name
+        try:
+            return load_model_spec(tail), f"{key}={path} read as the preset {tail} (no config.json there)"
+        except SpecNotFoundError:
+            raise ConfigError(key, f"{path!r} is not a preset, a config path or a cached HF id: give --model") from None
+
+
+def _batching(launch: VerlLaunch, dynamic_name: str, budget_name: str, micro_name: str) -> Batching:
+    if launch.flag(dynamic_name):
+        return Batching(max_token_len_per_gpu=launch.integer(budget_name), key=VERL_KEYS[budget_name])
+    mbs = launch.integer(micro_name)
+    if mbs is None:
+        raise ConfigError(VERL_KEYS[micro_name], f"is required when {VERL_KEYS[dynamic_name]} is false")
+    return Batching(micro_batch_size=mbs, key=VERL_KEYS[micro_name])
+
+
+def _recompute(otc: dict[str, Any]) -> RecomputeConfig:
+    gran = otc.get("recompute_granularity") or "none"
+    if gran == "full":
+        return RecomputeConfig(
+            "full", otc.get("recompute_method") or "uniform", int(otc.get("recompute_num_layers") or 1)
+        )
+    if gran == "selective":
+        return RecomputeConfig("selective", modules=tuple(otc.get("recompute_modules") or ("core_attn",)))
+    return RecomputeConfig(gran)
+
+
+def _parallel(launch: VerlLaunch, role: str, num_gpus: int, dist_opt: bool, fp32_grads: bool) -> ParallelConfig:
+    lay = launch.layout(role)
+    sp = bool(lay["sequence_parallel"]) and int(lay["tensor_model_parallel_size"]) > 1
+    try:
+        return ParallelConfig(
+            num_gpus,
+            int(lay["tensor_model_parallel_size"]),
+            int(lay["pipeline_model_parallel_size"]),
+            int(lay["context_parallel_size"]),
+            int(lay["expert_model_parallel_size"]),
+            lay["expert_tensor_parallel_size"],
+            lay["virtual_pipeline_model_parallel_size"],
+            sp,
+            dist_opt,
+            fp32_grads,
+            False,  # verl does not turn TE userbuffers TP overlap on
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{VERL_KEYS[role + '_megatron']} ({exc.field})", exc.rule) from None
+
+
+def launch_inputs(
+    launch: VerlLaunch,
+    model: ModelSpec,
+    num_gpus: int | None,
+    rollout_s: float | None,
+    lengths: SequenceLengths | None = None,
+    calibration: Any = None,
+    memory_margin: float = DEFAULT_MEMORY_MARGIN,
+) -> LaunchInputs:
+    """The step model's inputs from a launch. `lengths`: token lengths (default: data.max_prompt_length /
+    data.max_response_length as both means and maxima); `num_gpus`: the GPUs (default trainer.n_gpus_per_node x
+    trainer.nnodes; a different value given on the command line is an error)."""
+    notes: list[str] = []
+    launch_gpus = launch.num_gpus
+    if num_gpus is None:
+        num_gpus = launch_gpus
+    elif (launch.given("n_gpus_per_node") or launch.given("nnodes")) and num_gpus != launch_gpus:
+        raise ConfigError(
+            "num_gpus",
+            f"{num_gpus} differs from the launch's trainer.n_gpus_per_node x trainer.nnodes = {launch_gpus}",
+        )
+    if lengths is None:
+        lengths = SequenceLengths.from_maxima(
+            launch.integer("max_prompt_length"), launch.integer("max_response_length")
+        )
+    ddp = launch.pass_through("actor_ddp_overrides")
+    otc = launch.pass_through("actor_transformer_overrides")
+    unknown_ddp = sorted(k for k in ddp if k not in DDP_READ and k != "bucket_size")
+    if unknown_ddp:
+        notes.append(f"override_ddp_config keys not modelled: {', '.join(unknown_ddp)}")
+    fp32_grads = bool(ddp.get("grad_reduce_in_fp32", True))  # verl's default (verl/utils/megatron_utils.py)
+    dist_opt = launch.flag("actor_distributed_optimizer")
+    parallel = _parallel(launch, "actor", num_gpus, dist_opt, fp32_grads)
+    actor_b = _batching(launch, "actor_dynamic_bsz", "actor_max_token_len", "actor_micro_batch")
+    old_b = _batching(
+        launch, "rollout_log_prob_dynamic_bsz", "rollout_log_prob_max_token_len", "rollout_log_prob_micro_batch"
+    )
+    ref_b = _batching(launch, "ref_log_prob_dynamic_bsz", "ref_log_prob_max_token_len", "ref_log_prob_micro_batch")
+    if launch.flag("actor_grad_offload"):
+        notes.append(
+            "grad_offload is read by no verl code (b178a3c megatron_workers.py:363; gone in 0.9.1): grads follow "
+            "param_offload"
+        )
+    use_critic = launch.use_critic
+    critic_kw: dict[str, Any] = {}
+    if use_critic:
+        critic_kw = dict(
+            critic_parallel=_parallel(launch, "critic", num_gpus, True, True),
+            critic_batching=_batching(launch, "critic_dynamic_bsz", "critic_max_token_len", "critic_micro_batch"),
+            critic_forward_batching=_batching(
+                launch, "critic_dynamic_bsz", "critic_forward_max_token_len", "critic_forward_micro_batch"
+            ),
+            critic_mini_batch_size=launch.integer("critic_mini_batch"),
+            critic_epochs=launch.integer("critic_epochs"),
+            critic_param_offload=launch.flag("critic_param_offload"),
+            critic_optimizer_offload=launch.flag("critic_optimizer_offload"),
+        )
+        if str(launch.get("critic_model_path")) != str(launch.get("model_path")):
+            notes.append("the critic is costed with the actor's model shape")
+    spec = StepSpec(
+        model=model,
+        num_gpus=num_gpus,
+        lengths=lengths,
+        train_batch_size=launch.integer("train_batch_size"),
+        rollout_n=launch.integer("rollout_n"),
+        mini_batch_size=launch.integer("actor_mini_batch"),
+        ppo_epochs=launch.integer("actor_epochs"),
+        use_reference=launch.use_reference,
+        rollout_tp=launch.integer("rollout_tp"),
+        rollout_memory_utilization=float(launch.get("rollout_memory_utilization")),
+        free_cache_engine=launch.flag("rollout_free_cache_engine"),
+        rollout_s=rollout_s,
+        use_critic=use_critic,
+        **critic_kw,
+    )
+    choice = StepChoice(
+        parallel=parallel,
+        recompute=_recompute(otc),
+        actor_batching=actor_b,
+        old_log_prob_batching=old_b,
+        ref_log_prob_batching=ref_b,
+        param_offload=launch.flag("actor_param_offload"),
+        optimizer_offload=launch.flag("actor_optimizer_offload"),
+        ref_param_offload=bool(launch.get("ref_param_offload")),
+    )
+    # verl's DDP defaults: overlap_grad_reduce False unless overridden; overlap_param_gather is never exported to
+    # verl (see export.verl); TE userbuffers off.
+    options = CostOptions(
+        overlap_grad_reduce=bool(ddp.get("overlap_grad_reduce", False)),
+        overlap_param_gather=False,
+        calibration=calibration,
+        memory_margin=memory_margin,
+    )
+    return LaunchInputs(spec, choice, options, tuple(notes))
+
+
+__all__ = ["LaunchInputs", "TRANSFORMER_READ", "launch_inputs", "model_from_launch"]

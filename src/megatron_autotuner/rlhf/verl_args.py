@@ -1,0 +1,351 @@
+"""Read a verl launch: the `key=value` Hydra overrides of `python -m verl.trainer.main_ppo ...` (a file of lines, a
+whole command with backslashes and quotes, or stdin), or a yaml mapping of the same keys.
+
+Key names come from `export.verl.VERL_KEYS` / `MCORE_LAYOUT_KEYS`, the table the verl exporter writes with, so
+a launch `mat rlhf` writes reads back to the same values. Defaults are verl 0.9.1's
+(`verl/trainer/config/_generated_ppo_megatron_trainer.yaml`), with its interpolations (`ref.*` and
+`rollout.log_prob_*` follow the actor's, `critic.*` batches follow the actor's).
+
+What is refused (ConfigError, one line): a shell variable (`$VAR`, `${VAR}`: mat runs no shell), `--config-name`
+/ `--config-path` (the composed file is not read), an unknown key in a part of the config that decides speed or
+memory (any `*.megatron.*` key, batch / token-length / offload / parallel-size keys), with the nearest known key.
+Other keys (paths, learning rates, loggers, reward settings) do not change the step's time or memory and are
+accepted silently.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import ConfigError
+from ..export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
+from ..files import CONFIG_LIMIT_BYTES, read_stdin_bounded, read_text_bounded
+
+FIELD = "verl_args"
+
+# verl 0.9.1 defaults (verl/trainer/config/_generated_ppo_megatron_trainer.yaml), by VERL_KEYS name. A value
+# "=name" is verl's interpolation of another key (oc.select), resolved by `VerlLaunch.get`.
+VERL_DEFAULTS: dict[str, Any] = {
+    "train_batch_size": 1024,
+    "max_prompt_length": 512,
+    "max_response_length": 512,
+    "rollout_n": 1,
+    "actor_mini_batch": 256,
+    "actor_epochs": 1,
+    "actor_dynamic_bsz": False,
+    "actor_max_token_len": 16384,
+    "actor_micro_batch": None,
+    "rollout_log_prob_dynamic_bsz": "=actor_dynamic_bsz",
+    "rollout_log_prob_max_token_len": "=actor_max_token_len",
+    "rollout_log_prob_micro_batch": None,
+    "ref_log_prob_dynamic_bsz": "=actor_dynamic_bsz",
+    "ref_log_prob_max_token_len": "=actor_max_token_len",
+    "ref_log_prob_micro_batch": None,
+    "actor_param_offload": False,
+    "actor_optimizer_offload": False,
+    "actor_grad_offload": False,
+    "ref_param_offload": "=actor_param_offload",
+    "critic_param_offload": False,
+    "critic_optimizer_offload": False,
+    "actor_distributed_optimizer": True,
+    "actor_dtype": "bfloat16",
+    "critic_enable": None,
+    "critic_mini_batch": "=actor_mini_batch",
+    "critic_epochs": "=actor_epochs",
+    "critic_dynamic_bsz": "=actor_dynamic_bsz",
+    "critic_max_token_len": 32768,
+    "critic_forward_max_token_len": "=critic_max_token_len",
+    "critic_micro_batch": None,
+    "critic_forward_micro_batch": "=critic_micro_batch",
+    "critic_model_path": "=model_path",
+    "rollout_name": None,
+    "rollout_tp": 2,
+    "rollout_memory_utilization": 0.5,
+    "rollout_free_cache_engine": True,
+    "adv_estimator": "gae",
+    "use_kl_in_reward": False,
+    "use_kl_loss": False,
+    "model_path": None,
+    "n_gpus_per_node": 8,
+    "nnodes": 1,
+    "model_engine": "megatron",
+}
+# McoreEngineConfig defaults (verl/trainer/config/engine/megatron.yaml, 0.9.1)
+LAYOUT_DEFAULTS: dict[str, Any] = {
+    "tensor_model_parallel_size": 1,
+    "pipeline_model_parallel_size": 1,
+    "virtual_pipeline_model_parallel_size": None,
+    "context_parallel_size": 1,
+    "sequence_parallel": True,
+    "expert_model_parallel_size": 1,
+    "expert_tensor_parallel_size": None,
+}
+# keys of verl's override_transformer_config / override_ddp_config the step model reads
+TRANSFORMER_READ = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
+DDP_READ = ("grad_reduce_in_fp32", "overlap_grad_reduce")
+# override_transformer_config keys the cost model does not cover: refused rather than silently mispredicted
+TRANSFORMER_REFUSED = ("fp8", "fp8_recipe", "fp8_param")
+
+# A key matters to speed or memory when it sits in a megatron engine section, or its last name has one of these.
+_MATTERS = (
+    "batch_size",
+    "token_len",
+    "dynamic_bsz",
+    "offload",
+    "parallel_size",
+    "max_prompt_length",
+    "max_response_length",
+    "ppo_epochs",
+    "memory_utilization",
+)
+_PASS_THROUGH = ("override_transformer_config", "override_ddp_config", "override_optimizer_config")
+_SHELL_STOP = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "2>", "1>", "<"}
+_VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _known_keys() -> set[str]:
+    keys = set(VERL_KEYS.values())
+    for role in ("actor_megatron", "ref_megatron", "critic_megatron"):
+        keys |= {f"{VERL_KEYS[role]}.{k}" for k in MCORE_LAYOUT_KEYS}
+    keys |= {f"{VERL_KEYS['critic_megatron']}.use_distributed_optimizer"}
+    return keys
+
+
+KNOWN_KEYS = frozenset(_known_keys())
+_SECTIONS = tuple(VERL_KEYS[r] + "." for r in ("actor_megatron", "ref_megatron", "critic_megatron"))
+# McoreEngineConfig fields that do not change the step's time or memory (checkpointing, seeds, model conversion)
+_MEGATRON_NEUTRAL = (
+    "seed",
+    "use_dist_checkpointing",
+    "dist_checkpointing_path",
+    "dist_checkpointing_prefix",
+    "dist_ckpt_optim_fully_reshardable",
+    "distrib_optim_fully_reshardable_mem_efficient",
+    "use_mbridge",
+    "vanilla_mbridge",
+    "override_mcore_model_config",
+    "dtype",
+    "use_remove_padding",
+)
+
+
+def matters(key: str) -> bool:
+    """Whether a key can change the step's time or memory (and so must be one `mat rlhf` knows)."""
+    if any(key.startswith(s) for s in _SECTIONS):
+        rest = key.split(".megatron.", 1)[1]
+        return rest.split(".")[0] not in _PASS_THROUGH and rest not in _MEGATRON_NEUTRAL
+    leaf = key.rsplit(".", 1)[-1]
+    return any(word in leaf for word in _MATTERS)
+
+
+def _value(text: str) -> Any:
+    """A Hydra override value: yaml scalars and lists (true, 8, null, [a,b]); anything else stays text."""
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _check_key(key: str, values: dict[str, Any]) -> None:
+    if key in KNOWN_KEYS or not matters(key):
+        return
+    near = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
+    hint = f" (nearest known key: {near[0]})" if near else ""
+    raise ConfigError(key, f"is not a verl key mat rlhf knows, and it would change speed or memory{hint}")
+
+
+def parse_override_text(text: str, source: str = FIELD) -> dict[str, Any]:
+    """Dotted key -> value from override lines or a whole `python -m verl.trainer.main_ppo ...` command."""
+    joined = re.sub(r"\\\r?\n", " ", text)
+    try:
+        tokens = shlex.split(joined, comments=True, posix=True)
+    except ValueError as exc:
+        raise ConfigError(source, f"cannot be split like a shell line: {exc}") from exc
+    start = 0
+    for i, tok in enumerate(tokens):
+        if tok.endswith("verl.trainer.main_ppo") or tok.endswith("main_ppo.py"):
+            start = i + 1
+    values: dict[str, Any] = {}
+    for tok in tokens[start:]:
+        if tok in _SHELL_STOP or tok.startswith(("2>", "1>", ">")):
+            break
+        if tok.startswith("$"):
+            raise ConfigError(tok, "is a shell variable: mat runs no shell, write the overrides it stands for")
+        if tok.startswith("--config-path"):
+            continue  # verl's own config folder (its examples pass --config-path=config)
+        if tok.startswith("--config-name"):
+            name = tok.split("=", 1)[1] if "=" in tok else ""
+            if name.removesuffix(".yaml") != "ppo_megatron_trainer":
+                raise ConfigError(
+                    "--config-name",
+                    f"{name or '(a separate argument)'} is not read: only verl's ppo_megatron_trainer is known; give "
+                    "the overrides themselves (key=value lines or a yaml of them)",
+                )
+            values.setdefault(VERL_KEYS["model_engine"], "megatron")
+            continue
+        if "=" not in tok:
+            if start == 0 and not values:
+                continue  # the launcher before the first override (no main_ppo module named)
+            raise ConfigError(source, f"{tok!r} is not a key=value override")
+        key, raw = tok.split("=", 1)
+        key = key.lstrip("+~")
+        var = _VAR.search(tok)
+        if var:
+            raise ConfigError(
+                key, f"uses the shell variable ${var.group(1)}: mat runs no shell, write the value in its place"
+            )
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", key):
+            if start == 0 and not values:
+                continue  # an environment assignment before the command
+            raise ConfigError(source, f"{tok!r} is not a key=value override")
+        values[key] = _value(raw)
+    if not values:
+        raise ConfigError(source, "holds no key=value overrides of verl.trainer.main_ppo")
+    return values
+
+
+def _flatten(prefix: str, node: Any, out: dict[str, Any]) -> None:
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = node
+
+
+@dataclass(frozen=True)
+class VerlLaunch:
+    """A verl launch's overrides (dotted key -> value) with verl's defaults for the rest."""
+
+    values: dict[str, Any]
+    source: str = FIELD
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for key in self.values:
+            _check_key(key, self.values)
+        engine = self.get("model_engine")
+        if engine != "megatron":
+            raise ConfigError(VERL_KEYS["model_engine"], f"must be megatron for mat rlhf, got {engine!r}")
+        otc = self.pass_through("actor_transformer_overrides")
+        for key in TRANSFORMER_REFUSED:
+            if otc.get(key):
+                raise ConfigError(f"{VERL_KEYS['actor_transformer_overrides']}.{key}", "fp8 RL steps are not modelled")
+        dtype = self.get("actor_dtype")
+        if dtype != "bfloat16":
+            raise ConfigError(VERL_KEYS["actor_dtype"], f"only bfloat16 is modelled, got {dtype!r}")
+        actor, ref = self.layout("actor"), self.layout("ref")
+        for key in MCORE_LAYOUT_KEYS:
+            if ref[key] != actor[key]:
+                raise ConfigError(
+                    f"{VERL_KEYS['ref_megatron']}.{key}",
+                    f"is {ref[key]!r}, the actor's is {actor[key]!r}: colocated actor and ref share one parallel "
+                    "layout (leave the ref's unset: verl interpolates the actor's)",
+                )
+
+    def get(self, name: str) -> Any:
+        """The value of VERL_KEYS[name]: the launch's, else verl's default (interpolations followed)."""
+        key = VERL_KEYS[name]
+        if key in self.values:
+            return self.values[key]
+        default = VERL_DEFAULTS[name]
+        if isinstance(default, str) and default.startswith("="):
+            return self.get(default[1:])
+        return default
+
+    def given(self, name: str) -> bool:
+        return VERL_KEYS[name] in self.values
+
+    def pass_through(self, name: str) -> dict[str, Any]:
+        prefix = VERL_KEYS[name] + "."
+        return {k[len(prefix) :]: v for k, v in self.values.items() if k.startswith(prefix)}
+
+    def layout(self, role: str) -> dict[str, Any]:
+        """McoreEngineConfig parallel sizes of `role` (actor / ref / critic). ref's default to the actor's
+        (ref/megatron_ref.yaml interpolates them); critic's to McoreEngineConfig's defaults."""
+        out = {}
+        for key in MCORE_LAYOUT_KEYS:
+            dotted = f"{VERL_KEYS[role + '_megatron']}.{key}"
+            if dotted in self.values:
+                out[key] = self.values[dotted]
+            elif role == "ref":
+                out[key] = self.layout("actor")[key]
+            else:
+                out[key] = LAYOUT_DEFAULTS[key]
+        return out
+
+    def integer(self, name: str, minimum: int = 1) -> int | None:
+        value = self.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(VERL_KEYS[name], f"must be an integer >= {minimum}, got {value!r}")
+        return value
+
+    def flag(self, name: str) -> bool:
+        value = self.get(name)
+        if not isinstance(value, bool):
+            raise ConfigError(VERL_KEYS[name], f"must be true or false, got {value!r}")
+        return value
+
+    @property
+    def use_reference(self) -> bool:
+        """verl/trainer/ppo/utils.py need_reference_policy: a KL loss or a KL penalty in the reward."""
+        return bool(self.get("use_kl_loss")) or bool(self.get("use_kl_in_reward"))
+
+    @property
+    def use_critic(self) -> bool:
+        """verl/trainer/ppo/utils.py need_critic: critic.enable when set, else adv_estimator == gae."""
+        enable = self.get("critic_enable")
+        if enable is not None:
+            return bool(enable)
+        return self.get("adv_estimator") == "gae"
+
+    @property
+    def num_gpus(self) -> int:
+        return int(self.integer("n_gpus_per_node")) * int(self.integer("nnodes"))
+
+
+def read_verl_text(text: str, source: str = FIELD) -> VerlLaunch:
+    """A launch from text: a yaml mapping (nested or dotted keys), else override lines / a command."""
+    stripped = text.lstrip()
+    data = None
+    if stripped and not stripped.startswith(("python", "torchrun", "PYTHON")) and "=" not in stripped.split("\n")[0]:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError:
+            data = None
+    if isinstance(data, dict):
+        data.pop("defaults", None)
+        data.pop("hydra", None)
+        values: dict[str, Any] = {}
+        _flatten("", data, values)
+        for key, value in values.items():
+            if isinstance(value, str) and _VAR.search(value) and not value.startswith("${oc."):
+                raise ConfigError(key, f"uses the shell variable ${_VAR.search(value).group(1)}: write the value")
+        return VerlLaunch(values, source)
+    return VerlLaunch(parse_override_text(text, source), source)
+
+
+def read_verl_file(path: str) -> VerlLaunch:
+    """`read_verl_text` of a file (`-`: stdin), with one-line errors for unreadable or oversized input."""
+    if path == "-":
+        return read_verl_text(read_stdin_bounded(FIELD, CONFIG_LIMIT_BYTES), "<stdin>")
+    return read_verl_text(read_text_bounded(path, FIELD, CONFIG_LIMIT_BYTES), str(Path(path)))
+
+
+__all__ = [
+    "KNOWN_KEYS",
+    "VERL_DEFAULTS",
+    "VerlLaunch",
+    "matters",
+    "parse_override_text",
+    "read_verl_file",
+    "read_verl_text",
+]
