@@ -1,0 +1,147 @@
+"""Variable sequence lengths and verl's packing of them (specs.lengths), checked against verl's own functions."""
+
+import random
+
+import pytest
+
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs.lengths import (
+    LengthDistribution,
+    SequenceLengths,
+    balanced_partitions,
+    micro_batch_partitions,
+    pack_micro_batches,
+    parse_mean_max,
+    read_length_histogram,
+)
+
+
+def test_clipped_geometric_has_the_asked_mean_and_max():
+    lengths = SequenceLengths.from_mean_max((300, 1024), (1500, 4096))
+    sample = lengths.sample(20000)
+    assert lengths.max_tokens == 5120
+    assert max(sample) <= 5120 and min(sample) >= 2
+    assert sum(sample) / len(sample) == pytest.approx(1800, rel=0.02)
+    d = LengthDistribution.from_mean_max("response_len", 3900, 4096)  # most responses truncated at max
+    draws = [d.draw(random.Random(i)) for i in range(2000)]
+    assert draws.count(4096) > 1500
+
+
+def test_sampling_is_deterministic_per_seed():
+    lengths = SequenceLengths.from_mean_max((512, 1024), (1024, 2048))
+    assert lengths.sample(64) == lengths.sample(64) == lengths.sample(64, seed=0)
+    assert lengths.sample(64, seed=1) != lengths.sample(64)
+
+
+def test_degenerate_means():
+    assert set(LengthDistribution.from_mean_max("p", 8, 8).draw(random.Random(s)) for s in range(20)) == {8}
+    assert set(LengthDistribution.from_mean_max("p", 1, 8).draw(random.Random(s)) for s in range(20)) == {1}
+
+
+@pytest.mark.parametrize(
+    "text, rule",
+    [("2048:1024", "above max"), ("0:1024", "mean must be >= 1"), ("512", "MEAN:MAX"), ("a:b", "MEAN:MAX"),
+     ("512:0", "max must be")],
+)  # fmt: skip
+def test_bad_mean_max(text, rule):
+    with pytest.raises(ConfigError, match=rule) as exc:
+        parse_mean_max("prompt_len", text)
+    assert exc.value.field == "prompt_len"
+
+
+def test_histogram_files(tmp_path):
+    js = tmp_path / "h.json"
+    js.write_text('[[100, 3], [200, 1], [100, 1]]')
+    lengths = read_length_histogram(js)
+    assert lengths.max_tokens == 200 and lengths.mean_tokens == pytest.approx(120)
+    assert set(lengths.sample(200)) == {100, 200}
+    obj = tmp_path / "o.json"
+    obj.write_text('{"64": 2, "32": 2}')
+    assert read_length_histogram(obj).mean_tokens == 48
+    csv = tmp_path / "h.csv"
+    csv.write_text("length,count\n# comment\n10,1\n30,1\n")
+    assert read_length_histogram(csv).mean_tokens == 20
+
+
+@pytest.mark.parametrize(
+    "content, rule",
+    [(b"\xff\xfe10,1\n", "not UTF-8"), (b"10,1,2\n", "expected length,count"), (b"10,x\n", "expected an integer"),
+     (b"[[10, -1]]", "counts must be"), (b"[[0, 4]]", "positive integer"), (b"10,0\n", "no sequences"),
+     (b"", "no length,count"), (b"[[1,2]", "not valid JSON")],
+)  # fmt: skip
+def test_bad_histograms_are_one_line_errors(tmp_path, content, rule):
+    path = tmp_path / "h.csv"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=rule) as exc:
+        read_length_histogram(path)
+    assert exc.value.field == "length_histogram" and "\n" not in str(exc.value)
+
+
+def test_packing_keeps_every_sequence_within_budget_with_same_count_on_every_rank():
+    lengths = SequenceLengths.from_mean_max((1000, 2048), (3000, 6144)).sample(256)
+    packed = pack_micro_batches(lengths, 16384, dp=4, num_batches_divided_by=3)
+    assert len(packed.ranks) == 4
+    counts = {len(r) for r in packed.ranks}
+    assert len(counts) == 1 and packed.num_micro_batches % 3 == 0
+    assert sorted(s for mb in packed.micro_batches for s in mb) == sorted(lengths)
+    assert packed.largest_micro_batch_tokens <= 16384
+    assert all(len(sum(r, ())) == 64 for r in packed.ranks)  # equal shares per rank
+    # at least ceil(tokens of the fullest rank / budget) micro-batches
+    assert packed.num_micro_batches >= max(-(-sum(sum(r, ())) // 16384) for r in packed.ranks)
+
+
+def test_sequence_longer_than_budget_is_refused():
+    with pytest.raises(ConfigError, match="longest sequence"):
+        pack_micro_batches([100, 5000, 20], 4096)
+
+
+def test_padding_to_alignment():
+    packed = pack_micro_batches([5, 17, 32, 1], 64).padded(16)
+    assert all(s % 16 == 0 for mb in packed.micro_batches for s in mb)
+    assert sorted(s for mb in packed.micro_batches for s in mb) == [16, 16, 32, 32]
+    fp8 = pack_micro_batches([5, 17], 64).padded(16, 128)
+    assert all(sum(mb) % 128 == 0 for mb in fp8.micro_batches)
+
+
+def _verl():
+    try:
+        import torch
+        from tensordict import TensorDict
+        from verl.utils import seqlen_balancing
+    except Exception as exc:  # noqa: BLE001 - any import failure means: not comparable here
+        pytest.skip(f"verl.utils.seqlen_balancing does not import: {exc}")
+    return torch, TensorDict, seqlen_balancing
+
+
+def test_micro_batches_equal_verls_rearrange_micro_batches():
+    torch, TensorDict, vs = _verl()
+    rng = random.Random(7)
+    compared = 0
+    for _ in range(80):
+        n = rng.randint(1, 48)
+        lens = [rng.choice([rng.randint(1, 4096), 4096, 1024]) for _ in range(n)]  # ties too
+        budget = max(lens) * rng.choice([1, 2, 3, 8])
+        divisor = rng.choice([None, 2, 4])
+        mask = torch.zeros(n, max(lens), dtype=torch.long)
+        for i, s in enumerate(lens):
+            mask[i, :s] = 1
+        batch = TensorDict({"input_ids": torch.zeros_like(mask), "attention_mask": mask}, batch_size=[n])
+        try:
+            _, theirs = vs.rearrange_micro_batches(batch, budget, num_batches_divided_by=divisor)
+        except (AssertionError, ValueError):
+            with pytest.raises(ConfigError):
+                micro_batch_partitions(lens, budget, divisor)
+            continue
+        assert micro_batch_partitions(lens, budget, divisor) == [list(map(int, p)) for p in theirs]
+        compared += 1
+    assert compared > 40
+
+
+def test_balanced_partitions_equal_verls():
+    _, _, vs = _verl()
+    rng = random.Random(3)
+    for _ in range(60):
+        k = rng.randint(1, 8)
+        values = [rng.choice([rng.randint(1, 10**6), 5000]) for _ in range(k * rng.randint(1, 12))]
+        assert balanced_partitions(values, k, True) == vs.get_seqlen_balanced_partitions(values, k, True)
+        assert balanced_partitions(values, k, False) == vs.get_seqlen_balanced_partitions(values, k, False)

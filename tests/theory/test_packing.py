@@ -1,0 +1,96 @@
+"""Packed variable-length micro-batches in theory and cost model: attention per sequence (sum s^2), THD alignment
+padding, memory of the largest micro-batch, time from the micro-batches of the heaviest rank."""
+
+import math
+
+import pytest
+
+from megatron_autotuner.costmodel.estimate import estimate, packed_microbatch_shape
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec, load_model_spec
+from megatron_autotuner.specs.lengths import SequenceLengths
+from megatron_autotuner.specs.parallel import num_microbatches, packed_batch, thd_alignment
+from megatron_autotuner.theory.flops import attention_flops_per_token, iteration_flops
+from megatron_autotuner.theory.memory import ActivationOptions, local_tokens, memory_per_stage
+
+MODEL = load_model_spec("Qwen3-8B").with_num_layers(4)
+LENGTHS = SequenceLengths.from_mean_max((700, 2048), (1500, 6144))
+H100 = get_gpu_spec("H100-SXM")
+
+
+def _work(**kw):
+    base = dict(seq_length=LENGTHS.max_tokens, global_batch_size=64, max_token_len=16384, lengths=LENGTHS)
+    return Workload(**{**base, **kw})
+
+
+def test_attention_flops_are_per_sequence_not_per_packed_block():
+    p = ParallelConfig(num_gpus=2)
+    w = _work()
+    real = packed_batch(p, w, padded=False)
+    f = iteration_flops(MODEL, p, w)
+    per_unit = attention_flops_per_token(MODEL, 1)
+    assert f.by_operator["core_attention"]["fwd"] == pytest.approx(MODEL.num_layers * per_unit * real.sum_squares)
+    assert f.tokens_per_iteration == real.total_tokens == sum(LENGTHS.sample(64))
+    # the same tokens as sequences of max_token_len (a padded block) would count far more attention
+    block = MODEL.num_layers * attention_flops_per_token(MODEL, 16384) * real.total_tokens
+    assert f.by_operator["core_attention"]["fwd"] < block / 3
+
+
+def test_alignment_padding():
+    assert thd_alignment(ParallelConfig(num_gpus=4, tp=4), _work()) == (4, 1)
+    assert thd_alignment(ParallelConfig(num_gpus=8, tp=4, cp=2), _work()) == (16, 1)
+    assert thd_alignment(ParallelConfig(num_gpus=8, tp=4, cp=2), _work(precision="fp8")) == (16, 2048)
+    assert thd_alignment(ParallelConfig(num_gpus=2, tp=2), _work(precision="fp8")) == (16, 256)
+    p = ParallelConfig(num_gpus=8, tp=4, cp=2)
+    padded, real = packed_batch(p, _work()), packed_batch(p, _work(), padded=False)
+    for mb_p, mb_r in zip(padded.micro_batches, real.micro_batches, strict=True):
+        assert all(sp % 16 == 0 and 0 <= sp - sr < 16 for sp, sr in zip(mb_p, mb_r, strict=True))
+    f = iteration_flops(MODEL, p, _work())
+    assert f.padding_flops > 0
+    assert f.hardware_flops == pytest.approx(f.model_flops + f.recompute_flops + f.padding_flops)
+    assert iteration_flops(MODEL, ParallelConfig(num_gpus=1), _work()).padding_flops == 0
+
+
+def test_memory_is_that_of_the_largest_micro_batch():
+    p = ParallelConfig(num_gpus=4, tp=2, cp=2)
+    w = _work()
+    largest = packed_batch(p, w).largest_micro_batch_tokens
+    assert local_tokens(w, p) == largest // 2
+    # pp=1 holds one micro-batch: the same activations as a fixed micro-batch of exactly that many tokens
+    fixed = Workload(seq_length=largest, global_batch_size=64, max_token_len=largest)
+    a = memory_per_stage(MODEL, p, w)[0].activations_bytes
+    b = memory_per_stage(MODEL, p, fixed)[0].activations_bytes
+    assert a == pytest.approx(b)
+    smaller = memory_per_stage(MODEL, p, _work(max_token_len=8192))[0].activations_bytes
+    assert smaller < a
+
+
+def test_time_sums_the_micro_batches_of_the_heaviest_rank():
+    p = ParallelConfig(num_gpus=2)
+    w = _work()
+    tokens, seq = packed_microbatch_shape(MODEL, p, w)
+    packed = packed_batch(p, w)
+    per_rank = [sum(sum(mb) for mb in r) for r in packed.ranks]
+    assert tokens * packed.num_micro_batches in [pytest.approx(t) for t in per_rank]
+    assert seq < w.max_token_len
+    e = estimate(MODEL, p, w, H100)
+    assert e.time.num_microbatches == num_microbatches(p, w) == packed.num_micro_batches
+    assert math.isfinite(e.step_time_s) and e.tokens_per_iteration == packed_batch(p, w, False).total_tokens
+    # longer responses: more work, more time
+    longer = SequenceLengths.from_mean_max((700, 2048), (3000, 6144))
+    assert estimate(MODEL, p, _work(lengths=longer), H100).step_time_s > e.step_time_s
+
+
+def test_workload_rules_and_unchanged_fixed_workloads():
+    with pytest.raises(ConfigError, match="need max_token_len"):
+        Workload(seq_length=8192, lengths=LENGTHS)
+    with pytest.raises(ConfigError, match="below seq_length"):
+        _work(max_token_len=4096)
+    with pytest.raises(ConfigError, match="longest sequence"):
+        Workload(seq_length=4096, max_token_len=8192, lengths=LENGTHS)
+    assert "lengths" not in Workload(seq_length=4096).to_dict()
+    assert _work().to_dict()["lengths"]["max_tokens"] == 8192
+    with pytest.raises(ConfigError, match="fused"):
+        memory_per_stage(MODEL, ParallelConfig(num_gpus=1), _work(), ActivationOptions(flash_attention=False))
+    with pytest.raises(ConfigError, match="divisible by dp"):
+        num_microbatches(ParallelConfig(num_gpus=3), _work())
