@@ -154,8 +154,9 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     s = inputs.spec
     out.print(
-        f"[bold]{model.name}[/bold] verl step on {s.num_gpus} x {gpu.name}: {s.train_batch_size} prompts x n={s.rollout_n}"
-        f" = {s.sequences} sequences, prompt <= {s.lengths.max_prompt} / response <= {s.lengths.max_response} tokens"
+        f"[bold]{model.name}[/bold] verl step on {s.num_gpus} x {gpu.name}: {s.train_batch_size} prompts x "
+        f"n={s.rollout_n} = {s.sequences} sequences, "
+        f"prompt <= {s.lengths.max_prompt} / response <= {s.lengths.max_response} tokens"
     )
     for note in user.notes:
         out.print(f"note: {note}")

@@ -64,7 +64,7 @@ VERL_DEFAULTS: dict[str, Any] = {
     "critic_forward_max_token_len": "=critic_max_token_len",
     "critic_micro_batch": None,
     "critic_forward_micro_batch": "=critic_micro_batch",
-    "critic_model_path": "=model_path",
+    "critic_model_path": "~/models/deepseek-llm-7b-chat",  # a literal in verl, not the actor's path
     "rollout_name": None,
     "rollout_tp": 2,
     "rollout_memory_utilization": 0.5,
@@ -95,15 +95,24 @@ TRANSFORMER_REFUSED = ("fp8", "fp8_recipe", "fp8_param")
 
 # A key matters to speed or memory when it sits in a megatron engine section, or its last name has one of these.
 _MATTERS = (
-    "batch_size",
+    "batch",
     "token_len",
     "dynamic_bsz",
     "offload",
-    "parallel_size",
-    "max_prompt_length",
-    "max_response_length",
-    "ppo_epochs",
+    "parallel",
+    "prompt_length",
+    "response_length",
+    "epoch",
     "memory_utilization",
+)
+# verl keys with one of those words that do not change a training step's time or memory
+_NEUTRAL = frozenset(
+    {
+        "data.val_batch_size",
+        "trainer.total_epochs",
+        "trainer.total_training_steps",
+        "data.dataloader_num_workers",
+    }
 )
 _PASS_THROUGH = ("override_transformer_config", "override_ddp_config", "override_optimizer_config")
 _SHELL_STOP = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "2>", "1>", "<"}
@@ -141,6 +150,8 @@ def matters(key: str) -> bool:
     if any(key.startswith(s) for s in _SECTIONS):
         rest = key.split(".megatron.", 1)[1]
         return rest.split(".")[0] not in _PASS_THROUGH and rest not in _MEGATRON_NEUTRAL
+    if key in _NEUTRAL:
+        return False
     leaf = key.rsplit(".", 1)[-1]
     return any(word in leaf for word in _MATTERS)
 

@@ -1,0 +1,324 @@
+"""mat rlhf: the offload model, the verl launch reader, the step's phases, the shared-layout search and the
+overrides it writes (checked with verl's own config code when verl imports)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from megatron_autotuner.cli import main
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.export.bridge import MegatronArgs
+from megatron_autotuner.export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
+from megatron_autotuner.rlhf import (
+    SequenceLengths,
+    evaluate_step,
+    launch_inputs,
+    model_from_launch,
+    read_verl_file,
+    read_verl_text,
+    search_step,
+)
+from megatron_autotuner.rlhf.offload import (
+    during_rollout,
+    host_copy_gbps,
+    load_state,
+    model_state_bytes,
+    offload_state,
+)
+from megatron_autotuner.rlhf.verl_args import VERL_DEFAULTS
+from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec, load_model_spec
+from megatron_autotuner.theory.memory import memory_per_stage
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "verl_grpo_qwen3_8b_h100_8gpu.sh"
+H100 = get_gpu_spec("H100-SXM")
+
+
+@pytest.fixture(scope="module")
+def qwen8b():
+    return load_model_spec("Qwen3-8B")
+
+
+@pytest.fixture(scope="module")
+def example_inputs(qwen8b):
+    launch = read_verl_file(str(EXAMPLE))
+    return launch, launch_inputs(launch, qwen8b, 8, None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# offload
+
+
+@pytest.mark.parametrize("dist_opt", [True, False])
+def test_offload_bytes_are_theorys_per_rank_bytes(qwen8b, dist_opt):
+    p = ParallelConfig(8, tp=2, pp=2, use_distributed_optimizer=dist_opt)
+    w = Workload(4096, 1, 64)
+    state = model_state_bytes(qwen8b, p, w)
+    stages = memory_per_stage(qwen8b, p, w, padded_vocab_size=qwen8b.padded_vocab_size(2))
+    top = max(stages, key=lambda s: s.model_state_bytes)
+    assert state.params_bytes == top.weights_bytes
+    assert state.grads_bytes == top.gradients_bytes
+    assert state.optimizer_bytes == top.optimizer_bytes
+    # bf16 params, fp32 main grads, 12 bytes of Adam state per parameter of the shard
+    n = top.parameters.total
+    assert state.params_bytes == 2 * n and state.grads_bytes == 4 * n
+    # verl moves the distributed optimizer's fp32 master shard + moments; without it the moments only
+    assert state.optimizer_moved_bytes == pytest.approx(state.optimizer_bytes * (1.0 if dist_opt else 2 / 3))
+    freed = during_rollout(state, param_offload=True, optimizer_offload=True)
+    assert freed.freed_bytes == pytest.approx(state.params_bytes + state.grads_bytes + state.optimizer_moved_bytes)
+    assert during_rollout(state, param_offload=False, optimizer_offload=False).freed_bytes == 0
+
+
+def test_copy_time_scales_with_bandwidth(qwen8b):
+    state = model_state_bytes(qwen8b, ParallelConfig(8, tp=2), Workload(4096, 1, 64))
+    slow = offload_state("x", state, H100, None, params=True, optimizer=True)
+    fast = offload_state(
+        "x", state, replace(H100, host_link_gbps=2 * H100.host_link_gbps), None, params=True, optimizer=True
+    )
+    assert slow.time_s == pytest.approx(2 * fast.time_s)
+    assert slow.time_s == pytest.approx(
+        (state.params_bytes + state.optimizer_moved_bytes) / (H100.host_link_gbps * 1e9)
+    )
+    # loading also re-allocates and zeroes the grad buffer on the GPU (no host copy of gradients)
+    load = load_state("x", state, H100, None, params=True, grads=True, optimizer=False)
+    assert load.moved_bytes == state.params_bytes and load.memset_bytes == state.grads_bytes
+
+
+def test_measured_host_copy_table_replaces_the_spec_peak():
+    class Cal:
+        source = "unit-test table"
+
+        def host_copy_gbps(self, direction, pinned, nbytes):
+            return {("h2d", True): 50.0, ("d2h", True): 45.0}.get((direction, pinned))
+
+    assert host_copy_gbps(H100, Cal(), "h2d", True, 2**30)[0] == 50.0
+    gbps, source = host_copy_gbps(H100, Cal(), "d2h", False, 2**30)  # not measured: the spec peak
+    assert gbps == H100.host_link_gbps and "spec peak" in source
+    with pytest.raises(ConfigError, match="host_link_gbps"):
+        host_copy_gbps(replace(H100, host_link_gbps=None), None, "h2d", True, 1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the launch reader
+
+
+def test_example_launch_reads(example_inputs, qwen8b):
+    launch, inputs = example_inputs
+    assert launch.get("rollout_n") == 8 and launch.get("train_batch_size") == 256
+    assert launch.layout("actor")["tensor_model_parallel_size"] == 2
+    assert launch.layout("ref") == launch.layout("actor")  # ref interpolates the actor's
+    assert launch.use_reference and not launch.use_critic  # grpo + KL loss
+    s = inputs.spec
+    assert s.sequences == 2048 and s.lengths.max_total == 1024 + 4096
+    assert s.tokens_per_step == 2048 * 5120
+    assert inputs.choice.param_offload and inputs.choice.optimizer_offload
+    model, note = model_from_launch(launch, None)
+    assert model.name == qwen8b.name and "Qwen/Qwen3-8B" in note
+
+
+def test_lines_and_yaml_read_the_same():
+    lines = "data.train_batch_size=128\nactor_rollout_ref.actor.megatron.tensor_model_parallel_size=4\n"
+    nested = yaml.safe_dump(
+        {
+            "data": {"train_batch_size": 128},
+            "actor_rollout_ref": {"actor": {"megatron": {"tensor_model_parallel_size": 4}}},
+        }
+    )
+    assert read_verl_text(lines).values == read_verl_text(nested).values
+
+
+@pytest.mark.parametrize(
+    "text,field,rule",
+    [
+        (
+            "actor_rollout_ref.actor.ppo_mini_batchsize=4",
+            "actor_rollout_ref.actor.ppo_mini_batchsize",
+            "ppo_mini_batch_size",
+        ),
+        (
+            "actor_rollout_ref.actor.megatron.tensor_parallel_size=2",
+            "tensor_parallel_size",
+            "tensor_model_parallel_size",
+        ),
+        ("python3 -m verl.trainer.main_ppo data.max_response_length=$RESP", "data.max_response_length", "$RESP"),
+        ("python3 -m verl.trainer.main_ppo data.train_batch_size=8 $@", "$@", "shell variable"),
+        ("python3 -m verl.trainer.main_ppo --config-name=my_cfg a.b=1", "--config-name", "my_cfg"),
+        ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "ref.megatron", "share one parallel layout"),
+        ("actor_rollout_ref.actor.megatron.override_transformer_config.fp8=e4m3", "fp8", "not modelled"),
+    ],
+)
+def test_bad_launches_are_one_config_error(text, field, rule):
+    with pytest.raises(ConfigError) as err:
+        read_verl_text(text)
+    assert field in err.value.field and rule in str(err.value)
+
+
+def test_keys_that_do_not_matter_are_accepted():
+    launch = read_verl_text(
+        "actor_rollout_ref.actor.optim.lr=3e-6 trainer.project_name=x reward.reward_manager.name=naive "
+        "actor_rollout_ref.actor.megatron.seed=7 data.train_files=/a.parquet"
+    )
+    assert launch.get("train_batch_size") == VERL_DEFAULTS["train_batch_size"]
+
+
+def test_a_whole_command_with_backslashes_and_quotes():
+    text = (
+        "CUDA_DEVICE_MAX_CONNECTIONS=1 python3 -m verl.trainer.main_ppo --config-path=config \\\n"
+        "    --config-name='ppo_megatron_trainer.yaml' \\\n"
+        '    trainer.logger=\'["console","wandb"]\' \\\n'
+        "    data.max_prompt_length=2048 2>&1 | tee log.txt\n"
+    )
+    launch = read_verl_text(text)
+    assert launch.get("max_prompt_length") == 2048 and launch.values["trainer.logger"] == ["console", "wandb"]
+
+
+def test_reader_and_writer_share_one_key_table():
+    args = {"tensor_model_parallel_size": 2, "bf16": True, "micro_batch_size": 1}
+    assert tuple(MegatronArgs(args).parallel_sizes()) == MCORE_LAYOUT_KEYS
+    assert set(VERL_DEFAULTS) == set(VERL_KEYS) - {"actor_megatron", "ref_megatron", "critic_megatron"} - {
+        "actor_transformer_overrides",
+        "actor_ddp_overrides",
+        "actor_optimizer_overrides",
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the step
+
+
+def test_step_total_is_the_sum_of_its_phases(example_inputs):
+    _, inputs = example_inputs
+    r = evaluate_step(inputs.spec, inputs.choice, H100, inputs.options)
+    names = [p.name for p in r.phases]
+    assert names == ["weight sync", "rollout", "old log-prob", "ref log-prob", "actor update"]
+    assert r.total_s == pytest.approx(sum(p.time_s for p in r.phases if p.time_s is not None))
+    assert not r.includes_rollout
+    given = evaluate_step(replace(inputs.spec, rollout_s=100.0), inputs.choice, H100, inputs.options)
+    assert given.total_s == pytest.approx(r.total_s + 100.0)
+
+
+def test_offload_trades_time_for_rollout_memory(example_inputs):
+    _, inputs = example_inputs
+    on = evaluate_step(inputs.spec, inputs.choice, H100, inputs.options)
+    off_choice = replace(inputs.choice, param_offload=False, optimizer_offload=False, ref_param_offload=False)
+    off = evaluate_step(inputs.spec, off_choice, H100, inputs.options)
+    rollout = {r.choice.param_offload: next(p for p in r.phases if p.name == "rollout") for r in (on, off)}
+    assert rollout[True].peak_memory_gib < rollout[False].peak_memory_gib
+    assert on.total_s > off.total_s
+
+
+def test_mean_lengths_shorten_the_step(example_inputs, qwen8b):
+    launch, inputs = example_inputs
+    short = launch_inputs(launch, qwen8b, 8, None, SequenceLengths(512.0, 1500.0, 1024, 4096))
+    assert (
+        evaluate_step(short.spec, short.choice, H100, short.options).total_s
+        < evaluate_step(inputs.spec, inputs.choice, H100, inputs.options).total_s
+    )
+
+
+def test_search_keeps_one_shared_layout_and_fits_every_phase(example_inputs):
+    _, inputs = example_inputs
+    ranked = search_step(inputs.spec, inputs.choice, H100, replace(inputs.options, overlap_grad_reduce=True), 3)
+    assert ranked and all(r.fits for r in ranked)
+    assert [r.total_s for r in ranked] == sorted(r.total_s for r in ranked)
+    for r in ranked:  # actor update, old and ref log-prob are costed on the one layout
+        assert r.choice.parallel.num_gpus == 8 and not r.choice.parallel.tp_comm_overlap
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_json_and_overrides(tmp_path, capsys):
+    assert main(["rlhf", "--verl-args", str(EXAMPLE), "--gpu", "H100-SXM", "--num-gpus", "8", "--top-k", "2",
+                 "--json", "--output-dir", str(tmp_path / "out")]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert report["launch"]["fits"] and report["best"]["fits"]
+    assert report["predicted_gain"] == pytest.approx(report["launch"]["total_s"] / report["best"]["total_s"] - 1)
+    lines = report["verl_overrides"]
+    assert any(x.startswith("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=") for x in lines)
+    assert (tmp_path / "out" / "rlhf.json").exists() and (tmp_path / "out" / "verl_overrides.txt").exists()
+    # what mat writes reads back with the same reader, to the same layout for actor and ref
+    back = read_verl_text("\n".join(x.lstrip("+") for x in lines))
+    assert back.layout("actor") == back.layout("ref")
+    assert back.layout("actor")["tensor_model_parallel_size"] == report["best"]["parallel"]["tp"]
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ("data.train_batch_size=$N\n", "data.train_batch_size: uses the shell variable $N"),
+        ("actor_rollout_ref.actor.ppo_epoch=2\n", "nearest known key: actor_rollout_ref.actor.ppo_epochs"),
+        (
+            "actor_rollout_ref.actor.use_dynamic_bsz=true\nactor_rollout_ref.actor.ppo_mini_batch_size=3\n",
+            "does not divide data.train_batch_size",
+        ),
+        ("actor_rollout_ref.actor.ppo_mini_batch_size=8\n", "ppo_micro_batch_size_per_gpu: is required"),
+    ],
+)
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys, text, expect):
+    f = tmp_path / "launch.txt"
+    f.write_text(text)
+    assert main(["rlhf", "--verl-args", str(f), "--gpu", "H100-SXM", "--model", "Qwen3-8B"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mat: error: ") and "\n" not in err and expect in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# verl's own code
+
+
+@pytest.fixture(scope="module")
+def verl_config_dir():
+    pytest.importorskip("verl.utils.config", exc_type=ImportError)
+    pytest.importorskip("hydra")
+    import verl
+
+    return os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+
+
+def test_defaults_are_verls(verl_config_dir):
+    data = yaml.safe_load(Path(verl_config_dir, "_generated_ppo_megatron_trainer.yaml").read_text())
+    for name, default in VERL_DEFAULTS.items():
+        node = data
+        for key in VERL_KEYS[name].split("."):
+            if not isinstance(node, dict) or key not in node:
+                node = KeyError
+                break
+            node = node[key]
+        if node is KeyError:
+            continue  # grad_offload (b178a3c only), model_engine (a Hydra group), ...
+        if isinstance(default, str) and default.startswith("="):
+            assert isinstance(node, str) and "${" in node, name  # verl interpolates it too
+        elif name in ("rollout_name", "model_path"):
+            continue  # required in verl ('???') or a placeholder path: a launch gives them
+        elif default is None and isinstance(node, str):
+            assert node.endswith(",null}"), name  # an interpolation of a deprecated key, null by default
+        elif name not in ("rollout_name", "model_path"):
+            assert node == default, name
+
+
+def test_mat_rlhf_overrides_pass_verl_validation(verl_config_dir, capsys):
+    import hydra
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    assert main(["rlhf", "--verl-args", str(EXAMPLE), "--gpu", "H100-SXM", "--top-k", "2", "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["verl_overrides"]
+    launch = read_verl_file(str(EXAMPLE))
+    run = [f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in launch.values.items()
+           if k not in ("model_engine",)]  # fmt: skip
+    run = [x.replace("=True", "=true").replace("=False", "=false") for x in run]
+    with hydra.initialize_config_dir(config_dir=verl_config_dir, version_base=None):
+        cfg = hydra.compose("ppo_trainer", overrides=["model_engine=megatron", *run, *lines])
+    validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    for key in MCORE_LAYOUT_KEYS:
+        assert cfg.actor_rollout_ref.ref.megatron[key] == getattr(actor.megatron, key), key
+    assert actor.megatron.param_offload is True
