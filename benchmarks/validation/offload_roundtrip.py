@@ -19,9 +19,11 @@ then `--repeats` times offloads and reloads it as verl/utils/megatron_utils.py d
 Each phase is timed on the host around a CUDA synchronize (verl's callers wait for the moves the same way), and a
 training step after the last reload checks that the state came back whole (finite loss).
 
-The prediction (written to the JSON before anything is timed): every tensor's bytes over the bandwidth the
-calibration's `host_copy` table gives for its size and direction (`Calibration.host_copy_gbps`: pageable D2H for
-the params, pinned otherwise), summed per phase. The host-side pinning copy of the params, the grad re-zeroing,
+Two predictions, written to the JSON before anything is timed: `predicted`, every tensor's bytes (counted on the
+built objects) over the bandwidth the calibration's `host_copy` table gives for its size and direction
+(`Calibration.host_copy_gbps`: pageable D2H for the params, pinned otherwise), summed per phase; and
+`predicted_offload_model`, what `mat rlhf`'s offload model (`rlhf.offload`: bytes from theory) says for the same
+state. The host-side pinning copy of the params, the grad re-zeroing,
 gc.collect and empty_cache are not in it (no table for them); their time shows as measured minus predicted.
 """
 
@@ -94,6 +96,28 @@ def predict(tensors: dict[str, list], calibration) -> dict[str, Any]:
     }
     phases["round_trip_s"] = add(*phases.values())
     return phases
+
+
+def predict_with_offload_model(layout, calibration, device_name: str) -> dict[str, Any]:
+    """The `mat rlhf` offload model's prediction (`rlhf.offload`: bytes from theory, bandwidth from the calibration
+    or the GPU preset's host link) for the same state and moves, made before timing."""
+    from megatron_autotuner.rlhf.offload import load_state, model_state_bytes, offload_state
+    from megatron_autotuner.specs import get_gpu_spec
+    from megatron_autotuner.testbench.worker import gpu_preset_for
+
+    preset = gpu_preset_for(device_name)
+    if preset is None:
+        return {"error": f"no GPU preset for {device_name!r}"}
+    gpu = get_gpu_spec(preset)
+    state = model_state_bytes(layout.model_spec(), layout.parallel(), layout.workload())
+    off = offload_state("offload", state, gpu, calibration, params=True, optimizer=True)
+    load = load_state("load", state, gpu, calibration, params=True, grads=True, optimizer=True)
+    return {
+        "state": state.to_dict(),
+        "offload": off.to_dict(),
+        "load": load.to_dict(),
+        "round_trip_s": off.time_s + load.time_s,
+    }
 
 
 def offload_model(model: list) -> None:
@@ -215,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "adam_moments": "D2H/H2D .to(..., non_blocking=True): pinned on the host",
         },
         "predicted": predict(tensors, calibration),
+        "predicted_offload_model": predict_with_offload_model(layout, calibration, torch.cuda.get_device_name()),
         "predicted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     out["bytes"]["copied_each_way"] = sum(out["bytes"][k] for k in ("params", "master_params", "adam_moments"))
