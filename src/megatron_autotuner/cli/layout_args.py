@@ -151,13 +151,17 @@ def add_length_arguments(g: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "with --response-len, replaces --seq-len: sequences vary and are packed as verl's dynamic batching packs "
         "them (default: every sequence --seq-len tokens)",
     )
-    g.add_argument("--response-len", metavar="MEAN:MAX", help="RLHF response lengths in tokens, e.g. 1024:4096")
+    g.add_argument(
+        "--response-len",
+        metavar="MEAN:MAX",
+        help="RLHF response lengths in tokens, e.g. 1024:4096 (default: none; goes with --prompt-len)",
+    )
     g.add_argument(
         "--length-histogram",
         metavar="FILE",
         type=non_empty_path,
         help="whole-sequence lengths instead: JSON [[length, count], ...] or {\"length\": count}, or CSV lines "
-        "length,count",
+        "length,count (default: none)",
     )
 
 

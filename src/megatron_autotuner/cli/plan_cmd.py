@@ -38,8 +38,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "with the flags to change.",
         epilog="examples:\n"
         "  mat plan --model Llama-3.1-8B --gpu H100-SXM --num-gpus 8 --seq-len 8192 --global-batch-size 64\n"
-        "  mat plan --model Qwen3-30B-A3B --gpu H200 --num-gpus 16 --seq-len 4096 --global-batch-size 256 --top 3 "
-        "--no-chart\n"
         "  mat plan --megatron-args examples/llama31_8b_h100_8gpu.sh --gpu H100-SXM"
         "   # your run vs the best, and the flags to change\n"
         "  mat plan --model Qwen3-8B --gpu H100-SXM --num-gpus 8 --global-batch-size 256 --prompt-len 1024:2048 "
