@@ -10,6 +10,11 @@ PLAN = ["plan", "--model", "Qwen3-30B-A3B", "--gpu", "H100-SXM", "--num-gpus", "
 PLAN += ["--global-batch-size", "64", "--top", "2", "--no-chart", "--validate", "2"]
 
 
+def _as_if_one_gpu(monkeypatch):
+    """The launcher is stood in below, so no GPU is needed; nor does one measure anything: mat exits 1 for that."""
+    monkeypatch.setattr("megatron_autotuner.launch.devices.require_cuda_gpus", lambda *args, **kwargs: 1)
+
+
 def _calibration_file(tmp_path):
     path = tmp_path / "cal.json"
     doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
@@ -41,15 +46,16 @@ def test_plan_validate_predicts_with_the_plans_calibration_and_a_measured_floor(
 
     monkeypatch.setattr("megatron_autotuner.validate.launcher.run_layouts", make_output_folder)
     monkeypatch.setattr("megatron_autotuner.validate.host_floor.measure_host_floor", fake_measure)
+    _as_if_one_gpu(monkeypatch)
     cal = _calibration_file(tmp_path)
     argv = [*PLAN, "--calibration", str(cal), "--output-dir", str(tmp_path / "p")]
-    assert main([*argv, "--json"]) == 0
+    assert main([*argv, "--json"]) == 1  # nothing ran: "nothing measured"
     capsys.readouterr()
     assert len(seen["layouts"]) == 2 and seen["gpu"] == "H100-SXM"
     assert seen["calibration"].source == str(cal)  # the plan's calibration reaches the validation's predictions
     assert "measured_in" not in seen and seen["calibration"].moe_host_floors == ()
     seen.clear()
-    assert main([*argv, "--measure-host-floor", "--json"]) == 0
+    assert main([*argv, "--measure-host-floor", "--json"]) == 1
     assert seen["measured_in"] == tmp_path / "p" / "validate" / "host_floor"
     assert seen["calibration"].moe_host_floors == (measured,) and seen["calibration"].memory
 
@@ -64,9 +70,10 @@ def test_plan_validate_stand_in_runs_each_stage_of_the_candidates_on_one_gpu(tmp
         Path(out).mkdir(parents=True, exist_ok=True)
 
     monkeypatch.setattr("megatron_autotuner.validate.launcher.run_layouts", make_output_folder)
+    _as_if_one_gpu(monkeypatch)
     dense = ["plan", "--model", "Qwen3-8B", "--gpu", "H100-SXM", "--num-gpus", "16", "--seq-len", "4096",
              "--global-batch-size", "64", "--top", "2", "--no-chart", "--output-dir", str(tmp_path / "p")]  # fmt: skip
-    assert main([*dense, "--validate", "2", "--stand-in", "--json"]) == 0
+    assert main([*dense, "--validate", "2", "--stand-in", "--json"]) == 1  # nothing ran: "nothing measured"
     capsys.readouterr()
     assert seen["stand_in"] == "stages" and len(seen["layouts"]) == 2
     assert main([*dense, "--stand-in"]) == 2
