@@ -22,7 +22,7 @@ from megatron_autotuner.argspec.help_format import MatHelpFormatter, iter_comman
 from megatron_autotuner.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
-RUNNABLE = ("plan", "estimate", "theory", "models", "hardware", "trace", "overlap analyze")
+RUNNABLE = ("plan", "estimate", "theory", "models", "hardware", "trace", "overlap analyze", "rlhf")
 
 
 def all_parsers() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:

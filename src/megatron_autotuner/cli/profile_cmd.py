@@ -27,7 +27,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "   # list the cases, no GPU\n"
         "  mat profile --model Qwen3-8B --ops decoder --tp 1,2 --output-dir outputs/tb "
         "--calibration-out outputs/tb/calibration.json\n"
-        "  mat profile --case-file benchmarks/results/testbench_h200_x2/dense/cases.json --mode torch-profile\n"
         "  mat profile --mode copy-bandwidth --max-copy-gib 16 --calibration-out outputs/cal.json"
         "   # H2D / D2H GB/s, no model",
     )
