@@ -76,7 +76,8 @@ def validation_sets(root: Path) -> list[tuple[str, dict]]:
 
 
 def layout_text(layout: dict) -> str:
-    parts = [f"{layout['model']} L{layout['num_layers']}", f"tp{layout['tp']} pp{layout['pp']}"]
+    depth = "" if layout.get("num_layers") is None else f" L{layout['num_layers']}"  # None: the full model
+    parts = [f"{layout['model']}{depth}", f"tp{layout['tp']} pp{layout['pp']}"]
     if layout.get("vpp"):
         parts.append(f"vpp{layout['vpp']}")
     for key in ("cp", "ep"):
@@ -84,7 +85,10 @@ def layout_text(layout: dict) -> str:
             parts.append(f"{key}{layout[key]}")
     if layout.get("sequence_parallel"):
         parts.append("sp")
-    parts.append(f"s{layout['seq_length']} mbs{layout['micro_batch_size']} gbs{layout['global_batch_size']}")
+    if layout.get("max_token_len"):  # packed (THD) micro-batches of up to max_token_len tokens
+        parts.append(f"s{layout['seq_length']} tok{layout['max_token_len']} gbs{layout['global_batch_size']}")
+    else:
+        parts.append(f"s{layout['seq_length']} mbs{layout['micro_batch_size']} gbs{layout['global_batch_size']}")
     if layout.get("recompute", "none") != "none":
         parts.append(f"rc-{layout['recompute']}")
     parts.append(layout.get("precision", "bf16"))

@@ -32,7 +32,7 @@ echo "== 3. offload round trip ($(elapsed))"
 CAL_ARG=()
 [ -f "$OUT/copy_calibration.json" ] && CAL_ARG=(--calibration "$OUT/copy_calibration.json")
 timeout 300 $PY -m torch.distributed.run --standalone --nproc-per-node=1 "$HERE/offload_roundtrip.py" \
-  --model Qwen3-8B --num-layers 4 --seq-length 4096 --repeats 3 "${CAL_ARG[@]}" \
+  --model Qwen3-8B --num-layers 4 --seq-length 4096 --repeats 4 "${CAL_ARG[@]}" \
   --out "$EVIDENCE/offload_roundtrip.json" 2>&1 | tee "$OUT/offload.txt"
 cp "$OUT/offload.txt" "$EVIDENCE/offload_roundtrip.log"
 finish "$EVIDENCE"

@@ -1,0 +1,88 @@
+"""Packed (THD) micro-batches, host copies and the verl offload round trip on one H100
+(benchmarks/results/validation_h100_x1/rlhf_packing, README there; predictions were written before each run).
+The cost model of today re-predicts the committed layouts, so a change that moves a prediction is seen here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.costmodel.calibration import load_calibration
+from megatron_autotuner.validate.layout import load_layouts_file
+from megatron_autotuner.validate.predict import predict, predicted_allocated_gib
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/validation_h100_x1/rlhf_packing"
+
+
+@pytest.fixture(scope="module")
+def rows():
+    summary = json.loads((RESULTS / "packing/summary.json").read_text())
+    layouts, _ = load_layouts_file(RESULTS / "packing/layouts.json")
+    by_id = {lay.layout_id: lay for lay in layouts}
+    out = {}
+    for row in summary["rows"]:
+        assert row["status"] == "ok" and row["env"]["device"].startswith("NVIDIA H100")
+        now = predict(by_id[row["layout_id"]], "H100-SXM")
+        out[row["label"]] = (row, now)
+    assert len(out) == 8
+    return out
+
+
+def test_todays_model_still_predicts_what_was_written_before_the_runs(rows):
+    for row, now in rows.values():
+        assert now["step_time_s"] == pytest.approx(row["predicted"]["step_time_s"], rel=0.01)
+        assert now["peak_memory_gib"] == pytest.approx(row["predicted"]["peak_memory_gib"], rel=0.01)
+        # the packing the runner built is the one the model priced (verl's balancing, same seed)
+        assert now["num_microbatches"] == row["packing"][0]["num_microbatches"]
+        assert now["tokens_per_iteration"] == row["packing"][0]["tokens"]
+
+
+def test_allocated_memory_of_packed_micro_batches_is_predicted_within_3pct(rows):
+    """Largest micro-batch, weights, grads and optimizer: what the allocator hands out, train and forward."""
+    for row, now in rows.values():
+        assert predicted_allocated_gib(now) / row["measured"]["max_allocated_gib"] - 1 == pytest.approx(0, abs=0.03)
+
+
+def test_gpu_bound_packed_steps_are_predicted_within_2pct(rows):
+    for label, (row, now) in rows.items():
+        if label.startswith("L3-8B.L4"):
+            assert now["step_time_s"] / row["measured"]["step_time_s"] - 1 == pytest.approx(0, abs=0.02)
+
+
+def test_known_misses_stay_visible(rows):
+    """Pinned misses (README): forward-only reserved memory is under-predicted (the caching allocator keeps one
+    more fp32-logits block when the packed micro-batches differ in size), and Qwen3-0.6B at 8k tokens per
+    micro-batch is host-bound (issue #27)."""
+    for label, (row, _) in rows.items():
+        reserved_err = row["error_rel"]["reserved_memory"]
+        if label.endswith("forward"):
+            assert reserved_err < -0.2
+        else:
+            assert reserved_err > -0.15
+    assert rows["Q3-0.6B packed8k train"][0]["error_rel"]["step_time"] < -0.3
+
+
+def test_host_copies_pinned_vs_pageable_and_the_calibration_reads_them():
+    cal = load_calibration(RESULTS / "copy_bandwidth/copy_calibration.json")
+    gib = 1 << 30
+    for direction in ("h2d", "d2h"):
+        pinned = cal.host_copy_gbps(direction, True, 4 * gib)
+        pageable = cal.host_copy_gbps(direction, False, 4 * gib)
+        assert 45 < pinned < 64  # PCIe Gen5 x16: 63 GB/s per direction at most
+        assert pageable < pinned / 3
+    # a size between two measured ones interpolates between them
+    small, big = cal.host_copy_gbps("h2d", True, 1 << 20), cal.host_copy_gbps("h2d", True, 64 << 20)
+    assert min(small, big) <= cal.host_copy_gbps("h2d", True, 8 << 20) <= max(small, big)
+
+
+def test_offload_round_trip_optimizer_state_is_predicted_within_10pct_params_not_yet():
+    doc = json.loads((RESULTS / "offload_roundtrip.json").read_text())
+    assert doc["state_restored"] and len(doc["runs"]) == 4  # the first round trip (pinning) is reported apart
+    predicted, measured = doc["predicted_offload_model"], doc["measured"]
+    copies = {(phase, c["tensor"]): c["time_s"] for phase in ("offload", "load") for c in predicted[phase]["copies"]}
+    assert copies[("offload", "optimizer")] / measured["offload_optimizer_s"] - 1 == pytest.approx(0, abs=0.1)
+    assert copies[("load", "optimizer")] / measured["load_optimizer_s"] - 1 == pytest.approx(0, abs=0.1)
+    # the bf16 params (4 GB) take ~0.4 s each way where a pinned copy takes 0.07 s: not explained yet (README)
+    assert measured["offload_model_s"] > 4 * copies[("offload", "params")]
