@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from megatron_autotuner.export.bridge import MegatronArgs, bridge_overrides, bridge_overrides_yaml, layout_num_stages
-from megatron_autotuner.export.verl import verl_override_lines, verl_overrides, verl_overrides_yaml
+from megatron_autotuner.export.verl import MCORE_LAYOUT_KEYS, verl_override_lines, verl_overrides, verl_overrides_yaml
 
 # The brief's example launch (Megatron-LM argparse dests and values).
 EXAMPLE: dict = {
@@ -411,15 +411,6 @@ def _engine_worker_configs(cfg, omega_conf_to_dataclass):
     return actor, ref
 
 
-LAYOUT_KEYS = (
-    "tensor_model_parallel_size",
-    "pipeline_model_parallel_size",
-    "virtual_pipeline_model_parallel_size",
-    "context_parallel_size",
-    "sequence_parallel",
-    "expert_model_parallel_size",
-    "expert_tensor_parallel_size",
-)
 
 
 @pytest.mark.parametrize(
@@ -433,7 +424,7 @@ def test_verl_train_lines_pass_verl_validation(verl_env, args, max_token_len):
     validate(cfg)
     actor, ref = _engine_worker_configs(cfg, to_dataclass)
     expected = verl_overrides(args, mode="train", max_token_len=max_token_len)["actor_rollout_ref"]
-    for key in LAYOUT_KEYS:
+    for key in MCORE_LAYOUT_KEYS:
         assert getattr(actor.megatron, key) == expected["actor"]["megatron"][key]
         assert getattr(ref.megatron, key) == getattr(actor.megatron, key), key
     # the reference model reads the actor's transformer overrides (ref/megatron_ref.yaml interpolation)

@@ -1,6 +1,7 @@
 """A sweep's ranks end when `mat` ends, however it ends, and a second sweep cannot write into a folder a live
 one owns. Real `mat validate --device cpu` jobs (torchrun, 2 gloo ranks, megatron-core local spec)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -57,24 +58,35 @@ def _wait(condition, timeout_s: float, poll_s: float = 0.5) -> bool:
     return condition()
 
 
-def test_kill_9_of_mat_leaves_no_rank_alive_and_a_live_sweep_keeps_its_folder(hanging_sweep):
-    cmd, env, out = hanging_sweep
+@contextlib.contextmanager
+def _hung_sweep(cmd: list[str], env: dict[str, str], out: Path):
+    """The running sweep (both ranks hung in the layout); killed at the end whatever the test did."""
     mat = _start_hung(cmd, env, out)
     try:
+        yield mat
+    finally:
+        if mat.poll() is None:
+            mat.kill()
+            mat.wait()
+
+
+def _kill_9_leaves_no_rank(mat: subprocess.Popen, out: Path) -> None:
+    """SIGKILL mat: torchrun (SIGTERM from prctl) and its ranks (owner watchdog) end within seconds."""
+    mat.send_signal(signal.SIGKILL)
+    mat.wait()
+    assert _wait(lambda: processes_mentioning(str(out)) == [], 30), processes_mentioning(str(out))
+
+
+def test_kill_9_of_mat_leaves_no_rank_alive_and_a_live_sweep_keeps_its_folder(hanging_sweep):
+    cmd, env, out = hanging_sweep
+    with _hung_sweep(cmd, env, out) as mat:
         # a second sweep into the same folder is refused while the first is alive
         second = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
         assert second.returncode == 2
         lines = second.stderr.strip().splitlines()
         assert len(lines) == 1 and "in use by a running mat validate" in lines[0], second.stderr
-        mat.send_signal(signal.SIGKILL)
-        mat.wait()
-        # torchrun (SIGTERM from prctl) and its ranks (owner watchdog) end within seconds
-        assert _wait(lambda: processes_mentioning(str(out)) == [], 30), processes_mentioning(str(out))
-    finally:
-        if mat.poll() is None:
-            mat.kill()
-            mat.wait()
-    # the dead owner's lock does not block the next sweep: it is taken over
+        _kill_9_leaves_no_rank(mat, out)
+    # the lock still names the dead mat; the next sweep takes it over (tests/launch/test_lock.py)
     lock = json.loads((out / ".mat.lock").read_text())
     assert lock["owner"].split(":")[0] == str(mat.pid)
 
@@ -83,20 +95,13 @@ def test_kill_9_of_torchrun_alone_still_ends_the_ranks_with_mat(hanging_sweep):
     """SIGKILL reaches torchrun before it can stop its workers; each rank then sees its owner (mat) still
     alive and keeps going, until mat ends too: then the watchdog ends it."""
     cmd, env, out = hanging_sweep
-    mat = _start_hung(cmd, env, out)
-    try:
+    with _hung_sweep(cmd, env, out) as mat:
         agents = [p for p in processes_mentioning(str(out)) if "torch.distributed.run" in p]
         assert agents
         torchrun = next(int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit() and _cmdline(d) == agents[0])
         os.kill(torchrun, signal.SIGKILL)
         time.sleep(2)
-        mat.send_signal(signal.SIGKILL)
-        mat.wait()
-        assert _wait(lambda: processes_mentioning(str(out)) == [], 30), processes_mentioning(str(out))
-    finally:
-        if mat.poll() is None:
-            mat.kill()
-            mat.wait()
+        _kill_9_leaves_no_rank(mat, out)
 
 
 def _cmdline(proc_dir: Path) -> str:
