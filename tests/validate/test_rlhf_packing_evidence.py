@@ -11,7 +11,7 @@ import pytest
 
 from megatron_autotuner.costmodel.calibration import load_calibration
 from megatron_autotuner.validate.layout import load_layouts_file
-from megatron_autotuner.validate.predict import predict, predicted_allocated_gib
+from megatron_autotuner.validate.predict import predict, predicted_allocated_gib, predicted_reserved_gib
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/validation_h100_x1/rlhf_packing"
 
@@ -33,7 +33,9 @@ def rows():
 def test_todays_model_still_predicts_what_was_written_before_the_runs(rows):
     for row, now in rows.values():
         assert now["step_time_s"] == pytest.approx(row["predicted"]["step_time_s"], rel=0.01)
-        assert now["peak_memory_gib"] == pytest.approx(row["predicted"]["peak_memory_gib"], rel=0.01)
+        # allocated, not the peak: the stored peak is what was predicted before the runs, without the packed
+        # logits hole of forward-only passes (`theory.allocator`) added since
+        assert predicted_allocated_gib(now) == pytest.approx(predicted_allocated_gib(row["predicted"]), rel=0.01)
         # the packing the runner built is the one the model priced (verl's balancing, same seed)
         assert now["num_microbatches"] == row["packing"][0]["num_microbatches"]
         assert now["tokens_per_iteration"] == row["packing"][0]["tokens"]
@@ -51,16 +53,28 @@ def test_gpu_bound_packed_steps_are_predicted_within_2pct(rows):
             assert now["step_time_s"] / row["measured"]["step_time_s"] - 1 == pytest.approx(0, abs=0.02)
 
 
-def test_known_misses_stay_visible(rows):
-    """Pinned misses (README): forward-only reserved memory is under-predicted (the caching allocator keeps one
-    more fp32-logits block when the packed micro-batches differ in size), and Qwen3-0.6B at 8k tokens per
-    micro-batch is host-bound (issue #27)."""
-    for label, (row, _) in rows.items():
-        reserved_err = row["error_rel"]["reserved_memory"]
+def test_reserved_memory_with_the_packed_logits_hole(rows):
+    """Forward-only: the caching allocator keeps one more logits segment when a packed micro-batch is larger than
+    the ones before it (`theory.allocator` replays its large pool): predicted before the runs 26-46% under,
+    now within 8%. Training has no such term (its stored activations fill those blocks): unchanged, -1..-14%."""
+    for label, (row, now) in rows.items():
+        before = row["error_rel"]["reserved_memory"]
+        after = predicted_reserved_gib(now) / row["measured"]["max_reserved_gib"] - 1
         if label.endswith("forward"):
-            assert reserved_err < -0.2
+            assert before < -0.2
+            assert after == pytest.approx(0, abs=0.08)
+            assert now["memory_breakdown_gib"]["allowance"] > row["predicted"]["memory_breakdown_gib"]["allowance"]
         else:
-            assert reserved_err > -0.15
+            assert before > -0.15
+            assert after == pytest.approx(before, abs=0.005)
+
+
+def test_known_misses_stay_visible(rows):
+    """Pinned misses (README): Qwen3-0.6B at 8k tokens per micro-batch is host-bound (issue #27), and training
+    reserved memory of Qwen3-0.6B at 16k tokens is 14% under (12.5 GiB reserved unallocated; not modelled)."""
+    _, now = rows["Q3-0.6B packed16k train"]
+    row = rows["Q3-0.6B packed16k train"][0]
+    assert predicted_reserved_gib(now) / row["measured"]["max_reserved_gib"] - 1 < -0.1
     assert rows["Q3-0.6B packed8k train"][0]["error_rel"]["step_time"] < -0.3
 
 
