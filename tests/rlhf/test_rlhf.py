@@ -16,9 +16,10 @@ from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.export.bridge import MegatronArgs
 from megatron_autotuner.export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
 from megatron_autotuner.rlhf import (
-    SequenceLengths,
+    Batching,
     evaluate_step,
     launch_inputs,
+    launch_lengths,
     model_from_launch,
     read_verl_file,
     read_verl_text,
@@ -31,8 +32,11 @@ from megatron_autotuner.rlhf.offload import (
     model_state_bytes,
     offload_state,
 )
+from megatron_autotuner.rlhf.phases import pass_workload
 from megatron_autotuner.rlhf.verl_args import VERL_DEFAULTS
-from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec, load_model_spec
+from megatron_autotuner.search.space import token_budget_choices
+from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
+from megatron_autotuner.specs.lengths import SequenceLengths
 from megatron_autotuner.theory.memory import memory_per_stage
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,8 +119,11 @@ def test_example_launch_reads(example_inputs, qwen8b):
     assert launch.layout("ref") == launch.layout("actor")  # ref interpolates the actor's
     assert launch.use_reference and not launch.use_critic  # grpo + KL loss
     s = inputs.spec
-    assert s.sequences == 2048 and s.lengths.max_total == 1024 + 4096
+    assert s.sequences == 2048 and s.lengths.max_tokens == 1024 + 4096
+    # only the maxima are known: the means are assumed equal to them, and the notes say so
+    assert s.lengths == SequenceLengths.from_mean_max((1024.0, 1024), (4096.0, 4096))
     assert s.tokens_per_step == 2048 * 5120
+    assert any("assumed = the maximum" in n and "--mean-prompt-len / --mean-response-len" in n for n in inputs.notes)
     assert inputs.choice.param_offload and inputs.choice.optimizer_offload
     model, note = model_from_launch(launch, None)
     assert model.name == qwen8b.name and "Qwen/Qwen3-8B" in note
@@ -215,11 +222,43 @@ def test_offload_trades_time_for_rollout_memory(example_inputs):
 
 def test_mean_lengths_shorten_the_step(example_inputs, qwen8b):
     launch, inputs = example_inputs
-    short = launch_inputs(launch, qwen8b, 8, None, SequenceLengths(512.0, 1500.0, 1024, 4096))
+    short = launch_inputs(launch, qwen8b, 8, None, mean_prompt_len=512.0, mean_response_len=1500.0)
+    assert short.spec.lengths == SequenceLengths.from_mean_max((512.0, 1024), (1500.0, 4096))
+    assert not any("assumed" in n for n in short.notes)
     assert (
         evaluate_step(short.spec, short.choice, H100, short.options).total_s
         < evaluate_step(inputs.spec, inputs.choice, H100, inputs.options).total_s
     )
+
+
+def test_launch_lengths_name_the_assumed_mean_and_reject_a_mean_above_the_max(example_inputs):
+    launch, _ = example_inputs
+    lengths, note = launch_lengths(launch, None, 2500.0)
+    assert (lengths.prompt.mean_tokens, lengths.response.mean_tokens) == (1024.0, 2500.0)
+    assert "mean prompt length assumed = the maximum" in note and "--mean-prompt-len" in note
+    assert "response" not in note.split("tokens")[0]
+    with pytest.raises(ConfigError, match="^mean_response_len: .*above max 4096.*data.max_response_length"):
+        launch_lengths(launch, None, 5000.0)
+
+
+def test_dynamic_passes_are_packed_workloads_of_the_lengths(example_inputs):
+    """With dynamic batching a pass is one Workload of the step's lengths, packed into max_token_len = the
+    per-GPU budget x CP (time and memory from the same packing); fixed micro-batches have no lengths."""
+    _, inputs = example_inputs
+    s = inputs.spec
+    lengths = SequenceLengths.from_mean_max((512.0, 1024), (1500.0, 4096))
+    p = ParallelConfig(8, tp=2, cp=2, sequence_parallel=True)
+    dyn = Batching(max_token_len_per_gpu=5120, key="k")
+    w = pass_workload(dyn, p, lengths, s.sequences, "forward", RecomputeConfig("full"), False)
+    assert w.lengths is lengths and w.max_token_len == 10240 and w.seq_length == 5120
+    assert w.recompute == RecomputeConfig()  # a forward pass keeps nothing for a backward
+    assert pass_workload(dyn, p, lengths, s.sequences, "forward", RecomputeConfig(), True) == w
+    with pytest.raises(ConfigError, match="^k: .*below the longest sequence"):
+        pass_workload(Batching(max_token_len_per_gpu=2048, key="k"), p, lengths, 64, "train", RecomputeConfig(), True)
+    fixed = Batching(micro_batch_size=2, key="m")
+    timed = pass_workload(fixed, p, lengths, 64, "train", RecomputeConfig(), False)
+    peak = pass_workload(fixed, p, lengths, 64, "train", RecomputeConfig(), True)
+    assert timed.lengths is None and (timed.seq_length, peak.seq_length) == (2012, 5120)
 
 
 def test_search_keeps_one_shared_layout_and_fits_every_phase(example_inputs):
@@ -227,8 +266,17 @@ def test_search_keeps_one_shared_layout_and_fits_every_phase(example_inputs):
     ranked = search_step(inputs.spec, inputs.choice, H100, replace(inputs.options, overlap_grad_reduce=True), 3)
     assert ranked and all(r.fits for r in ranked)
     assert [r.total_s for r in ranked] == sorted(r.total_s for r in ranked)
+    budgets = token_budget_choices(inputs.spec.lengths.max_tokens)
     for r in ranked:  # actor update, old and ref log-prob are costed on the one layout
-        assert r.choice.parallel.num_gpus == 8 and not r.choice.parallel.tp_comm_overlap
+        c = r.choice
+        assert c.parallel.num_gpus == 8 and not c.parallel.tp_comm_overlap
+        # the actor's token budget is the one search.plan chose for the layout, with its reason
+        assert c.actor_batching.max_token_len_per_gpu * c.parallel.cp in budgets
+        assert any(n.startswith("actor max_token_len ") for n in r.notes)
+        # the log-prob passes' own budget comes from the same candidates, one for both passes
+        old, ref = c.old_log_prob_batching, c.ref_log_prob_batching
+        assert old.max_token_len_per_gpu == ref.max_token_len_per_gpu
+        assert old.max_token_len_per_gpu * c.parallel.cp in budgets
 
 
 # ---------------------------------------------------------------------------------------------------------------

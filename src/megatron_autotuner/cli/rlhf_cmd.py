@@ -15,7 +15,6 @@ from ..export import megatron_args
 from ..export.verl import override_lines, verl_step_overrides
 from ..files import ensure_output_dir
 from ..rlhf import (
-    SequenceLengths,
     evaluate_step,
     launch_inputs,
     model_from_launch,
@@ -75,12 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mean-prompt-len",
         type=positive_float,
-        help="mean prompt tokens (default: data.max_prompt_length, an upper bound on time)",
+        help="mean prompt tokens; lengths are drawn around it up to data.max_prompt_length and packed as verl "
+        "packs them (default: data.max_prompt_length, every prompt at its longest: an upper bound on time)",
     )
     p.add_argument(
         "--mean-response-len",
         type=positive_float,
-        help="mean response tokens (default: data.max_response_length, an upper bound on time)",
+        help="mean response tokens, up to data.max_response_length (default: data.max_response_length, every "
+        "response at its longest: an upper bound on time)",
     )
     p.add_argument(
         "--calibration",
@@ -98,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--top-k",
         type=positive_int,
         default=6,
-        help="actor layouts per token budget (ranked by search.plan) whose whole step is evaluated",
+        help="actor layouts (ranked by search.plan, each with the token budget it chose) whose whole step is evaluated",
     )
     p.add_argument("--output-dir", type=non_empty_path, help="also write rlhf.json and verl_overrides.txt there")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -126,13 +127,12 @@ def run(args: argparse.Namespace) -> int:
     gpu = gpu_from_args(args)
     launch = read_verl_file(args.verl_args)
     model, model_note = model_from_launch(launch, args.model)
-    lengths = None
-    if args.mean_prompt_len is not None or args.mean_response_len is not None:
-        mp, mr = launch.integer("max_prompt_length"), launch.integer("max_response_length")
-        lengths = SequenceLengths(args.mean_prompt_len or float(mp), args.mean_response_len or float(mr), mp, mr)
     calibration = load_calibration(args.calibration) if args.calibration else None
     out_dir = ensure_output_dir(args.output_dir) if args.output_dir else None
-    inputs = launch_inputs(launch, model, args.num_gpus, args.rollout_s, lengths, calibration, args.memory_margin)
+    inputs = launch_inputs(
+        launch, model, args.num_gpus, args.rollout_s, None, calibration, args.memory_margin,
+        mean_prompt_len=args.mean_prompt_len, mean_response_len=args.mean_response_len,
+    )  # fmt: skip
     user = evaluate_step(inputs.spec, inputs.choice, gpu, inputs.options)
     user = replace(user, notes=user.notes + inputs.notes + ((model_note,) if model_note else ()))
     # the overrides mat writes turn grad-reduce overlap on (export.verl writes override_ddp_config)
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(
         f"[bold]{model.name}[/bold] verl step on {s.num_gpus} x {gpu.name}: {s.train_batch_size} prompts x "
         f"n={s.rollout_n} = {s.sequences} sequences, "
-        f"prompt <= {s.lengths.max_prompt} / response <= {s.lengths.max_response} tokens"
+        f"prompt <= {s.lengths.prompt.max_tokens} / response <= {s.lengths.response.max_tokens} tokens"
     )
     for note in user.notes:
         out.print(f"note: {note}")

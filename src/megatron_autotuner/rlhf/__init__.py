@@ -4,9 +4,9 @@ offload around them: per-phase time and peak memory, the one layout colocated ac
     from megatron_autotuner.rlhf import read_verl_file, launch_inputs, evaluate_step, search_step
 """
 
-from .launch import LaunchInputs, launch_inputs, model_from_launch
+from .launch import LaunchInputs, launch_inputs, launch_lengths, model_from_launch
 from .offload import ModelStateBytes, during_rollout, host_copy_gbps, model_state_bytes
-from .phases import Batching, Phase, SequenceLengths, weight_sync
+from .phases import Batching, Phase, weight_sync
 from .step import StepChoice, StepResult, StepSpec, evaluate_step, search_step, step_report
 from .verl_args import VerlLaunch, read_verl_file, read_verl_text
 
@@ -15,7 +15,6 @@ __all__ = [
     "LaunchInputs",
     "ModelStateBytes",
     "Phase",
-    "SequenceLengths",
     "StepChoice",
     "StepResult",
     "StepSpec",
@@ -24,6 +23,7 @@ __all__ = [
     "evaluate_step",
     "host_copy_gbps",
     "launch_inputs",
+    "launch_lengths",
     "model_from_launch",
     "model_state_bytes",
     "read_verl_file",

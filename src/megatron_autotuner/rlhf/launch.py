@@ -10,10 +10,11 @@ from typing import Any
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions
 from ..errors import ConfigError, SpecNotFoundError
 from ..export.verl import VERL_KEYS
+from ..specs.lengths import SequenceLengths
 from ..specs.loader import load_model_spec
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig
-from .phases import Batching, SequenceLengths
+from .phases import Batching
 from .step import StepChoice, StepSpec
 from .verl_args import DDP_READ, TRANSFORMER_READ, VerlLaunch
 
@@ -45,6 +46,35 @@ def model_from_launch(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelS
             return load_model_spec(tail), f"{key}={path} read as the preset {tail} (no config.json there)"
         except SpecNotFoundError:
             raise ConfigError(key, f"{path!r} is not a preset, a config path or a cached HF id: give --model") from None
+
+
+def launch_lengths(
+    launch: VerlLaunch, mean_prompt_len: float | None = None, mean_response_len: float | None = None
+) -> tuple[SequenceLengths, str | None]:
+    """Prompt and response lengths of a launch: data.max_prompt_length / data.max_response_length are the maxima
+    (verl truncates or filters longer ones), the means are given (`mat rlhf --mean-prompt-len / --mean-response-len`)
+    or, when not, assumed equal to the maxima -- every sequence at its longest, an upper bound on time and memory,
+    the only mean the launch itself implies. Returns the lengths and a note naming the means assumed (None when
+    both were given)."""
+    maxima = {"prompt": launch.integer("max_prompt_length"), "response": launch.integer("max_response_length")}
+    given = {"prompt": mean_prompt_len, "response": mean_response_len}
+    assumed = [name for name, mean in given.items() if mean is None]
+    means = {name: float(maxima[name]) if given[name] is None else float(given[name]) for name in maxima}
+    try:
+        lengths = SequenceLengths.from_mean_max(
+            (means["prompt"], maxima["prompt"]), (means["response"], maxima["response"])
+        )
+    except ConfigError as exc:
+        name = "prompt" if exc.field.startswith("prompt") else "response"
+        raise ConfigError(f"mean_{name}_len", f"{exc.rule} ({VERL_KEYS[f'max_{name}_length']})") from None
+    if not assumed:
+        return lengths, None
+    said = ", ".join(f"{name} {maxima[name]} ({VERL_KEYS[f'max_{name}_length']})" for name in assumed)
+    flags = " / ".join(f"--mean-{name}-len" for name in assumed)
+    return lengths, (
+        f"mean {' and '.join(assumed)} length assumed = the maximum: {said} tokens, every sequence at its longest "
+        f"(an upper bound on time); give {flags} for the real mean"
+    )
 
 
 def _batching(launch: VerlLaunch, dynamic_name: str, budget_name: str, micro_name: str) -> Batching:
@@ -96,10 +126,13 @@ def launch_inputs(
     lengths: SequenceLengths | None = None,
     calibration: Any = None,
     memory_margin: float = DEFAULT_MEMORY_MARGIN,
+    *,
+    mean_prompt_len: float | None = None,
+    mean_response_len: float | None = None,
 ) -> LaunchInputs:
-    """The step model's inputs from a launch. `lengths`: token lengths (default: data.max_prompt_length /
-    data.max_response_length as both means and maxima); `num_gpus`: the GPUs (default trainer.n_gpus_per_node x
-    trainer.nnodes; a different value given on the command line is an error)."""
+    """The step model's inputs from a launch. `lengths`: token lengths (`specs.lengths.SequenceLengths`; default
+    `launch_lengths` of the launch's maxima and `mean_prompt_len` / `mean_response_len`); `num_gpus`: the GPUs
+    (default trainer.n_gpus_per_node x trainer.nnodes; a different value given on the command line is an error)."""
     notes: list[str] = []
     launch_gpus = launch.num_gpus
     if num_gpus is None:
@@ -110,9 +143,9 @@ def launch_inputs(
             f"{num_gpus} differs from the launch's trainer.n_gpus_per_node x trainer.nnodes = {launch_gpus}",
         )
     if lengths is None:
-        lengths = SequenceLengths.from_maxima(
-            launch.integer("max_prompt_length"), launch.integer("max_response_length")
-        )
+        lengths, note = launch_lengths(launch, mean_prompt_len, mean_response_len)
+        if note:
+            notes.append(note)
     ddp = launch.pass_through("actor_ddp_overrides")
     otc = launch.pass_through("actor_transformer_overrides")
     unknown_ddp = sorted(k for k in ddp if k not in DDP_READ and k != "bucket_size")
@@ -184,4 +217,4 @@ def launch_inputs(
     return LaunchInputs(spec, choice, options, tuple(notes))
 
 
-__all__ = ["LaunchInputs", "TRANSFORMER_READ", "launch_inputs", "model_from_launch"]
+__all__ = ["LaunchInputs", "TRANSFORMER_READ", "launch_inputs", "launch_lengths", "model_from_launch"]

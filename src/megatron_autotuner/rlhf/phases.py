@@ -11,8 +11,10 @@ passes run forward over all S sequences. With dynamic batching a micro-batch pac
 x CP tokens (verl multiplies by CP, see `export.verl._token_budget`) and verl never splits a sequence
 (verl/utils/seqlen_balancing.py rearrange_micro_batches asserts max_token_len >= the longest sequence).
 
-Each pass is `costmodel.estimate` of a Workload: time at the mean sequence length (`SequenceLengths`), memory at
-the longest sequence; then the state other engines leave resident on the GPU is added to the peak.
+Each pass is `costmodel.estimate` of a Workload (`pass_workload`): with dynamic batching the step's sequences are
+drawn from `specs.lengths.SequenceLengths` and packed as verl packs them (time from the packed tokens, sum s^2 and
+padding; memory from the largest micro-batch); with fixed micro-batches time at the mean length and memory at the
+longest. Then the state other engines leave resident on the GPU is added to the peak.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..costmodel.compute import memory_bound_time_s
 from ..costmodel.estimate import CostOptions, Estimate, estimate
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
+from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload
 from ..theory.memory import BF16_BYTES, GIB
@@ -32,49 +35,6 @@ from ..theory.params import ParameterCounts, stage_parameters
 from .offload import Transition
 
 MIB = 2**20
-
-
-@dataclass(frozen=True)
-class SequenceLengths:
-    """Tokens per prompt and per response: means (what time scales with) and maxima (what memory and verl's
-    token-budget check see). `from_maxima` uses verl's data.max_prompt_length / data.max_response_length for both,
-    an upper bound on time; give measured means (or a length distribution's) when known."""
-
-    mean_prompt: float
-    mean_response: float
-    max_prompt: int
-    max_response: int
-
-    def __post_init__(self) -> None:
-        for name in ("max_prompt", "max_response"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ConfigError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
-        if not 0 < self.mean_prompt <= self.max_prompt:
-            raise ConfigError("mean_prompt", f"must be in (0, max_prompt={self.max_prompt}], got {self.mean_prompt}")
-        if not 0 < self.mean_response <= self.max_response:
-            raise ConfigError(
-                "mean_response", f"must be in (0, max_response={self.max_response}], got {self.mean_response}"
-            )
-
-    @classmethod
-    def from_maxima(cls, max_prompt: int, max_response: int) -> SequenceLengths:
-        return cls(float(max_prompt), float(max_response), max_prompt, max_response)
-
-    @property
-    def mean_total(self) -> int:
-        return max(1, round(self.mean_prompt + self.mean_response))
-
-    @property
-    def max_total(self) -> int:
-        return self.max_prompt + self.max_response
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "mean_prompt": self.mean_prompt,
-            "mean_response": self.mean_response,
-            "max_prompt": self.max_prompt,
-            "max_response": self.max_response,
-        }
 
 
 @dataclass(frozen=True)
@@ -104,20 +64,25 @@ def pass_workload(
     recompute: RecomputeConfig,
     for_memory: bool,
 ) -> Workload:
-    """The Workload of one pass over `sequences` sequences: seq_length is the mean length (time) or the longest
-    (memory); max_token_len = verl's per-GPU budget x CP."""
-    seq = lengths.max_total if for_memory else lengths.mean_total
+    """The Workload of one pass over `sequences` sequences.
+
+    Dynamic batching: the sequences are `lengths` (`specs.lengths.SequenceLengths`), packed into micro-batches of
+    max_token_len = verl's per-GPU budget x CP as verl packs them, so one Workload prices both time (the packed
+    tokens, sum s^2, padding) and memory (the largest micro-batch); `for_memory` does not matter.
+    Fixed micro-batches (`micro_batch_size`): `Workload.lengths` needs a token budget, so every sequence is taken
+    at the mean length (`for_memory` False: time) or at the longest (True: memory)."""
     recompute = recompute if mode == "train" else RecomputeConfig()
     if batching.dynamic:
         budget = int(batching.max_token_len_per_gpu) * parallel.cp
-        if budget < lengths.max_total:
+        if budget < lengths.max_tokens:
             raise ConfigError(
                 batching.key,
                 f"{batching.max_token_len_per_gpu} x cp {parallel.cp} = {budget} tokens is below the longest "
-                f"sequence ({lengths.max_total} = max prompt + max response): verl asserts max_token_len >= the "
+                f"sequence ({lengths.max_tokens} = max prompt + max response): verl asserts max_token_len >= the "
                 "longest sequence (seqlen_balancing.py rearrange_micro_batches)",
             )
-        return Workload(seq, 1, sequences, recompute, "bf16", mode, budget)
+        return Workload(lengths.max_tokens, 1, sequences, recompute, "bf16", mode, budget, lengths=lengths)
+    seq = lengths.max_tokens if for_memory else max(1, round(lengths.mean_tokens))
     return Workload(seq, int(batching.micro_batch_size), sequences, recompute, "bf16", mode)
 
 
@@ -158,16 +123,14 @@ def pass_cost(
     gpu: GPUSpec,
     options: CostOptions,
 ) -> tuple[Estimate, Estimate]:
-    """(estimate at the mean length: time, estimate at the longest: memory) of one pass."""
-    timed = estimate(
-        model, parallel, pass_workload(batching, parallel, lengths, sequences, mode, recompute, False), gpu, options
-    )
-    if lengths.mean_total == lengths.max_total:
+    """(estimate for time, estimate for memory) of one pass: one packed estimate with dynamic batching, the mean
+    and the longest length with fixed micro-batches (`pass_workload`)."""
+    timed_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, False)
+    timed = estimate(model, parallel, timed_w, gpu, options)
+    peak_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, True)
+    if peak_w == timed_w:
         return timed, timed
-    peak = estimate(
-        model, parallel, pass_workload(batching, parallel, lengths, sequences, mode, recompute, True), gpu, options
-    )
-    return timed, peak
+    return timed, estimate(model, parallel, peak_w, gpu, options)
 
 
 @dataclass(frozen=True)
@@ -242,7 +205,6 @@ def transition_phase(name: str, transitions: list[Transition], peak_gib: float, 
 __all__ = [
     "Batching",
     "Phase",
-    "SequenceLengths",
     "WeightSync",
     "model_parameter_counts",
     "pass_cost",

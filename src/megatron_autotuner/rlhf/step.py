@@ -3,8 +3,11 @@ search for the layout that makes the whole step fastest.
 
 verl's rule: colocated actor and reference model run with one parallel layout (the ref's sizes interpolate the
 actor's, `export.verl`), so a layout is chosen once for actor update, old log-prob and ref log-prob. The search
-ranks actor-update layouts with `search.plan` (memory-pruned, fastest first), evaluates the whole step for the best
-`top_k` of each token budget and each offload choice, and keeps the fastest step whose every phase fits.
+ranks actor-update layouts with `search.plan` (memory-pruned, fastest first; with dynamic batching over the step's
+`specs.lengths.SequenceLengths`, each layout with the token budget `search.plan` chose for it), evaluates the whole
+step for the best `top_k` and each offload choice, and keeps the fastest step whose every phase fits. The log-prob
+passes have their own budget in verl (log_prob_max_token_len_per_gpu): with dynamic batching it is chosen per
+layout from the same candidates (`search.space.token_budget_choices`), the fastest whose phases fit.
 The critic (PPO) keeps the launch's own layout: it is a separate engine and is not searched.
 
 Time of the step = sum of the phases' times (they run one after another on the same GPUs); the rollout's
@@ -20,7 +23,9 @@ from .. import SCHEMA_VERSION, __version__
 from ..costmodel.estimate import CostOptions
 from ..errors import ConfigError
 from ..search.plan import plan
+from ..search.space import token_budget_choices
 from ..specs.hardware import GPUSpec
+from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig
 from ..theory.memory import GIB, default_non_torch_gib
@@ -33,7 +38,7 @@ from .offload import (
     ref_transitions,
     ref_weights_bytes,
 )
-from .phases import Batching, Phase, SequenceLengths, pass_cost, pass_workload, transition_phase, weight_sync
+from .phases import Batching, Phase, pass_cost, pass_workload, transition_phase, weight_sync
 
 MIB = 2**20
 
@@ -97,8 +102,8 @@ class StepSpec:
 
     @property
     def tokens_per_step(self) -> float:
-        """Global tokens: prompts x n x (mean prompt + mean response)."""
-        return self.sequences * (self.lengths.mean_prompt + self.lengths.mean_response)
+        """Global tokens: prompts x n x the mean sequence length (prompt + response)."""
+        return self.sequences * self.lengths.mean_tokens
 
 
 @dataclass(frozen=True)
@@ -353,10 +358,6 @@ def evaluate_step(
     notes = []
     if spec.rollout_s is None:
         notes.append("rollout generation time not included (give --rollout-s); the total is the training side")
-    if spec.lengths.mean_total == spec.lengths.max_total:
-        notes.append(
-            "sequence lengths at their maxima (data.max_prompt_length + data.max_response_length): an upper bound"
-        )
     return StepResult(spec, choice, tuple(phases), actor, tuple(notes))
 
 
@@ -367,9 +368,57 @@ def with_offload(choice: StepChoice, param: bool, optimizer: bool) -> StepChoice
     return replace(choice, param_offload=param, optimizer_offload=optimizer, ref_param_offload=param)
 
 
-def best_offload(spec: StepSpec, choice: StepChoice, gpu: GPUSpec, options: CostOptions) -> StepResult | None:
+def with_log_prob_budget(choice: StepChoice, max_token_len: int) -> StepChoice:
+    """`choice` with the dynamic log-prob passes packing `max_token_len` tokens per micro-batch (before the CP
+    split; verl's per-GPU value is that / CP, as `export.verl` writes it)."""
+    per_gpu = max_token_len // choice.parallel.cp
+
+    def budget(b: Batching) -> Batching:
+        return Batching(max_token_len_per_gpu=per_gpu, key=b.key) if b.dynamic else b
+
+    return replace(
+        choice,
+        old_log_prob_batching=budget(choice.old_log_prob_batching),
+        ref_log_prob_batching=budget(choice.ref_log_prob_batching),
+    )
+
+
+def fastest_log_prob_budget(
+    spec: StepSpec, choice: StepChoice, gpu: GPUSpec, options: CostOptions, budgets: list[int]
+) -> int | None:
+    """The log-prob token budget of `budgets` (before the CP split) whose step with `choice` is fastest with every
+    phase fitting, or None. Largest first: a forward pass gets faster with fewer, larger micro-batches until memory
+    stops it (or the pipeline bubble of fewer micro-batches outweighs that), so the walk down stops at the first
+    fitting budget that is slower than a larger one -- packing the thousands of small micro-batches of the smallest
+    budgets only when nothing larger fits."""
+    best: StepResult | None = None
+    best_budget = None
+    for budget in sorted(budgets, reverse=True):
+        try:
+            r = evaluate_step(spec, with_log_prob_budget(choice, budget), gpu, options)
+        except ConfigError:  # e.g. more micro-batches than a data-parallel rank has sequences
+            continue
+        if not r.fits:
+            continue
+        if best is not None and r.total_s >= best.total_s:
+            break
+        best, best_budget = r, budget
+    return best_budget
+
+
+def best_offload(
+    spec: StepSpec, choice: StepChoice, gpu: GPUSpec, options: CostOptions, log_prob_budgets: list[int] | None = None
+) -> StepResult | None:
     """The fastest offload setting (none; optimizer only; params + optimizer, ref params with the actor's) under
-    which every phase fits, or None."""
+    which every phase fits, or None. `log_prob_budgets`: the log-prob passes' budget is first chosen from these
+    (`fastest_log_prob_budget`) under the offload that leaves the log-prob passes the most memory (the last of
+    `OFFLOAD_CHOICES`), then kept for every offload setting; None keeps the choice's."""
+    if log_prob_budgets is not None:
+        most = with_offload(choice, *OFFLOAD_CHOICES[-1])
+        budget = fastest_log_prob_budget(spec, most, gpu, options, log_prob_budgets)
+        if budget is None:
+            return None
+        choice = with_log_prob_budget(choice, budget)
     best = None
     for param, optimizer in OFFLOAD_CHOICES:
         try:
@@ -381,42 +430,40 @@ def best_offload(spec: StepSpec, choice: StepChoice, gpu: GPUSpec, options: Cost
     return best
 
 
-def _budgets(spec: StepSpec, user: StepChoice) -> list[int | None]:
-    """Micro-batch token budgets (before the CP split) the search tries: the launch's, half and double it (at
-    least the longest sequence); None (fixed micro-batches) when the launch does not use dynamic batching."""
-    b = user.actor_batching
-    if not b.dynamic:
-        return [None]
-    base = int(b.max_token_len_per_gpu) * user.parallel.cp
-    return sorted({t for t in (base // 2, base, 2 * base) if t >= spec.lengths.max_total})
-
-
 def search_step(
     spec: StepSpec, user: StepChoice, gpu: GPUSpec, options: CostOptions, top_k: int = 6
 ) -> tuple[StepResult, ...]:
-    """Whole-step results of the best `top_k` actor layouts per token budget (`search.plan`), each with its best
-    offload setting, fastest first. The log-prob passes keep the launch's per-GPU budget (or micro-batch)."""
+    """Whole-step results of the best `top_k` actor layouts of `search.plan`, each with its best offload setting,
+    fastest first. With dynamic batching `search.plan` packs the step's lengths and chooses each layout's training
+    token budget (`Candidate.max_token_len_reason`), and the log-prob passes' budget is chosen per layout from
+    `token_budget_choices` (`best_offload`); with fixed micro-batches `search.plan` chooses the micro-batch at the
+    longest sequence and the log-prob passes keep the launch's micro-batch."""
+    dynamic = user.actor_batching.dynamic
+    res = plan(
+        spec.model, gpu, spec.num_gpus, spec.lengths.max_tokens, spec.mini_batch_sequences,
+        mode="train", options=options, memory_margin=options.memory_margin, explain_impossible=False,
+        grad_reduce_in_fp32=user.parallel.grad_reduce_in_fp32, lengths=spec.lengths if dynamic else None,
+    )  # fmt: skip
+    log_prob_dynamic = user.old_log_prob_batching.dynamic or user.ref_log_prob_batching.dynamic
+    log_prob_budgets = token_budget_choices(spec.lengths.max_tokens) if log_prob_dynamic else None
     results: list[StepResult] = []
     seen: set[str] = set()
-    for budget in _budgets(spec, user):
-        res = plan(
-            spec.model, gpu, spec.num_gpus, spec.lengths.max_total, spec.mini_batch_sequences,
-            mode="train", max_token_len=budget, options=options, memory_margin=options.memory_margin,
-            explain_impossible=False, grad_reduce_in_fp32=user.parallel.grad_reduce_in_fp32,
-        )  # fmt: skip
-        for cand in res.candidates[:top_k]:
-            parallel = cand.parallel.replace(tp_comm_overlap=False)  # verl does not enable TE userbuffers
-            if budget is None:
-                actor_b = Batching(micro_batch_size=cand.workload.micro_batch_size, key=user.actor_batching.key)
-            else:
-                actor_b = Batching(max_token_len_per_gpu=budget // parallel.cp, key=user.actor_batching.key)
-            choice = replace(user, parallel=parallel, recompute=cand.workload.recompute, actor_batching=actor_b)
-            if choice.label() in seen:
-                continue
-            seen.add(choice.label())
-            r = best_offload(spec, choice, gpu, options)
-            if r is not None:
-                results.append(r)
+    for cand in res.candidates[:top_k]:
+        parallel = cand.parallel.replace(tp_comm_overlap=False)  # verl does not enable TE userbuffers
+        key = user.actor_batching.key
+        if dynamic:
+            actor_b = Batching(max_token_len_per_gpu=cand.workload.max_token_len // parallel.cp, key=key)
+        else:
+            actor_b = Batching(micro_batch_size=cand.workload.micro_batch_size, key=key)
+        choice = replace(user, parallel=parallel, recompute=cand.workload.recompute, actor_batching=actor_b)
+        if choice.label() in seen:
+            continue
+        seen.add(choice.label())
+        r = best_offload(spec, choice, gpu, options, log_prob_budgets)
+        if r is not None:
+            if cand.max_token_len_reason:
+                r = replace(r, notes=r.notes + (f"actor max_token_len {cand.max_token_len_reason}",))
+            results.append(r)
     results.sort(key=lambda r: (r.total_s, r.peak_memory_gib))
     return tuple(results)
 
@@ -461,7 +508,9 @@ __all__ = [
     "StepSpec",
     "best_offload",
     "evaluate_step",
+    "fastest_log_prob_budget",
     "search_step",
     "step_report",
+    "with_log_prob_budget",
     "with_offload",
 ]
