@@ -139,3 +139,25 @@ def test_stand_in_ranks_are_the_first_of_each_pipeline_stage_and_refuse_moe_expe
     assert Layout(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, pp=2).stand_in_ranks() == [0, 1]
     with pytest.raises(ConfigError, match="ep x etp = 2"):
         Layout(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, ep=2).stand_in_ranks()
+
+
+def test_from_configs_keeps_packing_and_lengths():
+    """A packed plan (verl's dynamic batching with variable lengths) validates packed: max_token_len, the prompt /
+    response [mean, max] and the seed survive, and the layout's workload is the planned one."""
+    from megatron_autotuner.specs.lengths import LengthDistribution, SequenceLengths
+
+    lengths = SequenceLengths.from_mean_max((300.0, 1024), (1200.0, 3072), seed=7)
+    par = ParallelConfig(num_gpus=2, tp=2, sequence_parallel=True)
+    wl = Workload(seq_length=4096, global_batch_size=16, max_token_len=8192, lengths=lengths)
+    lay = Layout.from_configs("Qwen3-8B", par, wl, num_layers=2)
+    assert (lay.max_token_len, lay.prompt_length, lay.response_length, lay.length_seed) == (
+        8192, (300.0, 1024), (1200.0, 3072), 7,
+    )  # fmt: skip
+    assert lay.packed and lay.workload() == wl and lay.parallel() == par
+    # packed with every sequence seq_length long: the budget alone
+    fixed = Layout.from_configs("Qwen3-8B", par, wl.replace(lengths=None), num_layers=2)
+    assert fixed.max_token_len == 8192 and fixed.prompt_length is None and fixed.workload() == wl.replace(lengths=None)
+    # a whole-sequence histogram has no [mean, max] form
+    hist = SequenceLengths(sequence=LengthDistribution.from_histogram("length_histogram", [(1000, 3), (4000, 1)]))
+    with pytest.raises(ConfigError, match="histogram"):
+        Layout.from_configs("Qwen3-8B", par, wl.replace(lengths=hist), num_layers=2)

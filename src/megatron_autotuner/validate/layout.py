@@ -312,8 +312,22 @@ class Layout:
     def from_configs(
         cls, model: str, parallel: ParallelConfig, workload: Workload, num_layers: int | None = None, **extra: Any
     ) -> Layout:
-        """The layout of a planned candidate (`ParallelConfig` + `Workload`)."""
+        """The layout of a planned candidate (`ParallelConfig` + `Workload`), packed sequences included: the
+        token budget (`max_token_len`) and the prompt / response lengths with their seed, so that validating a
+        packed plan runs it packed. Whole-sequence histograms have no [mean, max] form: ConfigError."""
         rc = workload.recompute
+        lengths = workload.lengths
+        packing: dict[str, Any] = {"max_token_len": workload.max_token_len}
+        if lengths is not None:
+            if lengths.sequence is not None or lengths.prompt.is_histogram or lengths.response.is_histogram:
+                raise ConfigError(
+                    "lengths", "a layout holds prompt and response lengths as [mean, max]; a histogram cannot be run"
+                )
+            packing.update(
+                prompt_length=(lengths.prompt.mean_tokens, lengths.prompt.max_tokens),
+                response_length=(lengths.response.mean_tokens, lengths.response.max_tokens),
+                length_seed=lengths.seed,
+            )
         return cls(
             model=model,
             num_layers=num_layers,
@@ -340,7 +354,7 @@ class Layout:
             precision=workload.precision,
             fp8_recipe=workload.fp8_recipe,
             fp8_param=workload.fp8_param,
-            **extra,
+            **{**packing, **extra},
         )
 
 
