@@ -100,3 +100,15 @@ def test_offload_round_trip_optimizer_state_is_predicted_within_10pct_params_not
     assert copies[("load", "optimizer")] / measured["load_optimizer_s"] - 1 == pytest.approx(0, abs=0.1)
     # the bf16 params (4 GB) take ~0.4 s each way where a pinned copy takes 0.07 s: not explained yet (README)
     assert measured["offload_model_s"] > 4 * copies[("offload", "params")]
+
+
+def test_packed_passes_the_model_was_not_built_from_are_within_5pct_memory_and_10pct_time():
+    """benchmarks/results/validation_h100_x1/rlhf_forward_check: other models, lengths and budgets, predicted
+    (with the allocator replay) before the runs."""
+    summary = json.loads((RESULTS.parent / "rlhf_forward_check/summary.json").read_text())
+    assert len(summary["rows"]) == 5
+    for row in summary["rows"]:
+        assert row["status"] == "ok" and row["layout"]["max_token_len"]
+        assert abs(row["error_rel"]["step_time"]) < 0.10
+        assert abs(row["error_rel"]["peak_memory"]) < 0.05
+        assert abs(row["error_rel"]["reserved_memory"]) < 0.05
