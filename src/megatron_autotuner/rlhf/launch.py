@@ -18,8 +18,6 @@ from .phases import Batching
 from .step import StepChoice, StepSpec
 from .verl_args import DDP_READ, TRANSFORMER_READ, VerlLaunch
 
-MIB = 2**20
-
 
 @dataclass(frozen=True)
 class LaunchInputs:

@@ -24,7 +24,7 @@ from ..costmodel.estimate import CostOptions
 from ..errors import ConfigError
 from ..search.plan import plan
 from ..search.space import token_budget_choices
-from ..specs.hardware import GPUSpec
+from ..specs.hardware import MIB, GPUSpec
 from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig
@@ -39,8 +39,6 @@ from .offload import (
     ref_weights_bytes,
 )
 from .phases import Batching, Phase, pass_cost, pass_workload, transition_phase, weight_sync
-
-MIB = 2**20
 
 
 @dataclass(frozen=True)

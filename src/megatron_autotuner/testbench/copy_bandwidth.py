@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-MIB = 2**20
-GIB = 2**30
+from ..specs.hardware import GIB, MIB
+
 DIRECTIONS = ("h2d", "d2h")
 INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce")
 # host buffers (a pinned and a pageable one) may take this fraction of MemAvailable each; the device buffer this
