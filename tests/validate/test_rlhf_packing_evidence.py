@@ -91,15 +91,20 @@ def test_host_copies_pinned_vs_pageable_and_the_calibration_reads_them():
     assert min(small, big) <= cal.host_copy_gbps("h2d", True, 8 << 20) <= max(small, big)
 
 
-def test_offload_round_trip_optimizer_state_is_predicted_within_10pct_params_not_yet():
+def test_offload_round_trip_is_predicted_within_15pct():
+    """verl 0.9.1's moves of a 4-layer Qwen3-8B's params and optimizer state, predicted by `rlhf.offload` from the
+    measured copy table before the timing."""
     doc = json.loads((RESULTS / "offload_roundtrip.json").read_text())
     assert doc["state_restored"] and len(doc["runs"]) == 4  # the first round trip (pinning) is reported apart
     predicted, measured = doc["predicted_offload_model"], doc["measured"]
+    assert predicted["round_trip_s"] / measured["round_trip_s"] - 1 == pytest.approx(0, abs=0.15)
     copies = {(phase, c["tensor"]): c["time_s"] for phase in ("offload", "load") for c in predicted[phase]["copies"]}
     assert copies[("offload", "optimizer")] / measured["offload_optimizer_s"] - 1 == pytest.approx(0, abs=0.1)
     assert copies[("load", "optimizer")] / measured["load_optimizer_s"] - 1 == pytest.approx(0, abs=0.1)
-    # the bf16 params (4 GB) take ~0.4 s each way where a pinned copy takes 0.07 s: not explained yet (README)
-    assert measured["offload_model_s"] > 4 * copies[("offload", "params")]
+    assert copies[("offload", "params")] / measured["offload_model_s"] - 1 == pytest.approx(0, abs=0.15)
+    # the first run called gc.collect() in every phase (verl does not): ~0.3 s a phase, all of it in gc
+    laps = json.loads((RESULTS / "diagnostics/offload_laps_with_gc_collect.json").read_text())["runs"][1]
+    assert laps["param_phase_laps_s"]["offload.gc"] > 3 * laps["param_phase_laps_s"]["offload.copy_params"]
 
 
 def test_packed_passes_the_model_was_not_built_from_are_within_5pct_memory_and_10pct_time():
