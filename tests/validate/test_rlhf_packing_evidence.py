@@ -108,11 +108,16 @@ def test_offload_round_trip_is_predicted_within_15pct():
 
 
 def test_packed_passes_the_model_was_not_built_from_are_within_5pct_memory_and_10pct_time():
-    """benchmarks/results/validation_h100_x1/rlhf_forward_check: other models, lengths and budgets, predicted
-    (with the allocator replay) before the runs."""
-    summary = json.loads((RESULTS.parent / "rlhf_forward_check/summary.json").read_text())
-    assert len(summary["rows"]) == 5
-    for row in summary["rows"]:
+    """benchmarks/results/validation_h100_x1/rlhf_forward_check and rlhf_matrix: two models, training and
+    forward-only at two token budgets each, lengths the allocator replay was not built from, predicted before."""
+    rows = []
+    for name in ("rlhf_forward_check", "rlhf_matrix"):
+        rows += json.loads((RESULTS.parent / name / "summary.json").read_text())["rows"]
+    assert len(rows) == 9
+    cells = {(row["layout"]["model"], row["layout"]["mode"], row["layout"]["max_token_len"]) for row in rows}
+    for model, budgets in (("Llama-3.1-8B", (8192, 16384)), ("Qwen3-8B", (12288, 24576))):
+        assert {(model, mode, b) for mode in ("train", "forward") for b in budgets} <= cells
+    for row in rows:
         assert row["status"] == "ok" and row["layout"]["max_token_len"]
         assert abs(row["error_rel"]["step_time"]) < 0.10
         assert abs(row["error_rel"]["peak_memory"]) < 0.05
