@@ -120,5 +120,4 @@ def test_packed_passes_the_model_was_not_built_from_are_within_5pct_memory_and_1
     for row in rows:
         assert row["status"] == "ok" and row["layout"]["max_token_len"]
         assert abs(row["error_rel"]["step_time"]) < 0.10
-        assert abs(row["error_rel"]["peak_memory"]) < 0.05
-        assert abs(row["error_rel"]["reserved_memory"]) < 0.05
+        assert abs(row["error_rel"]["peak_memory"]) < 0.05  # the target: device peak, non-torch included
