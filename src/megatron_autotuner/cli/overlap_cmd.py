@@ -215,7 +215,7 @@ def _require_measured(out: Path) -> None:
     from ..errors import NothingMeasuredError
     from ..overlap.jobs import all_round_records
 
-    rounds = [r for r in all_round_records(out).values() if r.get("kind", "round") == "round"]
-    if not any(r.get("status") == "ok" for r in rounds):
-        failed = sum(r.get("status") == "failed" for r in all_round_records(out).values())
+    records = list(all_round_records(out).values())
+    if not any(r.get("status") == "ok" for r in records if r.get("kind", "round") == "round"):
+        failed = sum(r.get("status") == "failed" for r in records)
         raise NothingMeasuredError(f"no tuning round has a measurement ({failed} failure records) in {out}")

@@ -24,7 +24,7 @@ def require_cuda_gpus(total: int, what: str, hint: str = "--dry-run lists what w
             f"torch is not installed here: 0 of {total} {what} ran (install torch, megatron-core and "
             f"transformer-engine on the GPU machine; {hint})"
         ) from None
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = visible_cuda_gpus()
     if gpus == 0:
         raise NothingMeasuredError(
             f"no CUDA GPU visible (torch {torch.__version__}): 0 of {total} {what} ran ({hint})"

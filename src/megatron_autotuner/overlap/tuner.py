@@ -70,12 +70,9 @@ class OverlapTuner:
             return self.config.available_gpus
         if self.config.fake:
             return None
-        try:
-            import torch
+        from ..launch.devices import visible_cuda_gpus
 
-            return torch.cuda.device_count()
-        except ImportError:
-            return 0
+        return visible_cuda_gpus()
 
     def run(self) -> dict[str, Any]:
         ensure_output_dir(self.out)
