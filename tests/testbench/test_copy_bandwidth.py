@@ -143,3 +143,29 @@ def test_copy_bandwidth_on_gpu(tmp_path):
     assert len(kinds) == 8
     assert all(r["gbps"] > 0 for r in summary["host_copy"])
     assert "nccl_allreduce" not in summary["interferences"]
+
+
+def test_interferences_runnable_per_gpu_count():
+    from megatron_autotuner.testbench.copy_bandwidth import runnable_interferences
+
+    every = ["hbm_d2d", "nccl_allreduce", "nccl_loopback", "gemm"]
+    assert runnable_interferences(every, 1) == ["none", "hbm_d2d", "nccl_loopback", "gemm"]
+    assert runnable_interferences(every, 2) == ["none", "hbm_d2d", "nccl_allreduce", "gemm"]
+    assert runnable_interferences(["gemm", "none"], 1) == ["none", "gemm"]
+
+
+@pytest.mark.gpu
+def test_copy_bandwidth_beside_nccl_loopback_and_gemm(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from megatron_autotuner.testbench.copy_bandwidth import main
+
+    args = ["--out-dir", str(tmp_path), "--max-gib", "0.0625", "--repeats", "2"]
+    assert main([*args, "--interference", "none,nccl_loopback,gemm"]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "copy_bandwidth" / "rank_0.jsonl").read_text().splitlines()]
+    loopback = [r for r in rows if r["interference"] == "nccl_loopback"]
+    assert loopback and all(r["gbps"] > 0 for r in loopback)
+    # the loop-back traffic is an NCCL kernel, not a copy-engine memcpy
+    assert any("nccl" in k.lower() for k in loopback[0]["interference_detail"]["kernels"])
+    assert all(r["interference_detail"]["launches"] >= 2 for r in rows if r["interference"] == "gemm")

@@ -8,7 +8,13 @@ Every row names the traffic that ran beside the copy (`interference`):
 - "hbm_d2d": a second CUDA stream on the same GPU runs device-to-device copies of two large buffers (reading and
   writing HBM), enqueued before the timed copy and long enough to outlast it;
 - "nccl_allreduce" (world size >= 2 only): every rank runs NCCL all-reduces of a large buffer, enqueued before
-  rank 0's timed copy and long enough to outlast it. NCCL refuses two ranks on one device, so one GPU cannot run it.
+  rank 0's timed copy and long enough to outlast it. NCCL refuses two ranks on one device, so one GPU cannot run it;
+- "nccl_loopback" (world size 1 only): a one-rank NCCL communicator runs `all_to_all_single` of a large buffer,
+  which NCCL executes as a send/recv to itself inside its SendRecv kernel (src/device/sendrecv.h: a peer equal to
+  the rank copies send buffer to receive buffer in the kernel, on SMs and HBM). It is real NCCL kernel traffic on
+  the copy's GPU but no NVLink or PCIe traffic; the kernel names that ran are recorded with the rows (a
+  one-rank all-reduce would not do: NCCL turns it into a cudaMemcpyAsync on a copy engine);
+- "gemm": a second stream runs bf16 GEMMs (SM- and HBM-bound compute, what activation offloading hides behind).
 Rank 0 measures and writes D/copy_bandwidth/rank_0.jsonl (one JSON line per row) and D/copy_bandwidth/summary.json;
 other ranks only take part in the all-reduces.
 
@@ -32,13 +38,16 @@ from typing import Any
 from ..specs.hardware import GIB, MIB
 
 DIRECTIONS = ("h2d", "d2h")
-INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce")
+INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce", "nccl_loopback", "gemm")
+SINGLE_GPU_ONLY = ("nccl_loopback",)
+MULTI_GPU_ONLY = ("nccl_allreduce",)
 # host buffers (a pinned and a pageable one) may take this fraction of MemAvailable each; the device buffer this
 # fraction of free device memory (the d2d interference buffers take another 2 x HBM_BUFFER_BYTES)
 HOST_FRACTION = 0.2
 DEVICE_FRACTION = 0.4
 HBM_BUFFER_BYTES = GIB
 ALLREDUCE_BYTES = 256 * MIB
+GEMM_DIM = 8192  # bf16 8192^3: ~1.1 TFLOP, ~2 ms on an H100
 # the interfering work is enqueued to last this many times the copy's own (alone) time, plus two launches
 OUTLAST_FACTOR = 2.0
 MAX_INTERFERING_LAUNCHES = 4096
@@ -81,6 +90,27 @@ def interfering_launches(copy_s: float, launch_s: float) -> int:
     return min(MAX_INTERFERING_LAUNCHES, math.ceil(OUTLAST_FACTOR * copy_s / launch_s) + 2)
 
 
+NOT_RUN_REASON = {
+    "nccl_allreduce": "needs world size >= 2 (NCCL refuses two ranks on one GPU; one GPU runs nccl_loopback)",
+    "nccl_loopback": "runs on one GPU only (with two or more, nccl_allreduce is the real traffic)",
+}
+
+
+def runnable_interferences(wanted: list[str], world: int) -> list[str]:
+    """The asked interferences that `world` ranks can run, "none" first (the others size their traffic from the
+    copy alone)."""
+    keep = [x for x in wanted if not (x in MULTI_GPU_ONLY and world < 2) and not (x in SINGLE_GPU_ONLY and world > 1)]
+    return ["none"] + [x for x in keep if x != "none"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _stats_ms(values: list[float]) -> dict[str, float]:
     return {
         "median": statistics.median(values),
@@ -106,6 +136,19 @@ class _Bench:
         self.hbm_src = torch.empty(hbm, dtype=torch.uint8, device="cuda")
         self.hbm_dst = torch.empty(hbm, dtype=torch.uint8, device="cuda")
         self.allreduce_buf = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda") if world > 1 else None
+        self.loopback_in = self.loopback_out = None
+        self.gemm_a = self.gemm_out = None
+        self.nccl_kernels: list[str] = []
+
+    def prepare(self, interferences: list[str]) -> None:
+        """Allocate the buffers of the interfering work asked for."""
+        torch = self.torch
+        if "nccl_loopback" in interferences:
+            self.loopback_in = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda")
+            self.loopback_out = torch.empty_like(self.loopback_in)
+        if "gemm" in interferences:
+            self.gemm_a = torch.randn(GEMM_DIM, GEMM_DIM, dtype=torch.bfloat16, device="cuda")
+            self.gemm_out = torch.empty_like(self.gemm_a)
 
     def _events(self):
         return [self.torch.cuda.Event(enable_timing=True) for _ in range(2)]
@@ -159,6 +202,49 @@ class _Bench:
             times.append(start.elapsed_time(end) * 1e-3)
         return statistics.median(times)
 
+    def enqueue_loopback(self, launches: int) -> list[Any]:
+        dist = self.torch.distributed
+        return [dist.all_to_all_single(self.loopback_out, self.loopback_in, async_op=True) for _ in range(launches)]
+
+    def time_loopback(self, repeats: int = 5) -> float:
+        times = []
+        for _ in range(repeats):
+            self.torch.cuda.synchronize()
+            start, end = self._events()
+            start.record()
+            self.torch.distributed.all_to_all_single(self.loopback_out, self.loopback_in)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        return statistics.median(times)
+
+    def loopback_kernel_names(self) -> list[str]:
+        """The GPU kernels (and copies) one loop-back all_to_all_single ran, from torch.profiler."""
+        from torch.profiler import ProfilerActivity, profile
+
+        self.torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self.torch.distributed.all_to_all_single(self.loopback_out, self.loopback_in)
+            self.torch.cuda.synchronize()
+        return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+
+    def enqueue_gemm(self, launches: int) -> None:
+        with self.torch.cuda.stream(self.side_stream):
+            for _ in range(launches):
+                self.torch.matmul(self.gemm_a, self.gemm_a, out=self.gemm_out)
+
+    def time_gemm(self, repeats: int = 5) -> float:
+        times = []
+        for _ in range(repeats):
+            start, end = self._events()
+            with self.torch.cuda.stream(self.side_stream):
+                start.record()
+                self.torch.matmul(self.gemm_a, self.gemm_a, out=self.gemm_out)
+                end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e-3)
+        return statistics.median(times)
+
     def agree(self, value: int) -> int:
         """Rank 0's integer on every rank (a broadcast; the value only matters on rank 0 before)."""
         if self.world == 1:
@@ -177,6 +263,10 @@ def measure(
     lead = bench.rank == 0
     hbm_launch_s = bench.time_hbm_launch() if lead and "hbm_d2d" in interferences else None
     allreduce_s = bench.time_allreduce() if "nccl_allreduce" in interferences else None
+    loopback_s = bench.time_loopback() if "nccl_loopback" in interferences else None
+    if loopback_s is not None:
+        bench.nccl_kernels = bench.loopback_kernel_names()
+    gemm_s = bench.time_gemm() if lead and "gemm" in interferences else None
     for nbytes in sizes:
         for direction in DIRECTIONS:
             for pinned in (True, False):
@@ -204,6 +294,19 @@ def measure(
                                     "launches": launches,
                                 }
                                 bench.enqueue_hbm(launches)
+                            elif interference == "nccl_loopback":
+                                launches = interfering_launches(alone_s or 0.0, loopback_s)
+                                detail = {
+                                    "loopback_bytes": ALLREDUCE_BYTES,
+                                    "loopback_alone_s": loopback_s,
+                                    "launches": launches,
+                                    "kernels": bench.nccl_kernels,
+                                }
+                                works = bench.enqueue_loopback(launches)
+                            elif interference == "gemm":
+                                launches = interfering_launches(alone_s or 0.0, gemm_s)
+                                detail = {"gemm_dim": GEMM_DIM, "gemm_alone_s": gemm_s, "launches": launches}
+                                bench.enqueue_gemm(launches)
                             seconds = bench.time_copy(direction, pinned, nbytes)
                             if i >= warmup:
                                 times.append(seconds)
@@ -245,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
-        "--interference", default="none,hbm_d2d,nccl_allreduce", help=f"comma-separated from {INTERFERENCES}"
+        "--interference",
+        default="none,hbm_d2d,nccl_allreduce,nccl_loopback,gemm",
+        help=f"comma-separated from {INTERFERENCES}",
     )
     args = parser.parse_args(argv)
     from ..launch import append_record, exit_with_owner
@@ -259,21 +364,25 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if world > 1:
-        torch.distributed.init_process_group(backend="nccl", timeout=dt.timedelta(seconds=600))
     wanted = [x for x in args.interference.split(",") if x]
     bad = [x for x in wanted if x not in INTERFERENCES]
     if bad:
         raise SystemExit(f"unknown interference {bad[0]!r}; allowed: {', '.join(INTERFERENCES)}")
-    interferences = [x for x in wanted if x != "nccl_allreduce" or world > 1]
-    if "none" not in interferences:
-        interferences.insert(0, "none")  # the others size their traffic from the copy alone
+    interferences = runnable_interferences(wanted, world)
+    if world > 1 or "nccl_loopback" in interferences:
+        if world == 1:  # run without torchrun: a one-rank rendezvous on this host
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        torch.distributed.init_process_group(backend="nccl", timeout=dt.timedelta(seconds=600))
     skipped = [x for x in wanted if x not in interferences]
     free, _ = torch.cuda.mem_get_info()
-    reserve = 2 * HBM_BUFFER_BYTES + (ALLREDUCE_BYTES if world > 1 else 0)
+    reserve = 2 * HBM_BUFFER_BYTES + 2 * ALLREDUCE_BYTES + 2 * GEMM_DIM**2 * 2
     max_bytes = max_copy_bytes(int(args.max_gib * GIB), host_available_bytes(), free - reserve)
     sizes = copy_sizes(max_bytes)
     bench = _Bench(torch, max(sizes), world, rank)
+    bench.prepare(interferences)
     rows = measure(sizes, args.repeats, args.warmup, interferences, bench)
     out = Path(args.out_dir) / "copy_bandwidth"
     if rank == 0:
@@ -287,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_bytes": max(sizes),
             "sizes": sizes,
             "interferences": interferences,
-            "interferences_not_run": {x: "needs world size >= 2 (NCCL refuses two ranks on one GPU)" for x in skipped},
+            "interferences_not_run": {x: NOT_RUN_REASON[x] for x in skipped},
             "host_available_bytes": host_available_bytes(),
             "device_free_bytes": free,
             "host_copy": host_copy_table(rows),
@@ -299,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['interference']:<15} {r['gbps']:7.2f} GB/s",
                 flush=True,
             )
-    if world > 1:
+    if torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
     return 0
