@@ -30,6 +30,8 @@ PUBLISHED_TOTAL_B = {
     "Llama-3.1-405B": (405.9, 0.005),
     "Mixtral-8x7B": (46.7, 0.005),
     "Qwen3-8B": (8.2, 0.01),
+    "Qwen3-1.7B": (1.7, 0.02),  # huggingface.co/Qwen/Qwen3-1.7B model card: 1.7B
+    "Qwen3-4B": (4.0, 0.01),  # huggingface.co/Qwen/Qwen3-4B model card: 4.0B
     "Qwen3-30B-A3B": (30.5, 0.005),
     "Qwen3-235B-A22B": (235.0, 0.005),
     "Qwen2.5-7B": (7.61, 0.005),
