@@ -8,6 +8,11 @@ Memory (one extra iteration after warm-up, gradients cleared first):
   (the op's input is kept for its backward; in a model it is the previous layer's output);
 - forward transient: peak during forward - allocated after forward;
 - backward peak: peak during backward above the pre-forward level.
+Host time (CUDA): the same timed iterations also take the wall time of the forward call and of the backward call
+(`host_fwd_ms`, `host_bwd_ms`). Each iteration starts after a synchronize, so the launch queue is empty and one
+layer's few hundred launches never fill it (the CUDA driver queues about a thousand): the call returns as soon as
+the host has issued its work, and its wall time is the host's cost of issuing one layer, whatever the GPU does.
+`backward()` returns once autograd has run every node on the host, not when the GPU is done.
 On a CPU device (tests only) wall-clock time replaces CUDA events and memory is not measured.
 """
 
@@ -80,18 +85,26 @@ def measure_operator(
         )
     fwd_ms: list[float] = []
     bwd_ms: list[float] = []
+    host_fwd_ms: list[float] = []
+    host_bwd_ms: list[float] = []
     for _ in range(repeats):
         _clear_grads(op.module)
         if cuda:
             start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+            torch.cuda.synchronize()
             start.record()
+            t0 = time.perf_counter()
             out = op.forward()
+            t1 = time.perf_counter()
             mid.record()
             op.backward(out)
+            t2 = time.perf_counter()
             end.record()
             end.synchronize()
             fwd_ms.append(start.elapsed_time(mid))
             bwd_ms.append(mid.elapsed_time(end))
+            host_fwd_ms.append((t1 - t0) * 1e3)
+            host_bwd_ms.append((t2 - t1) * 1e3)
         else:
             t0 = time.perf_counter()
             out = op.forward()
@@ -105,6 +118,9 @@ def measure_operator(
     real["fwd_ms"] = _stats(fwd_ms)
     real["bwd_ms"] = _stats(bwd_ms)
     real["fwd_bwd_ms"] = _stats(total)
+    if host_fwd_ms:
+        real["host_fwd_ms"] = _stats(host_fwd_ms)
+        real["host_bwd_ms"] = _stats(host_bwd_ms)
     return real
 
 
