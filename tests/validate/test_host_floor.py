@@ -11,6 +11,7 @@ from megatron_autotuner.validate.predict import predict
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_C = ROOT / "benchmarks/results/validation_h100_x1/moe_host_floor/lease_c"
+DENSE_LEASE = ROOT / "benchmarks/results/testbench_h100_x1/host_floor_unfused_rope"
 MOE = dict(model="Qwen3-30B-A3B", num_layers=2, seq_length=4096, global_batch_size=8)
 
 
@@ -18,9 +19,13 @@ def test_cases_cover_each_local_expert_count_precision_and_recipe(tmp_path):
     layouts = [
         Layout(num_gpus=2, ep=2, precision="fp8", fp8_recipe="tensorwise", **MOE),
         Layout(num_gpus=1, **MOE),
-        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8),  # dense: no case
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8),  # dense: a decoder
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8, micro_batch_size=2),
     ]
     cases = host_floor.host_floor_cases(layouts, tmp_path / "models")
+    (decoder,) = [c for c in cases if c.op == "decoder"]
+    assert (decoder.model, decoder.tp, decoder.micro_batch_size, decoder.dtype) == ("Qwen3-8B", 1, 1, "bf16")
+    cases = [c for c in cases if c.op == "moe"]
     got = {
         (c.dtype, c.fp8_recipe if c.dtype == "fp8" else None, load_model_spec(c.model).num_moe_experts) for c in cases
     }
@@ -59,8 +64,30 @@ def test_measured_floor_reaches_the_predictions(tmp_path, monkeypatch):
     )
     merged = host_floor.measure_host_floor([lay], "H100-SXM", tmp_path / "hf2", given, log=lambda *_: None)
     assert merged.memory == given.memory and merged.moe_host_floors == measured.moe_host_floors
-    dense = Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8)
-    assert host_floor.measure_host_floor([dense], "H100-SXM", tmp_path / "hf3", given) is given
+
+
+
+def test_measured_dense_floor_reaches_the_predictions(tmp_path, monkeypatch):
+    """The H100 lease's decoder records (host wall times of the forward / backward calls) become the dense floor of
+    the predictions, and the testbench's cold single-layer GPU times do not calibrate the model."""
+
+    def committed_records(cases, out_dir, **_):
+        shutil.copytree(DENSE_LEASE / "collect", Path(out_dir) / "collect")
+
+    monkeypatch.setattr("megatron_autotuner.testbench.launcher.run_cases", committed_records)
+    lay = Layout(model="Qwen3-0.6B", seq_length=4096, global_batch_size=8)
+    measured = host_floor.measure_host_floor([lay], "H100-SXM", tmp_path, log=lambda *_: None)
+    bf16 = measured.dense_host_floor("bf16", "delayed", 1)
+    assert 2e-3 < bf16.fwd_s < 6e-3 and 2e-3 < bf16.bwd_s < 6e-3
+    assert measured.dense_host_floor("fp8", "tensorwise", 1).fp8_recipe == "tensorwise"
+    assert not measured.layers and not measured.ops
+    slower = calibration_from_dict(
+        {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
+        | {"dense_host_floor": [{"precision": "bf16", "fwd_s": 2 * bf16.fwd_s, "bwd_s": 2 * bf16.bwd_s}]}
+    )
+    own = predict(lay, "H100-SXM", measured, gradient_accumulation_fusion=False)
+    doubled = predict(lay, "H100-SXM", slower, gradient_accumulation_fusion=False)
+    assert doubled["step_time_s"] > 1.3 * own["step_time_s"]  # Qwen3-0.6B at micro-batch 1 is host-bound
 
 
 def test_no_host_bound_case_leaves_the_default(tmp_path, monkeypatch):
@@ -77,7 +104,7 @@ def test_no_host_bound_case_leaves_the_default(tmp_path, monkeypatch):
     monkeypatch.setattr("megatron_autotuner.testbench.launcher.run_cases", gpu_bound_records)
     said = []
     assert host_floor.measure_host_floor([Layout(num_gpus=1, **MOE)], "H100-SXM", tmp_path, log=said.append) is None
-    assert "default floor stays" in said[-1]
+    assert "default floors stay" in said[-1]
 
 
 def test_cli_dry_run_lists_the_cases(tmp_path, capsys):

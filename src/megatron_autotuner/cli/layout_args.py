@@ -160,7 +160,7 @@ def add_length_arguments(g: argparse.ArgumentParser | argparse._ArgumentGroup) -
         "--length-histogram",
         metavar="FILE",
         type=non_empty_path,
-        help="whole-sequence lengths instead: JSON [[length, count], ...] or {\"length\": count}, or CSV lines "
+        help='whole-sequence lengths instead: JSON [[length, count], ...] or {"length": count}, or CSV lines '
         "length,count (default: none)",
     )
 

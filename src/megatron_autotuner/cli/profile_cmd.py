@@ -74,7 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="none,hbm_d2d,nccl_allreduce,nccl_loopback,gemm",
         help="copy-bandwidth: comma-separated traffic beside the copies: none, hbm_d2d (a second stream copying "
         "in HBM), nccl_allreduce (all-reduces between the GPUs; needs --num-gpus >= 2), nccl_loopback (one GPU: a "
-        "one-rank NCCL all-to-all, NCCL's SendRecv kernel copying to itself), gemm (bf16 GEMMs on a second stream); "
+        "one-rank NCCL all-reduce AVG, which NCCL runs as a local kernel), gemm (bf16 GEMMs on a second stream); "
         "the ones the GPU count cannot run are skipped and listed in the summary",
     )
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed iterations per case")

@@ -24,10 +24,16 @@ with `CostOptions.moe_host_bound` (the validate runner's eager MoE) a MoE block 
 recipe without its own entry uses another fp8 recipe's, a precision without one the bf16 entry (same host),
 then `defaults.MOE_HOST_FLOOR_*`.
 
+`dense_host_floor` (optional): the host time of one eager dense layer per micro-batch on the machine measured, from
+the testbench's `decoder` cases (`testbench.calibration.dense_host_floors_from_records`):
+    [{"precision": "bf16", "tp": 1, "sequence_parallel": false, "fwd_s": 3.1e-3, "bwd_s": 2.4e-3}, ...]
+A layer's phase never takes less (`DenseHostFloor`; other TP sizes add or remove the host of their TP
+collectives), then `defaults.DENSE_HOST_FLOOR_*`.
+
 `host_copy` (optional): host <-> device copy bandwidth measured by `mat profile --mode copy-bandwidth`
 (`testbench.copy_bandwidth`), one entry per row:
     [{"direction": "h2d" | "d2h", "pinned": true, "nbytes": 1073741824, "gbps": 52.1,
-      "interference": "none" | "hbm_d2d" | "nccl_allreduce", "time_ms": 20.6}, ...]
+      "interference": "none" | "hbm_d2d" | "nccl_allreduce" | "nccl_loopback" | "gemm", "time_ms": 20.6}, ...]
 (`gbps` in 1e9 bytes/s; `interference` the traffic that ran beside the copy, absent = none).
 `Calibration.host_copy_gbps` interpolates linearly in log(nbytes) between the entries of one direction, host
 memory kind and interference, clamped to the smallest / largest size measured; None when none was measured.
@@ -179,8 +185,55 @@ class MoeHostFloor:
 
 
 DEFAULT_MOE_HOST_FLOOR = MoeHostFloor()
+
+
+@dataclass(frozen=True)
+class DenseHostFloor:
+    """Host time of one eager megatron-core dense layer per micro-batch, forward and backward, measured at tensor
+    parallel size `tp` (`defaults.DENSE_HOST_FLOOR_*`). At another TP size the layer issues another number of TP
+    collectives, each `tp_collective_s` of host (`defaults.TP_COLLECTIVE_HOST_S`); the layer's phase never takes
+    less than this on the GPU (the host issues ahead of it, so only a host slower than the GPU shows)."""
+
+    fwd_s: float = d.DENSE_HOST_FLOOR_FWD_S
+    bwd_s: float = d.DENSE_HOST_FLOOR_BWD_S
+    precision: str = "bf16"
+    fp8_recipe: str | None = None
+    tp: int = 1
+    sequence_parallel: bool = False
+    tp_collective_s: float = d.TP_COLLECTIVE_HOST_S
+
+    def _collectives(self, tp: int, sequence_parallel: bool) -> tuple[int, int]:
+        if tp <= 1:
+            return (0, 0)
+        return d.TP_COLLECTIVES_PER_LAYER[bool(sequence_parallel)]
+
+    def at(self, tp: int, sequence_parallel: bool) -> tuple[float, float]:
+        """(forward_s, backward_s) at TP size `tp`: the measured times plus (or less) the host of the TP
+        collectives `tp` issues beyond (or short of) those of the measured size."""
+        have = self._collectives(self.tp, self.sequence_parallel)
+        want = self._collectives(tp, sequence_parallel)
+        return (
+            max(0.0, self.fwd_s + (want[0] - have[0]) * self.tp_collective_s),
+            max(0.0, self.bwd_s + (want[1] - have[1]) * self.tp_collective_s),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = (
+            {"precision": self.precision}
+            if self.fp8_recipe is None
+            else {"precision": "fp8", "fp8_recipe": self.fp8_recipe}
+        )
+        return out | {
+            "tp": self.tp,
+            "sequence_parallel": self.sequence_parallel,
+            "fwd_s": self.fwd_s,
+            "bwd_s": self.bwd_s,
+        }
+
+
+DEFAULT_DENSE_HOST_FLOOR = DenseHostFloor()
 COPY_DIRECTIONS = ("h2d", "d2h")
-COPY_INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce")
+COPY_INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce", "nccl_loopback", "gemm")  # testbench.copy_bandwidth
 
 
 @dataclass(frozen=True)
@@ -215,6 +268,7 @@ class Calibration:
     layers: tuple[LayerMeasurement, ...] = ()
     memory: tuple[MemoryCalibration, ...] = ()
     moe_host_floors: tuple[MoeHostFloor, ...] = ()
+    dense_host_floors: tuple[DenseHostFloor, ...] = ()
     host_copies: tuple[HostCopyMeasurement, ...] = ()
     source: str = ""
     _tables: dict = field(default_factory=dict, repr=False, compare=False)
@@ -291,6 +345,19 @@ class Calibration:
                 return found[0]
         return None
 
+    def dense_host_floor(self, precision: str, fp8_recipe: str, tp: int) -> DenseHostFloor | None:
+        """The dense-layer host floor measured for `precision` (and fp8 recipe), at `tp` if measured there, else
+        at the nearest measured TP size; else another fp8 recipe's; else the bf16 one (same host); else None."""
+        for match in (
+            lambda f: f.precision == precision and f.fp8_recipe in (fp8_recipe if precision == "fp8" else None, None),
+            lambda f: f.precision == precision,
+            lambda f: f.precision == "bf16",
+        ):
+            found = [f for f in self.dense_host_floors if match(f)]
+            if found:
+                return min(found, key=lambda f: (abs(f.tp - tp), f.tp))
+        return None
+
     def host_copy_gbps(self, direction: str, pinned: bool, nbytes: int, interference: str = "none") -> float | None:
         """Measured bandwidth (GB/s, 1e9 bytes/s) of one host <-> device copy of `nbytes`: linear in log(nbytes)
         between the measured sizes of this direction ("h2d" | "d2h"), host memory kind (pinned or pageable) and
@@ -322,6 +389,7 @@ class Calibration:
             "layers": len(self.layers),
             "memory": [block.to_dict() for block in self.memory],
             "moe_host_floor": [floor.to_dict() for floor in self.moe_host_floors],
+            "dense_host_floor": [floor.to_dict() for floor in self.dense_host_floors],
             "host_copy": len(self.host_copies),
         }
 
@@ -492,6 +560,35 @@ def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
     return tuple(floors)
 
 
+def _parse_dense_host_floors(source: str, raw: Any) -> tuple[DenseHostFloor, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{source}: dense_host_floor", "must be a list of objects")
+    floors = []
+    for i, row in enumerate(raw):
+        where = f"{source}: dense_host_floor[{i}]"
+        if not isinstance(row, dict):
+            raise ConfigError(where, "must be an object")
+        tp = row.get("tp", 1)
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+            raise ConfigError(f"{where}.tp", f"must be a positive integer, got {tp!r}")
+        floors.append(
+            DenseHostFloor(
+                fwd_s=_number(f"{where}.fwd_s", row.get("fwd_s"), allow_zero=True),
+                bwd_s=_number(f"{where}.bwd_s", row.get("bwd_s"), allow_zero=True),
+                precision=_precision(f"{where}.precision", row.get("precision", "bf16")),
+                fp8_recipe=_fp8_recipe(f"{where}.fp8_recipe", row),
+                tp=tp,
+                sequence_parallel=bool(row.get("sequence_parallel", tp > 1)),
+            )
+        )
+    keys = [(f.precision, f.fp8_recipe, f.tp) for f in floors]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(f"{source}: dense_host_floor", "has two entries for the same precision, fp8 recipe and tp")
+    return tuple(floors)
+
+
 def _parse_host_copies(source: str, raw: Any) -> tuple[HostCopyMeasurement, ...]:
     if raw is None:
         return ()
@@ -555,6 +652,7 @@ def calibration_from_dict(data: Any, source: str = "<calibration>") -> Calibrati
         layers=layers,
         memory=memory,
         moe_host_floors=_parse_moe_host_floors(source, data.get("moe_host_floor")),
+        dense_host_floors=_parse_dense_host_floors(source, data.get("dense_host_floor")),
         host_copies=_parse_host_copies(source, data.get("host_copy")),
         source=source,
     )

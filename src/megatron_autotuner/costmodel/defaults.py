@@ -149,6 +149,35 @@ MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 0.0  # flat on that host; a line on 1x H
 MOE_HOST_FLOOR_BWD_S = 9.6e-3
 MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
 
+# ---- host-bound dense layers ---------------------------------------------------------------------
+# An eager megatron-core TE layer costs the host a roughly fixed time to issue, whatever its size: Python of
+# TransformerLayer / SelfAttention / MLP, TE's autograd functions and a few dozen kernel launches forward, and the
+# autograd engine's nodes backward. The host runs ahead of the GPU (launches are asynchronous), so a layer's phase
+# takes max(GPU time, host time): small layers at small micro-batches are host-bound (Qwen3-0.6B at micro-batch 1
+# ran over twice its GPU time). Measured by the testbench (`testbench.measure`: the wall time of the forward and
+# backward calls from an empty launch queue) on one H100 lease (16 vCPUs), Megatron-LM's fusions (TE layer spec,
+# fused RoPE, bias-dropout and softmax fusions), megatron-core 0.19.2, TE 2.20.2, torch 2.11: the median over the
+# decoder cases of Qwen3-0.6B / 1.7B / 4B / Llama-3.1-8B (benchmarks/results/testbench_h100_x1/host_floor). A
+# calibration file measured on the machine (`mat profile --ops decoder --calibration-out`, its
+# `dense_host_floor`) replaces these: the floor is the host CPU's pace, not the GPU's.
+DENSE_HOST_FLOOR_FWD_S = 3.4e-3
+DENSE_HOST_FLOOR_BWD_S = 2.8e-3
+# Each TP collective a layer issues adds the host time of its torch.distributed call: the CPU span of
+# `nccl:_all_gather_base` / `nccl:_reduce_scatter_base` in the 2x H200 TP=2 decoder trace
+# (benchmarks/results/testbench_h200_x2/profile, 20 calls: median 70 us, 50-200 us; under the profiler, which
+# inflates it, while the Python around the call is not counted). With sequence parallelism a layer issues 4
+# forward (2 all-gathers, 2 reduce-scatters) and 6 backward (input re-gathers of qkv / fc1 for wgrad, their dgrad
+# reduce-scatters, and the all-gathers of the proj / fc2 output gradients): counted in that trace. Without it,
+# 2 all-reduces each way.
+TP_COLLECTIVE_HOST_S = 70e-6
+TP_COLLECTIVES_PER_LAYER = {True: (4, 6), False: (2, 2)}  # sequence parallel -> (forward, backward)
+# A CUDA-graphed layer costs the host one graph launch instead (cudaGraphLaunch plus TE's graphed-callable Python
+# wrapper). Replaced by the measurement of the graphed validate runs.
+CUDA_GRAPH_REPLAY_HOST_S = 50e-6
+# The attention half of a dense layer (input norm, qkv, RoPE, core attention, proj, residual) in the layer's
+# forward host time, from the CPU ops of the testbench's Qwen3-0.6B decoder trace.
+ATTN_HOST_SHARE = 0.7
+
 # ---- SM sharing while overlapping TP communication (TE userbuffers) -----------------------------
 # TE defaults: pipeline / bulk overlaps use 16 SMs for communication and set an SM margin on the
 # GEMM; ring-exchange uses copy engines and 1 SM. The GEMM then runs on (SMs - num_sm) SMs.

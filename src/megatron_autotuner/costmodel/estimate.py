@@ -111,6 +111,9 @@ class CostOptions:
     fusion or CUDA graphs, as the `validate` runner and the testbench do): each MoE block takes at
     least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); tuned recipes
     (fused permute, CUDA graphs) are not bound this way, hence off by default;
+    `host_floor`: a dense layer's phase takes at least its host's issue time (eager megatron-core: the
+    calibration's `dense_host_floor`, else `defaults.DENSE_HOST_FLOOR_*`; CUDA graphs take the captured share off);
+    off gives the GPU's time alone;
     `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far
     less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`);
     `memory_margin`: fraction of HBM kept free when deciding `fits` (`DEFAULT_MEMORY_MARGIN`).
@@ -126,6 +129,7 @@ class CostOptions:
     fused_cross_entropy: bool = True
     gradient_accumulation_fusion: bool = True
     moe_host_bound: bool = False
+    host_floor: bool = True
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
     expandable_segments: bool = False
@@ -262,6 +266,7 @@ class Estimate:
                 "overlap_p2p_comm": self.options.overlap_p2p_comm,
                 "fused_cross_entropy": self.options.fused_cross_entropy,
                 "moe_host_bound": self.options.moe_host_bound,
+                "host_floor": self.options.host_floor,
                 "expandable_segments": self.options.expandable_segments,
                 "overlap_param_gather": self.options.overlap_param_gather and self.parallel.use_distributed_optimizer,
                 "calibration": self.options.calibration.to_summary() if self.options.calibration else None,
@@ -324,9 +329,7 @@ def _flops_per_token_terms(model: ModelSpec, training: bool) -> tuple[float, flo
     return linear, model_flops_per_token(model, 1, "causal", training) - linear
 
 
-def packed_microbatch_shape(
-    model: ModelSpec, parallel: ParallelConfig, workload: Workload
-) -> tuple[float, float]:
+def packed_microbatch_shape(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> tuple[float, float]:
     """(local tokens, effective sequence length) of the mean micro-batch of the data-parallel rank with the most
     FLOPs (tokens x linear + sum s^2 x attention per unit length), with variable lengths: tokens = the rank's
     padded tokens / (m * cp), length = its sum s^2 / sum s. Without lengths: b*s/cp (`local_tokens_per_microbatch`)
@@ -496,6 +499,7 @@ def stage_time(
         flash_attention=options.flash_attention,
         fused_bias_activation=options.fused_bias_activation,
         moe_host_bound=options.moe_host_bound,
+        host_floor=options.host_floor,
         calibration=options.calibration,
         main_grad_bytes=parallel.main_grad_bytes,
     )

@@ -40,6 +40,10 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
 - host-bound MoE (`LayerContext.moe_host_bound`, an eager megatron-core MoE block): the block's
   GPU time is raised to the testbench-measured host floor: the calibration's (`Calibration.moe_host_floor`,
   measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host".
+- host-bound dense layer (eager megatron-core issues each layer's kernels from Python, ahead of the GPU): each
+  phase takes at least the layer's host time, forward and backward (`Calibration.dense_host_floor` measured on
+  the machine, else `defaults.DENSE_HOST_FLOOR_*`, plus the host of the TP collectives). CUDA graphs replace the
+  captured part's host time with one graph launch (`captured_host_share`). The difference is reported as "host".
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
-from .calibration import DEFAULT_MOE_HOST_FLOOR, Calibration
+from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
@@ -86,6 +90,9 @@ class LayerContext:
     flash_attention: bool = True
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
     moe_host_bound: bool = False  # eager MoE block: never faster than its host floor (see the module doc)
+    host_floor: bool = True  # a dense layer's phase never faster than its host's issue time (see the module doc)
+    cuda_graph_impl: str = "none"  # Megatron-LM --cuda-graph-impl: none | local | transformer_engine
+    cuda_graph_scope: tuple[str, ...] = ()  # --cuda-graph-scope (empty: the whole layer)
     calibration: Calibration | None = None
     main_grad_bytes: int = 4  # fp32 main grads (2: --grad-reduce-in-bf16); wgrad GEMMs accumulate into them
 
@@ -442,6 +449,13 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
             gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
             _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))
 
+    # ---- host-bound dense layer ----
+    if not is_moe and ctx.host_floor:
+        host_fwd, host_bwd = dense_host_s(ctx)
+        _add(fwd, "host", max(0.0, host_fwd - sum(fwd.values())))
+        if ctx.training:
+            _add(bwd, "host", max(0.0, host_bwd - sum(bwd.values())))
+
     # ---- recompute ----
     if ctx.training:
         if ctx.full_recompute:
@@ -467,6 +481,39 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
             if "mla_up_proj" in mods:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("q_up", "kv_up") if o in gemm))
     return LayerCost(Phases(fwd), Phases(bwd), Phases(rec))
+
+
+def captured_host_share(ctx: LayerContext, is_moe: bool = False) -> float:
+    """The share of a layer's host time that CUDA graphs take off the host (Megatron-LM --cuda-graph-impl /
+    --cuda-graph-scope): all of it for full-iteration graphs (`local` impl, scope full_iteration) and for a whole
+    captured layer (an empty scope); a dense layer's attention or MLP part alone by `defaults.ATTN_HOST_SHARE`
+    (its share of the eager layer's host time). MoE scopes (moe, moe_router, moe_preprocess) leave a dense layer's
+    host as it is."""
+    if ctx.cuda_graph_impl == "none":
+        return 0.0
+    scope = set(ctx.cuda_graph_scope)
+    if not scope or "full_iteration" in scope or ("attn" in scope and "mlp" in scope and not is_moe):
+        return 1.0
+    share = 0.0
+    if "attn" in scope:
+        share += d.ATTN_HOST_SHARE
+    if "mlp" in scope and not is_moe:
+        share += 1.0 - d.ATTN_HOST_SHARE
+    return share
+
+
+def dense_host_s(ctx: LayerContext) -> tuple[float, float]:
+    """(forward_s, backward_s) the host needs to issue one dense layer for one micro-batch: the floor measured on
+    the machine (`Calibration.dense_host_floor`) or the default, at this TP size, with the captured share replaced
+    by one CUDA-graph launch per phase."""
+    cal = ctx.calibration
+    floor = cal.dense_host_floor(ctx.precision, ctx.fp8_recipe, ctx.tp) if cal is not None else None
+    fwd, bwd = (floor or DEFAULT_DENSE_HOST_FLOOR).at(ctx.tp, ctx.sequence_parallel)
+    share = captured_host_share(ctx)
+    if share:
+        fwd = (1.0 - share) * fwd + d.CUDA_GRAPH_REPLAY_HOST_S
+        bwd = (1.0 - share) * bwd + d.CUDA_GRAPH_REPLAY_HOST_S
+    return fwd, bwd
 
 
 def _sm_slowdown(gpu, method: str) -> float:

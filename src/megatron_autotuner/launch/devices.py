@@ -26,7 +26,5 @@ def require_cuda_gpus(total: int, what: str, hint: str = "--dry-run lists what w
         ) from None
     gpus = visible_cuda_gpus()
     if gpus == 0:
-        raise NothingMeasuredError(
-            f"no CUDA GPU visible (torch {torch.__version__}): 0 of {total} {what} ran ({hint})"
-        )
+        raise NothingMeasuredError(f"no CUDA GPU visible (torch {torch.__version__}): 0 of {total} {what} ran ({hint})")
     return gpus

@@ -402,9 +402,7 @@ def plan(
             "1..16): the fastest budget that fits"
         )
     estimates.sort(key=lambda e: (e.step_time_s, e.peak_memory_gib))
-    candidates = tuple(
-        Candidate(i + 1, e.parallel, e.workload, e, reasons.get(id(e))) for i, e in enumerate(estimates)
-    )
+    candidates = tuple(Candidate(i + 1, e.parallel, e.workload, e, reasons.get(id(e))) for i, e in enumerate(estimates))
     if not candidates and explain_impossible:
         raise ConfigError(
             "num_gpus",

@@ -84,9 +84,7 @@ def tp_choices(model: ModelSpec, gpus_per_node: int, space: SearchSpace) -> list
 def cp_choices(seq_length: int, space: SearchSpace, packed: bool = False) -> list[int]:
     """Powers of two with seq % 2cp == 0; with packed variable lengths every one (each sequence is padded to a
     multiple of 2*tp*cp instead, `specs.parallel.thd_alignment`)."""
-    return [
-        cp for cp in (space.cp or powers_of_two(space.max_cp)) if cp == 1 or packed or seq_length % (2 * cp) == 0
-    ]
+    return [cp for cp in (space.cp or powers_of_two(space.max_cp)) if cp == 1 or packed or seq_length % (2 * cp) == 0]
 
 
 def pp_choices(model: ModelSpec, space: SearchSpace) -> list[int]:

@@ -161,9 +161,7 @@ class SequenceLengths:
             raise ConfigError("lengths.seed", f"must be an integer, got {self.seed!r}")
 
     @classmethod
-    def from_mean_max(
-        cls, prompt: tuple[float, int], response: tuple[float, int], seed: int = 0
-    ) -> SequenceLengths:
+    def from_mean_max(cls, prompt: tuple[float, int], response: tuple[float, int], seed: int = 0) -> SequenceLengths:
         return cls(
             LengthDistribution.from_mean_max("prompt_len", *prompt),
             LengthDistribution.from_mean_max("response_len", *response),

@@ -123,6 +123,49 @@ def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any
     return floors
 
 
+def dense_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The eager dense layer's host floor (`costmodel.DenseHostFloor`) per precision, fp8 recipe and TP size: the
+    median over the dense `decoder` cases of the wall time of their forward and backward calls
+    (`testbench.measure`: host_fwd_ms / host_bwd_ms, each a median over the case's timed iterations). The host's
+    cost of a layer hardly depends on its size (the same modules, kernels and Python run), so every dense decoder
+    case of a precision counts; `cases` keeps them to show the spread."""
+    groups: dict[tuple[str, str | None, int, bool], list[dict[str, Any]]] = {}
+    for rec in ok:
+        case, real = rec["case"], rec.get("real") or {}
+        if case["op"] != "decoder" or "host_fwd_ms" not in real or case.get("max_token_len"):
+            continue
+        if load_model_spec(case["model"]).is_moe:
+            continue
+        fp8 = case.get("dtype", "bf16") == "fp8"
+        key = (case.get("dtype", "bf16"), case.get("fp8_recipe", "delayed") if fp8 else None, case["tp"])
+        key += (bool(case.get("sequence_parallel")),)
+        groups.setdefault(key, []).append(
+            {
+                "case_id": rec["case_id"],
+                "host_fwd_ms": real["host_fwd_ms"]["median"],
+                "host_bwd_ms": real["host_bwd_ms"]["median"],
+                "gpu_event_fwd_ms": real["fwd_ms"]["median"],
+                "gpu_event_bwd_ms": real["bwd_ms"]["median"],
+            }
+        )
+    floors = []
+    for (precision, recipe, tp, sp), cases in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])
+    ):
+        floors.append(
+            {
+                "precision": precision,
+                **({"fp8_recipe": recipe} if recipe else {}),
+                "tp": tp,
+                "sequence_parallel": sp,
+                "fwd_s": statistics.median(c["host_fwd_ms"] for c in cases) * 1e-3,
+                "bwd_s": statistics.median(c["host_bwd_ms"] for c in cases) * 1e-3,
+                "cases": cases,
+            }
+        )
+    return floors
+
+
 def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = None) -> dict[str, Any]:
     ok = [r for r in latest_by_case(records, 0).values() if r.get("status") == "ok" and r.get("gpu_preset")]
     if gpu is not None:
@@ -195,6 +238,7 @@ def calibration_from_records(records: list[dict[str, Any]], gpu: str | None = No
         "layers": layers,
         "memory": {},
         "moe_host_floor": moe_host_floors_from_records(ok),
+        "dense_host_floor": dense_host_floors_from_records(ok),
     }
 
 

@@ -9,11 +9,11 @@ Every row names the traffic that ran beside the copy (`interference`):
   writing HBM), enqueued before the timed copy and long enough to outlast it;
 - "nccl_allreduce" (world size >= 2 only): every rank runs NCCL all-reduces of a large buffer, enqueued before
   rank 0's timed copy and long enough to outlast it. NCCL refuses two ranks on one device, so one GPU cannot run it;
-- "nccl_loopback" (world size 1 only): a one-rank NCCL communicator runs `all_to_all_single` of a large buffer,
-  which NCCL executes as a send/recv to itself inside its SendRecv kernel (src/device/sendrecv.h: a peer equal to
-  the rank copies send buffer to receive buffer in the kernel, on SMs and HBM). It is real NCCL kernel traffic on
-  the copy's GPU but no NVLink or PCIe traffic; the kernel names that ran are recorded with the rows (a
-  one-rank all-reduce would not do: NCCL turns it into a cudaMemcpyAsync on a copy engine);
+- "nccl_loopback" (world size 1 only): a one-rank NCCL communicator runs all-reduces with op AVG of a large buffer.
+  With one rank NCCL skips the network and runs a local kernel for ops that must scale (AVG, PREMUL_SUM: its
+  one-rank reduce kernel), on SMs and HBM; a one-rank SUM or a send/recv to itself would only be a cudaMemcpy on a
+  copy engine (an all_to_all_single to itself measured as `Memcpy DtoD` on an H100). It is NCCL kernel traffic on
+  the copy's GPU, without NVLink or PCIe traffic; the kernel names that ran are kept with the rows;
 - "gemm": a second stream runs bf16 GEMMs (SM- and HBM-bound compute, what activation offloading hides behind).
 Rank 0 measures and writes D/copy_bandwidth/rank_0.jsonl (one JSON line per row) and D/copy_bandwidth/summary.json;
 other ranks only take part in the all-reduces.
@@ -35,10 +35,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..costmodel.calibration import COPY_INTERFERENCES
 from ..specs.hardware import GIB, MIB
 
 DIRECTIONS = ("h2d", "d2h")
-INTERFERENCES = ("none", "hbm_d2d", "nccl_allreduce", "nccl_loopback", "gemm")
+INTERFERENCES = COPY_INTERFERENCES  # one list: what a calibration file may hold
 SINGLE_GPU_ONLY = ("nccl_loopback",)
 MULTI_GPU_ONLY = ("nccl_allreduce",)
 # host buffers (a pinned and a pageable one) may take this fraction of MemAvailable each; the device buffer this
@@ -136,7 +137,7 @@ class _Bench:
         self.hbm_src = torch.empty(hbm, dtype=torch.uint8, device="cuda")
         self.hbm_dst = torch.empty(hbm, dtype=torch.uint8, device="cuda")
         self.allreduce_buf = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda") if world > 1 else None
-        self.loopback_in = self.loopback_out = None
+        self.loopback_in = None
         self.gemm_a = self.gemm_out = None
         self.nccl_kernels: list[str] = []
 
@@ -145,7 +146,6 @@ class _Bench:
         torch = self.torch
         if "nccl_loopback" in interferences:
             self.loopback_in = torch.ones(ALLREDUCE_BYTES // 4, dtype=torch.float32, device="cuda")
-            self.loopback_out = torch.empty_like(self.loopback_in)
         if "gemm" in interferences:
             self.gemm_a = torch.randn(GEMM_DIM, GEMM_DIM, dtype=torch.bfloat16, device="cuda")
             self.gemm_out = torch.empty_like(self.gemm_a)
@@ -204,7 +204,7 @@ class _Bench:
 
     def enqueue_loopback(self, launches: int) -> list[Any]:
         dist = self.torch.distributed
-        return [dist.all_to_all_single(self.loopback_out, self.loopback_in, async_op=True) for _ in range(launches)]
+        return [dist.all_reduce(self.loopback_in, op=dist.ReduceOp.AVG, async_op=True) for _ in range(launches)]
 
     def time_loopback(self, repeats: int = 5) -> float:
         times = []
@@ -212,19 +212,19 @@ class _Bench:
             self.torch.cuda.synchronize()
             start, end = self._events()
             start.record()
-            self.torch.distributed.all_to_all_single(self.loopback_out, self.loopback_in)
+            self.torch.distributed.all_reduce(self.loopback_in, op=self.torch.distributed.ReduceOp.AVG)
             end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e-3)
         return statistics.median(times)
 
     def loopback_kernel_names(self) -> list[str]:
-        """The GPU kernels (and copies) one loop-back all_to_all_single ran, from torch.profiler."""
+        """The GPU kernels (and copies) one loop-back all-reduce ran, from torch.profiler."""
         from torch.profiler import ProfilerActivity, profile
 
         self.torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            self.torch.distributed.all_to_all_single(self.loopback_out, self.loopback_in)
+            self.torch.distributed.all_reduce(self.loopback_in, op=self.torch.distributed.ReduceOp.AVG)
             self.torch.cuda.synchronize()
         return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 

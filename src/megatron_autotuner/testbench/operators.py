@@ -93,6 +93,15 @@ def uses_bias_activation_fusion(spec: ModelSpec) -> bool:
     return spec.activation == "gelu" and spec.add_bias_linear
 
 
+def megatron_lm_fusions(device: str, use_te: bool) -> dict[str, bool]:
+    """The kernel fusions Megatron-LM trains with by default (arguments.py: --no-bias-dropout-fusion,
+    --no-masked-softmax-fusion and --no-rope-fusion switch them off), where they can run: on a GPU, and the fused
+    RoPE with TE. They change the host's work as well as the GPU's (the unfused RoPE alone is about 20 small ops
+    per layer), so the testbench's layers and the validate runner's models both use them."""
+    cuda = device == "cuda"
+    return {"bias_dropout_fusion": cuda, "masked_softmax_fusion": cuda, "apply_rope_fusion": cuda and use_te}
+
+
 def build_transformer_config(
     spec: ModelSpec, case: Case, use_te: bool, device: str, overrides: dict[str, Any] | None = None
 ):
@@ -115,6 +124,7 @@ def build_transformer_config(
     # Megatron-LM trains with bias_activation_fusion on (--bias-swiglu-fusion / --bias-gelu-fusion default
     # True); megatron-core can fuse GLU with silu or gelu, and plain gelu only with a bias.
     kwargs["bias_activation_fusion"] = uses_bias_activation_fusion(spec)
+    kwargs.update(megatron_lm_fusions(device, use_te))
     kwargs["params_dtype"] = torch.bfloat16
     kwargs["pipeline_dtype"] = torch.bfloat16
     kwargs["use_cpu_initialization"] = device == "cpu"

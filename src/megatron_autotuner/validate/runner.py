@@ -162,10 +162,7 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         deallocate_pipeline_outputs=True,
         overlap_p2p_comm=layout.vpp is not None,
         batch_p2p_comm=layout.vpp is None,
-        bias_dropout_fusion=cuda,
-        masked_softmax_fusion=cuda,
-        apply_rope_fusion=cuda and use_te,
-    )
+    )  # Megatron-LM's kernel fusions come with the model's config (testbench.operators.megatron_lm_fusions)
     if layout.packed and layout.pp > 1:
         # packed micro-batches differ in length: megatron-core's pipeline p2p then exchanges tensor shapes before
         # the tensors (TransformerConfig.variable_seq_lengths, pipeline_parallel/p2p_communication.py), as verl sets
