@@ -88,6 +88,10 @@ class LayerContext:
     moe_host_bound: bool = False  # eager MoE block: never faster than its host floor (see the module doc)
     calibration: Calibration | None = None
     main_grad_bytes: int = 4  # fp32 main grads (2: --grad-reduce-in-bf16); wgrad GEMMs accumulate into them
+    # CUDA graphs (`specs.parallel.CudaGraphConfig`): Megatron-LM --cuda-graph-impl and --cuda-graph-modules, as
+    # megatron-core normalises them; an empty scope with local / transformer_engine captures the whole layer
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
