@@ -123,7 +123,8 @@ def test_flags_are_modelled_rows_of_the_one_table():
     ],
 )  # fmt: skip
 def test_deprecated_spellings_migrate_as_validate_args_does(flags, expected):
-    assert imported(flags).workload.cuda_graph == expected
+    got = imported(flags).workload.cuda_graph
+    assert got == expected and got.warmup_steps == expected.warmup_steps
 
 
 @pytest.mark.parametrize(
@@ -180,7 +181,8 @@ def test_export_then_import_gives_the_same_graphs(graphs):
     args = specs_to_megatron_args(model, ParallelConfig(1), Workload(4096, cuda_graph=graphs))
     flags = render_flags(args)
     text = "torchrun --nproc_per_node 1 pretrain_gpt.py " + " ".join(flags)
-    assert launch_to_specs(read_launch(text)).workload.cuda_graph == graphs
+    got = launch_to_specs(read_launch(text)).workload.cuda_graph
+    assert got == graphs and got.warmup_steps == graphs.warmup_steps
     if graphs.impl == "full_iteration":
         assert "--no-check-for-nan-in-loss-and-grad" in flags
     if graphs.scope:
