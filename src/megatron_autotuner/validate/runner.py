@@ -489,6 +489,12 @@ class CudaGraphs:
                 0, None, w.global_batch_size, w.micro_batch_size, parallel_state.get_data_parallel_world_size()
             )
             self._calculator = True
+            if optimizer is None:
+                # forward-only: the chunks have no DDP grad buffer, which the helper zeroes after the capture
+                # (_reset_after_capture); the captured backward wrote plain .grad, dropped instead
+                for m in model:
+                    if not hasattr(m, "zero_grad_buffer"):
+                        m.zero_grad_buffer = functools.partial(m.zero_grad, set_to_none=True)
             self.helper = TECudaGraphHelper(
                 model=model,
                 config=config,
