@@ -323,6 +323,10 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
         scope = re.search(r"scope=([a-z_+]+)", graph)
         if scope:
             flags.append("--cuda-graph-scope " + " ".join(scope.group(1).split("+")))
+        if impl.group(1) == "full_iteration" or (scope and scope.group(1) == "full_iteration"):
+            # Bridge turns the NaN check off for full-iteration graphs (scripts/performance/utils/overrides.py
+            # _set_cuda_graph_overrides @ Megatron-Bridge 067f987); Megatron-LM requires it (validate_args)
+            flags.append("--no-check-for-nan-in-loss-and-grad")
     elif graph == "cuda_graphs=True":
         flags.append("--cuda-graph-impl local")
     flags.append("--cross-entropy-loss-fusion")

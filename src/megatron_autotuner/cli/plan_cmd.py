@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
         num_gpus, seq, gbs = mine.num_gpus, work.seq_length, work.global_batch_size
         precision, recipe, fp8_param = work.precision, work.fp8_recipe, work.fp8_param
         grad_fp32 = mine.grad_reduce_in_fp32
+        graphs = work.cuda_graph  # the launch's CUDA graphs, kept for every candidate
     else:
         model = model_from_args(args)
         for name in ("num_gpus", "seq_len", "global_batch_size"):
@@ -153,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
         num_gpus, seq, gbs = args.num_gpus, args.seq_len, args.global_batch_size
         precision, recipe = args.precision or "bf16", args.fp8_recipe or "delayed"
         fp8_param, grad_fp32 = bool(args.fp8_param_gather), not args.grad_reduce_in_bf16
+        graphs = None
     for name, value in (("num_gpus", num_gpus), ("seq_len", seq), ("global_batch_size", gbs)):
         if value < 1:
             raise ConfigError(name, f"must be a positive integer, got {value}")
@@ -172,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         fp8_recipe=recipe,
         fp8_param=fp8_param,
         lengths=lengths,
+        cuda_graph=graphs,
     )
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)

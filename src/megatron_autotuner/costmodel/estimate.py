@@ -498,10 +498,13 @@ def stage_time(
         cp_comm_type=parallel.cp_comm_type,
         flash_attention=options.flash_attention,
         fused_bias_activation=options.fused_bias_activation,
-        moe_host_bound=options.moe_host_bound,
+        # a graph over the whole MoE block replays it without the host (router-only graphs leave it eager)
+        moe_host_bound=options.moe_host_bound and not workload.cuda_graph.captures("moe", moe_layer=True),
         host_floor=options.host_floor,
         calibration=options.calibration,
         main_grad_bytes=parallel.main_grad_bytes,
+        cuda_graph_impl=workload.cuda_graph.impl,
+        cuda_graph_scope=workload.cuda_graph.scope,
     )
     mg = parallel.main_grad_bytes
     bf16_grads = not parallel.grad_reduce_in_fp32

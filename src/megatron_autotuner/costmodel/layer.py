@@ -91,10 +91,12 @@ class LayerContext:
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
     moe_host_bound: bool = False  # eager MoE block: never faster than its host floor (see the module doc)
     host_floor: bool = True  # a dense layer's phase never faster than its host's issue time (see the module doc)
-    cuda_graph_impl: str = "none"  # Megatron-LM --cuda-graph-impl: none | local | transformer_engine
-    cuda_graph_scope: tuple[str, ...] = ()  # --cuda-graph-scope (empty: the whole layer)
     calibration: Calibration | None = None
     main_grad_bytes: int = 4  # fp32 main grads (2: --grad-reduce-in-bf16); wgrad GEMMs accumulate into them
+    # CUDA graphs (`specs.parallel.CudaGraphConfig`): Megatron-LM --cuda-graph-impl and --cuda-graph-modules, as
+    # megatron-core normalises them; an empty scope with local / transformer_engine captures the whole layer
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -485,14 +487,13 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
 
 def captured_host_share(ctx: LayerContext, is_moe: bool = False) -> float:
     """The share of a layer's host time that CUDA graphs take off the host (Megatron-LM --cuda-graph-impl /
-    --cuda-graph-scope): all of it for full-iteration graphs (`local` impl, scope full_iteration) and for a whole
-    captured layer (an empty scope); a dense layer's attention or MLP part alone by `defaults.ATTN_HOST_SHARE`
-    (its share of the eager layer's host time). MoE scopes (moe, moe_router, moe_preprocess) leave a dense layer's
-    host as it is."""
+    --cuda-graph-modules): all of it for full-iteration graphs and for a whole captured layer (an empty scope); a
+    dense layer's attention or MLP part alone by `defaults.ATTN_HOST_SHARE` (its share of the eager layer's host
+    time). MoE scopes (moe, moe_router, moe_preprocess) leave a dense layer's host as it is."""
     if ctx.cuda_graph_impl == "none":
         return 0.0
     scope = set(ctx.cuda_graph_scope)
-    if not scope or "full_iteration" in scope or ("attn" in scope and "mlp" in scope and not is_moe):
+    if not scope or ctx.cuda_graph_impl == "full_iteration" or ("attn" in scope and "mlp" in scope and not is_moe):
         return 1.0
     share = 0.0
     if "attn" in scope:

@@ -259,6 +259,24 @@ class MegatronArgs:
                 out[key] = list(value) if isinstance(value, tuple) else value
         return out
 
+    def cuda_graph_fields(self) -> dict[str, Any]:
+        """`model.cuda_graph_impl` / `model.cuda_graph_scope`, the TransformerConfig fields Bridge sets from its
+        perf scripts' --cuda_graph_impl / --cuda_graph_scope (scripts/performance/utils/overrides.py
+        `_set_cuda_graph_overrides` @ NVIDIA-NeMo/Megatron-Bridge@067f987). megatron-core 0.16.1 (Bridge v0.3.1)
+        knows no full_iteration impl: it is impl local with scope ["full_iteration"], which megatron-core 0.19
+        migrates to impl full_iteration (cuda_graph_config.CUDA_GRAPH_MODULES_DEPRECATIONS). Empty: the launch's
+        graphs as Megatron-LM's validate_args resolves them (`specs.megatron_args`), none when off."""
+        from ..specs.megatron_args import Launch, launch_cuda_graphs
+
+        graphs = launch_cuda_graphs(Launch(args=self.args, given=tuple(self.args)), None)
+        if not graphs.enabled:
+            return {}
+        if graphs.impl == "full_iteration":
+            return {"cuda_graph_impl": "local", "cuda_graph_scope": ["full_iteration"], "use_te_rng_tracker": True}
+        # Bridge sets model.use_te_rng_tracker (and rng.te_rng_tracker) for any graphs, as Megatron-LM sets
+        # --te-rng-tracker
+        return {"cuda_graph_impl": graphs.impl, "cuda_graph_scope": list(graphs.scope), "use_te_rng_tracker": True}
+
     def shape_fields(self) -> dict[str, Any]:
         """Model-shape fields the launch sets, named as TransformerConfig / GPTModelProvider name them."""
         out: dict[str, Any] = {k: self.args[k] for k in SHAPE_KEYS if k in self.args}
@@ -374,8 +392,14 @@ def bridge_overrides(args: dict[str, Any], *, tp_comm_overlap_cfg: str | None = 
         "cross_entropy_fusion_impl": a["cross_entropy_fusion_impl"],
         **a.moe_fields(),
         **a.shape_fields(),
+        **a.cuda_graph_fields(),
     }
     out: dict[str, Any] = {"model": model}
+    if model.get("cuda_graph_impl"):
+        out["rng"] = {"te_rng_tracker": True}
+        if model["cuda_graph_scope"] == ["full_iteration"]:
+            # the graph cannot hold the NaN check's host sync (_set_cuda_graph_overrides: check_for_nan_in_loss)
+            out["rerun_state_machine"] = {"check_for_nan_in_loss": False}
 
     train: dict[str, Any] = {}
     if a["micro_batch_size"] is not None:

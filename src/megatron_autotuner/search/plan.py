@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, RecomputeConfig, Workload, validate_layout
+from ..specs.parallel import CudaGraphConfig, ParallelConfig, RecomputeConfig, Workload, validate_layout
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
 from .space import (
     RECOMPUTE_CHOICES,
@@ -166,6 +166,8 @@ def layout_label(p: ParallelConfig, w: Workload) -> str:
     parts.append(f"rc-{w.recompute.granularity}")
     if not p.use_distributed_optimizer:
         parts.append("no-distopt")
+    if w.cuda_graph.enabled:
+        parts.append("graphs-" + "+".join((w.cuda_graph.impl, *w.cuda_graph.scope)))
     return " ".join(parts)
 
 
@@ -187,6 +189,7 @@ def plan(
     fp8_recipe: str = "delayed",
     fp8_param: bool = False,
     lengths: SequenceLengths | None = None,
+    cuda_graph: CudaGraphConfig | None = None,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
@@ -219,7 +222,11 @@ def plan(
         fp8_recipe,
         fp8_param,
         lengths,
+        cuda_graph or CudaGraphConfig(),
     )
+    graph_choices = space.cuda_graphs or (base.cuda_graph,)
+    # screening times structures eagerly: per-layer graphs refuse full recompute, which screening probes
+    eager = CudaGraphConfig()
     packed = lengths is not None
     if precision == "fp8":
         gpu.peak_tflops("fp8")
@@ -271,15 +278,18 @@ def plan(
             for sp in sps:
                 structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, mbs_list))
 
-    def config(st: tuple, dist: bool, rc_name: str, mbs: int) -> tuple[ParallelConfig, Workload]:
+    def config(
+        st: tuple, dist: bool, rc_name: str, mbs: int, graphs: CudaGraphConfig | None = None
+    ) -> tuple[ParallelConfig, Workload]:
         tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, _ = st
+        work = base if graphs is None else base.replace(cuda_graph=graphs)
         parallel = ParallelConfig(
             num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, sp and tp > 1,
             pipeline_layout=pipeline_layout,
         )  # fmt: skip
         if budgets is not None:
-            return parallel, base.replace(max_token_len=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
-        return parallel, base.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
+            return parallel, work.replace(max_token_len=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
+        return parallel, work.replace(micro_batch_size=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
 
     memory: dict[tuple[ParallelConfig, Workload], tuple[bool, float, list]] = {}
 
@@ -307,7 +317,7 @@ def plan(
     screened: list[tuple[float, tuple]] = []
     for st in structures:  # counted as considered when rejected here; a kept one counts each of its variants
         try:
-            parallel, workload = config(st, dist_probe, lightest_first[-1], st[-1][0])
+            parallel, workload = config(st, dist_probe, lightest_first[-1], st[-1][0], eager)
             validate_layout(model, parallel, workload)
         except ConfigError as exc:
             considered += 1
@@ -319,7 +329,7 @@ def plan(
         found = None
         if ok:
             for rc_name in lightest_first:
-                parallel, workload = config(st, dist_probe, rc_name, st[-1][0])
+                parallel, workload = config(st, dist_probe, rc_name, st[-1][0], eager)
                 ok, _, _ = fits(parallel, workload)
                 if ok:
                     found = (parallel, workload)
@@ -354,7 +364,7 @@ def plan(
 
     # (layout, recompute) -> (the smallest token budget that failed, why): the reason a larger one was not chosen
     budget_limits: dict[tuple[ParallelConfig, str], tuple[int, str]] = {}
-    for st in kept:
+    for st, graphs in ((st, g) for st in kept for g in graph_choices):
         mbs_list = st[-1]
         any_fit = False  # with the distributed optimizer (tried first): without it needs more memory
         for dist in sorted(dist_opts, reverse=True):
@@ -362,7 +372,7 @@ def plan(
                 too_big = not dist and True in dist_opts and not any_fit
                 for mbs in mbs_list:
                     considered += 1
-                    parallel, workload = config(st, dist, rc_name, mbs)
+                    parallel, workload = config(st, dist, rc_name, mbs, graphs)
                     label = layout_label(parallel, workload)
                     if too_big:
                         smaller = "a smaller token budget" if budgets is not None else "a smaller micro-batch"

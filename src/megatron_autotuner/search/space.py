@@ -10,7 +10,9 @@ splits, embedding / loss accounting, first / last stage counts and, for models w
 with seq % 2cp == 0; tp*pp*cp divides num_gpus; ep divides the expert count and etp*ep*pp the
 GPU count; micro-batch * dp divides the global batch. Sequence parallelism is enumerated on and
 off for dense models (MoE with ep > 1 and tp > 1 requires it); TE TP-communication overlap is on
-whenever sequence parallelism is (NVIDIA's recipes do so).
+whenever sequence parallelism is (NVIDIA's recipes do so). CUDA graphs (`SearchSpace.cuda_graphs`): the
+workload's own by default; `cuda_graph_choices` gives eager plus the per-layer graphs NVIDIA's recipes use, for a
+search that tries them (their memory is in the fit check, `theory.memory`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
-from ..specs.parallel import RecomputeConfig
+from ..specs.parallel import CudaGraphConfig, RecomputeConfig
 from ..specs.pipeline import PipelineLayout, balanced_layout
 from ..theory.flops import layer_forward_flops_per_token, logits_flops_per_token, mtp_forward_flops_per_token
 
@@ -56,6 +58,19 @@ class SearchSpace:
     # 3-15% in the plans of 8-1024 GPUs; float("inf") searches everything)
     screen_slack: float = 0.25
     screen_keep: int = 48
+    # CUDA graphs to try for every layout (each checked by `specs.validate_layout`, its memory in the fit check);
+    # None: the planned workload's own graphs only (eager unless the launch has them). `cuda_graph_choices(model)`
+    # tries eager and per-layer graphs. Which one is faster is the cost model's host-time term.
+    cuda_graphs: tuple[CudaGraphConfig, ...] | None = None
+
+
+def cuda_graph_choices(model: ModelSpec) -> tuple[CudaGraphConfig, ...]:
+    """Eager, and Transformer Engine per-layer graphs as NVIDIA's recipes set them: the whole decoder layer
+    (attn + mlp) of a dense model; attention, router and preprocess of an MoE model, whose dropless expert
+    dispatch has dynamic shapes megatron-core cannot capture (docs/user-guide/features/cuda_graph.md @ Megatron-LM
+    d98e8a6; Megatron-Bridge's Qwen3-30B-A3B / DeepSeek-V3 perf configs: attn + moe_router + moe_preprocess)."""
+    scope = ("attn", "moe_router", "moe_preprocess") if model.is_moe else ("attn", "mlp")
+    return (CudaGraphConfig(), CudaGraphConfig("transformer_engine", scope))
 
 
 def powers_of_two(limit: int) -> list[int]:

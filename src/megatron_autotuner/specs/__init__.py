@@ -5,6 +5,7 @@ from .hf import model_spec_from_hf_config
 from .loader import find_in_hf_cache, load_model_spec, load_model_spec_file, preset_names
 from .model import ModelSpec
 from .parallel import (
+    CudaGraphConfig,
     ParallelConfig,
     RecomputeConfig,
     Workload,
@@ -16,6 +17,7 @@ from .parallel import (
 __all__ = [
     "GPU_PRESETS",
     "ClusterSpec",
+    "CudaGraphConfig",
     "GPUSpec",
     "ModelSpec",
     "ParallelConfig",

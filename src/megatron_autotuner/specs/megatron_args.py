@@ -29,7 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .model import ModelSpec
-from .parallel import ParallelConfig, RecomputeConfig, Workload
+from .parallel import CUDA_GRAPH_MODULES, CudaGraphConfig, ParallelConfig, RecomputeConfig, Workload
 from .pipeline import PipelineLayout
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -142,6 +142,14 @@ FLAG_TABLE: dict[str, str] = {
     "fp8": "workload.precision fp8 (--fp8-format e4m3 | hybrid)",
     "fp8_recipe": "workload.fp8_recipe",
     "fp8_param_gather": "workload.fp8_param",
+    "cuda_graph_impl": "workload.cuda_graph.impl",
+    "cuda_graph_modules": "workload.cuda_graph.scope (empty: the whole layer)",
+    "cuda_graph_scope_deprecated": "workload.cuda_graph.scope (deprecated --cuda-graph-scope; full_iteration there: "
+    "impl full_iteration)",
+    "enable_cuda_graph": "workload.cuda_graph.impl local (deprecated)",
+    "external_cuda_graph": "workload.cuda_graph.impl transformer_engine (deprecated)",
+    "cuda_graph_warmup_steps": "workload.cuda_graph.warmup_steps",
+    "check_for_nan_in_loss_and_grad": "off with full-iteration CUDA graphs (--no-check-for-nan-in-loss-and-grad)",
     # cost-model options (CostOptions) and MoE execution
     "overlap_grad_reduce": "options.overlap_grad_reduce",
     "overlap_param_gather": "options.overlap_param_gather",
@@ -152,7 +160,7 @@ FLAG_TABLE: dict[str, str] = {
     "bias_gelu_fusion": "options.fused_bias_activation (--no-bias-gelu-fusion)",
     "moe_token_dispatcher_type": "alltoall is modelled (allgather / flex: not modelled, predicted as alltoall)",
     "moe_grouped_gemm": "grouped expert GEMMs are modelled (off: not modelled)",
-    "moe_permute_fusion": "options.moe_host_bound (eager MoE without permute fusion or CUDA graphs)",
+    "moe_permute_fusion": "options.moe_host_bound (eager MoE block: no permute fusion, not under a CUDA graph)",
     "tp_comm_overlap_cfg": "the TE userbuffers yaml (its per-GEMM settings are not read)",
 }
 
@@ -210,7 +218,6 @@ NO_EFFECT_DESTS = frozenset(
         "manual_gc",
         "manual_gc_interval",
         "manual_gc_eval",
-        "check_for_nan_in_loss_and_grad",
         "rerun_mode",
         "distributed_backend",
         "distributed_timeout_minutes",
@@ -253,7 +260,6 @@ NO_EFFECT_DESTS = frozenset(
 _MODEL_SHAPE_REQUIRED = ("num_layers", "hidden_size", "num_attention_heads")
 _MODEL_DESTS = frozenset(k for k, v in FLAG_TABLE.items() if v.startswith("model."))
 _NOT_MODELLED_NOTES = {
-    "cuda_graph_impl": "CUDA graphs are not modelled yet (host time as eager megatron-core)",
     "use_megatron_fsdp": "FSDP is not modelled (predicted as DDP + distributed optimizer)",
     "use_torch_fsdp2": "FSDP is not modelled (predicted as DDP + distributed optimizer)",
     "fp4": "fp4 is not modelled",
@@ -264,8 +270,6 @@ _NOT_MODELLED_NOTES = {
     "cpu_offloading_num_layers": "activation offloading is not modelled",
     "fine_grained_activation_offloading": "activation offloading is not modelled",
     "optimizer_cpu_offload": "optimizer offloading is not modelled",
-    "cuda_graph_scope_deprecated": "CUDA graphs are not modelled yet (deprecated alias of --cuda-graph-modules)",
-    "cuda_graph_modules": "CUDA graphs are not modelled yet",
     "use_precision_aware_optimizer": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_sq_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
@@ -706,14 +710,16 @@ def launch_to_specs(
     }
     gated = model.gated_linear_unit if model is not None else bool(launch.value("swiglu"))
     options["fused_bias_activation"] = bool(launch.value("bias_swiglu_fusion" if gated else "bias_gelu_fusion"))
-    cuda_graphs = (_str(launch, "cuda_graph_impl") or "none") != "none"
+    graphs = launch_cuda_graphs(launch, model)
     if model is not None and model.is_moe:
         dispatcher = _str(launch, "moe_token_dispatcher_type")
         if dispatcher != "alltoall":
             not_modelled.append(f"--moe-token-dispatcher-type {dispatcher} (predicted as alltoall)")
         if not launch.value("moe_grouped_gemm"):
             not_modelled.append("--moe-grouped-gemm off: one GEMM per expert (predicted as grouped GEMMs)")
-        options["moe_host_bound"] = not launch.value("moe_permute_fusion") and not cuda_graphs
+        # the host floor is the eager MoE block's; a graph over the whole block replays it without the host
+        # (moe_router / moe_preprocess graphs leave the dispatch and experts eager)
+        options["moe_host_bound"] = not launch.value("moe_permute_fusion") and not graphs.captures("moe", True)
     if model is None:
         return ImportedLaunch(None, None, None, options, tuple(notes), tuple(not_modelled), launch)
 
@@ -784,10 +790,96 @@ def launch_to_specs(
         max_token_len=max_token_len,
         fp8_recipe=recipe if fp8 else "delayed",
         fp8_param=bool(launch.value("fp8_param_gather")) and bool(fp8),
+        cuda_graph=graphs,
     )
     if mode != "train" and granularity != "none":
         notes.append("recompute: ignored for a forward-only pass")
     return ImportedLaunch(model, parallel, workload, options, tuple(notes), tuple(not_modelled), launch)
+
+
+def _cuda_graph_modules(launch: Launch, dest: str) -> list[str]:
+    value = launch.value(dest)
+    values = [] if value is None else [value] if isinstance(value, str) else list(value)
+    for v in values:
+        _shell_variable(dest, v)
+    return [m for v in values for m in str(v).split(",") if m]
+
+
+def launch_cuda_graphs(launch: Launch, model: ModelSpec | None) -> CudaGraphConfig:
+    """The launch's CUDA graphs, after Megatron-LM's `validate_args` migrations of the deprecated spellings and
+    with the rules that need launch flags (megatron/training/arguments.py and
+    megatron/core/transformer/cuda_graph_config.py @ d98e8a6; the same in core_r0.19.0). Raises `ConfigError`
+    where Megatron-LM refuses the launch."""
+    impl = _str(launch, "cuda_graph_impl") or "none"
+    enable, external = bool(launch.value("enable_cuda_graph")), bool(launch.value("external_cuda_graph"))
+    if enable or external:
+        if impl != "none":
+            raise ConfigError(
+                "cuda_graph_impl", "do not use --enable-cuda-graph or --external-cuda-graph with it (Megatron-LM)"
+            )
+        if enable and external:
+            raise ConfigError("enable_cuda_graph", "cannot be given with --external-cuda-graph (Megatron-LM)")
+        impl = "local" if enable else "transformer_engine"
+    modules = _cuda_graph_modules(launch, "cuda_graph_modules")
+    if launch.value("cuda_graph_scope_deprecated") is not None:
+        if modules:
+            raise ConfigError(
+                "cuda_graph_scope_deprecated", "--cuda-graph-scope and --cuda-graph-modules cannot be used together"
+            )
+        modules = _cuda_graph_modules(launch, "cuda_graph_scope_deprecated")
+    bad = [m for m in modules if m not in (*CUDA_GRAPH_MODULES, "full", "full_iteration", "full_iteration_inference")]
+    if bad:
+        raise ConfigError("cuda_graph_modules", f"unknown module {bad[0]!r}; allowed: {', '.join(CUDA_GRAPH_MODULES)}")
+    deprecated = sorted({m for m in modules if m in ("full_iteration", "full_iteration_inference")})
+    if len(deprecated) > 1:
+        raise ConfigError("cuda_graph_modules", "cannot hold both full_iteration and full_iteration_inference")
+    if deprecated == ["full_iteration"]:
+        if impl not in ("none", "local", "full_iteration"):
+            raise ConfigError("cuda_graph_modules", f"full_iteration cannot be combined with --cuda-graph-impl {impl}")
+        impl = "full_iteration"
+    elif deprecated == ["full_iteration_inference"] and impl not in ("none", "local"):
+        raise ConfigError(
+            "cuda_graph_modules", f"full_iteration_inference cannot be combined with --cuda-graph-impl {impl}"
+        )
+    modules = [m for m in modules if m not in deprecated]  # full_iteration_inference: inference graphs only
+    inference_scope = _str(launch, "inference_cuda_graph_scope")
+    allowed = ("layer", "block") if impl == "local" else ("none",)  # cuda_graph_config.ALLOWED_INFERENCE_SCOPES
+    if inference_scope is not None and inference_scope not in allowed:
+        raise ConfigError(
+            "inference_cuda_graph_scope", f"must be one of {', '.join(allowed)} with --cuda-graph-impl {impl}"
+        )
+    warmup = _int(launch, "cuda_graph_warmup_steps")
+    graphs = CudaGraphConfig(impl=impl, scope=tuple(modules), warmup_steps=3 if warmup is None else warmup)
+    if impl == "full_iteration" and launch.value("check_for_nan_in_loss_and_grad"):
+        raise ConfigError(
+            "check_for_nan_in_loss_and_grad",
+            "must be off with --cuda-graph-impl full_iteration: give --no-check-for-nan-in-loss-and-grad (Megatron-LM)",
+        )
+    if impl == "transformer_engine":
+        alloc = launch.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        if "expandable_segments:True" in alloc and launch.env.get("NCCL_GRAPH_REGISTER", "") != "0":
+            raise ConfigError(
+                "cuda_graph_impl",
+                "transformer_engine graphs with expandable_segments:True need NCCL_GRAPH_REGISTER=0 (Megatron-LM)",
+            )
+    if graphs.per_layer and (_int(launch, "cpu_offloading_num_layers") or 0) > 0:
+        raise ConfigError("cuda_graph_impl", "per-layer CUDA graphs do not work with CPU offloading (megatron-core)")
+    if model is not None and model.is_moe and graphs.per_layer:
+        capacity = launch.value("moe_expert_capacity_factor")
+        if "moe" in graphs.scope and (capacity is None or not launch.value("moe_pad_expert_input_to_capacity")):
+            raise ConfigError("cuda_graph_modules", "moe graphs need drop-and-pad MoE (megatron-core)")
+        dispatcher = _str(launch, "moe_token_dispatcher_type")
+        if (
+            (capacity is None or not launch.value("moe_pad_expert_input_to_capacity"))
+            and dispatcher == "alltoall"
+            and "moe_preprocess" in graphs.scope
+            and (capacity is not None or launch.value("moe_router_padding_for_fp8"))
+        ):
+            raise ConfigError(
+                "cuda_graph_modules",
+                "moe_preprocess graphs do not work with the alltoall dispatcher's host syncs here (megatron-core)",
+            )
+    return graphs
 
 
 def read_launch_file(path: str) -> Launch:
@@ -893,6 +985,14 @@ def specs_to_megatron_args(
         args.update(recompute_granularity="selective", recompute_modules=list(rc.modules))
     if w.precision == "fp8":
         args.update(fp8="hybrid", fp8_recipe=w.fp8_recipe, fp8_param_gather=w.fp8_param)
+    graphs = w.cuda_graph
+    if graphs.enabled:
+        args["cuda_graph_impl"] = graphs.impl
+        args["cuda_graph_warmup_steps"] = graphs.warmup_steps
+        if graphs.scope:
+            args["cuda_graph_modules"] = list(graphs.scope)
+        if graphs.impl == "full_iteration":
+            args["check_for_nan_in_loss_and_grad"] = False
     if options is not None:
         args.update(
             overlap_grad_reduce=options.overlap_grad_reduce,

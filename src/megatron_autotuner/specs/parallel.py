@@ -30,6 +30,15 @@ PRECISIONS = ("bf16", "fp8")
 # tile of weights, blockwise-scaled GEMM kernels on Hopper). mxfp8 (Blackwell only) is not modelled.
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 MODES = ("train", "forward")
+# Megatron-LM --cuda-graph-impl (megatron/core/transformer/transformer_config.py `cuda_graph_impl`, Megatron-LM
+# @ d98e8a6 and megatron-core 0.19): no graphs; megatron-core's own per-layer CudaGraphManager; Transformer
+# Engine's make_graphed_callables per layer (TECudaGraphHelper); one graph of the whole forward-backward
+# (FullCudaGraphWrapper, megatron/core/full_cuda_graph.py).
+CUDA_GRAPH_IMPLS = ("none", "local", "transformer_engine", "full_iteration")
+# Megatron-LM --cuda-graph-modules (the renamed --cuda-graph-scope), megatron/core/transformer/enums.py
+# `CudaGraphModule`; an empty list captures the whole layer (local / transformer_engine).
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba")
+PER_LAYER_CUDA_GRAPH_IMPLS = ("local", "transformer_engine")
 
 
 def _positive(name: str, value: Any) -> None:
@@ -183,6 +192,85 @@ class RecomputeConfig:
 
 
 @dataclass(frozen=True)
+class CudaGraphConfig:
+    """CUDA graphs of a megatron-core run (Megatron-LM `--cuda-graph-impl`, `--cuda-graph-modules` and
+    `--cuda-graph-warmup-steps`; Megatron-Bridge `model.cuda_graph_impl` / `model.cuda_graph_scope`).
+
+    `impl`: none | local | transformer_engine | full_iteration. `scope`: the per-layer capture modules
+    (`CUDA_GRAPH_MODULES`); empty captures the whole layer with local / transformer_engine, and must be empty with
+    full_iteration (megatron-core TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py
+    @ d98e8a6). With impl none the scope has no effect and is dropped, as Megatron-LM warns. Normalised as
+    megatron-core does: duplicates dropped, the deprecated "full" means the whole layer, and the local impl
+    captures moe_router and moe_preprocess together ("local impl doesn't currently distinguish" them).
+    `warmup_steps`: eager iterations before capture (Megatron-LM default 3; megatron/training/training.py captures
+    at iteration start + warmup steps)."""
+
+    impl: str = "none"
+    scope: tuple[str, ...] = ()
+    # changes when the graphs exist, not what a step costs: left out of equality (a layout and a plan compare equal)
+    warmup_steps: int = field(default=3, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.impl not in CUDA_GRAPH_IMPLS:
+            raise ConfigError("cuda_graph_impl", f"must be one of {', '.join(CUDA_GRAPH_IMPLS)}, got {self.impl!r}")
+        scope = (self.scope,) if isinstance(self.scope, str) else tuple(self.scope)
+        if scope == ("full",):  # deprecated spelling of the whole layer (normalize_cuda_graph_modules)
+            scope = ()
+        if "full" in scope:
+            raise ConfigError("cuda_graph_scope", "full cannot be used with other modules (megatron-core)")
+        bad = [m for m in scope if m not in CUDA_GRAPH_MODULES]
+        if bad:
+            raise ConfigError(
+                "cuda_graph_scope", f"unknown module {bad[0]!r}; allowed: {', '.join(CUDA_GRAPH_MODULES)}"
+            )
+        if self.impl == "none":
+            scope = ()
+        if self.impl == "full_iteration" and scope:
+            raise ConfigError("cuda_graph_scope", "must be empty with cuda_graph_impl full_iteration (megatron-core)")
+        if self.impl == "local" and {"moe_router", "moe_preprocess"} & set(scope):
+            scope = (*scope, "moe_router", "moe_preprocess")
+        scope = tuple(m for m in CUDA_GRAPH_MODULES if m in scope)
+        object.__setattr__(self, "scope", scope)
+        if "moe" in scope and "moe_router" in scope:
+            raise ConfigError("cuda_graph_scope", "must not contain both moe and moe_router (megatron-core)")
+        if "moe_preprocess" in scope and "moe_router" not in scope:
+            raise ConfigError("cuda_graph_scope", "moe_preprocess needs moe_router (megatron-core)")
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) or self.warmup_steps < 0:
+            raise ConfigError("cuda_graph_warmup_steps", f"must be a non-negative integer, got {self.warmup_steps!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.impl != "none"
+
+    @property
+    def per_layer(self) -> bool:
+        return self.impl in PER_LAYER_CUDA_GRAPH_IMPLS
+
+    def captures(self, part: str, moe_layer: bool = False) -> bool:
+        """Whether a graph covers `part` of a decoder layer: "attn", "mlp" (a dense layer's MLP), "moe" (a whole
+        MoE block: router, dispatch, experts, combine), "moe_router" (the router and the shared experts) or
+        "moe_preprocess". Per-layer graphs cover what megatron-core's TransformerLayer puts under them
+        (`_get_submodules_under_cudagraphs`, megatron/core/transformer/transformer_layer.py @ core_r0.19.0): the
+        whole layer with an empty scope, else the named modules; full_iteration covers everything."""
+        if self.impl == "none":
+            return False
+        if self.impl == "full_iteration" or not self.scope:
+            return True
+        if part == "attn":
+            return "attn" in self.scope
+        if part == "mlp":
+            return not moe_layer and "mlp" in self.scope
+        if part == "moe":
+            return moe_layer and "moe" in self.scope
+        if part in ("moe_router", "moe_preprocess"):
+            return moe_layer and (part in self.scope or "moe" in self.scope)
+        raise ValueError(f"unknown layer part {part!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"impl": self.impl, "scope": list(self.scope), "warmup_steps": self.warmup_steps}
+
+
+@dataclass(frozen=True)
 class Workload:
     """What one training (or forward-only) iteration processes.
 
@@ -195,6 +283,7 @@ class Workload:
     With precision fp8: `fp8_recipe` is Megatron-LM's `--fp8-recipe` (delayed | tensorwise | blockwise) and
     `fp8_param` its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
     linear weights are stored in fp8 and all-gathered in fp8 instead of bf16.
+    `cuda_graph`: the run's CUDA graphs (`CudaGraphConfig`; none by default).
     """
 
     seq_length: int
@@ -207,8 +296,11 @@ class Workload:
     fp8_recipe: str = "delayed"
     fp8_param: bool = False
     lengths: SequenceLengths | None = None
+    cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.cuda_graph, CudaGraphConfig):
+            raise ConfigError("cuda_graph", f"must be a CudaGraphConfig, got {type(self.cuda_graph).__name__}")
         for name in ("seq_length", "micro_batch_size", "global_batch_size"):
             _positive(name, getattr(self, name))
         if self.precision not in PRECISIONS:
@@ -271,6 +363,7 @@ class Workload:
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lengths"}
         data["recompute"] = dataclasses.asdict(self.recompute)
+        data["cuda_graph"] = self.cuda_graph.to_dict()
         if self.lengths is not None:
             data["lengths"] = self.lengths.to_dict()
         return data
@@ -438,3 +531,45 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
             raise ConfigError("recompute_modules", "moe / moe_act need an MoE model")
         if "shared_experts" in rc.modules and not model.moe_shared_expert_intermediate_size:
             raise ConfigError("recompute_modules", "shared_experts needs a model with shared experts")
+    validate_cuda_graphs(model, workload)
+
+
+def validate_cuda_graphs(model: ModelSpec, workload: Workload) -> None:
+    """Raise `ConfigError` where megatron-core refuses the workload's CUDA graphs for this model and recompute
+    (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py @ d98e8a6, the same in
+    core_r0.19.0). Rules that need launch flags the specs do not hold (drop-and-pad MoE for the moe module,
+    --no-check-for-nan-in-loss-and-grad, CPU offloading, the allocator / NCCL environment) are checked where the
+    launch is read (`specs.megatron_args.launch_to_specs`)."""
+    graphs, rc = workload.cuda_graph, workload.recompute
+    if not graphs.enabled:
+        return
+    scope = set(graphs.scope)
+    if workload.max_token_len is not None:
+        # a graph replays fixed shapes: TECudaGraphHelper captures seq_length x micro_batch_size inputs, the
+        # full-iteration graph the first batches' static buffers (StaticBufferLoader); packed micro-batches vary
+        raise ConfigError(
+            "cuda_graph_impl", "CUDA graphs need fixed micro-batch shapes, not packed ones (max_token_len)"
+        )
+    if graphs.per_layer:
+        if not model.is_moe and scope & {"moe", "moe_router"}:
+            raise ConfigError("cuda_graph_scope", "moe / moe_router graphs need an MoE model (megatron-core)")
+        if model.is_moe and "mlp" in scope and not any(not model.is_moe_layer(i) for i in range(model.num_layers)):
+            raise ConfigError(
+                "cuda_graph_scope", "mlp graphs capture dense layers only, and every layer is MoE (megatron-core)"
+            )
+    if rc.granularity == "full" and graphs.impl != "full_iteration":
+        raise ConfigError("recompute", "full recompute works only with cuda_graph_impl full_iteration (megatron-core)")
+    if rc.granularity == "selective":
+        modules = set(rc.modules)
+        if graphs.impl == "transformer_engine" and "moe" in modules and "moe_router" in scope:
+            raise ConfigError(
+                "recompute_modules", "moe recompute does not work with transformer_engine moe_router graphs"
+            )
+        whole = graphs.impl == "full_iteration" or not scope  # the whole layer is captured
+        # graphed recomputation cannot draw random numbers (dropout) in megatron-core
+        if model.attention_dropout and "core_attn" in modules and (whole or "attn" in scope):
+            raise ConfigError("recompute_modules", "attention dropout with graphed core_attn recompute (megatron-core)")
+        if model.hidden_dropout and (
+            ("mlp" in modules and (whole or "mlp" in scope)) or ("moe" in modules and (whole or "moe" in scope))
+        ):
+            raise ConfigError("recompute_modules", "hidden dropout with graphed mlp / moe recompute (megatron-core)")

@@ -47,6 +47,32 @@ In-flight micro-batches (1F1B, Narayanan et al. 2021): pipeline rank r keeps min
 micro-batches of its layers; interleaved with v chunks: min(m*v, 2(pp - r - 1) + (v - 1)pp + 1)
 chunk-micro-batches of L/(pp*v) layers each (megatron-core's warm-up count + 1).
 
+CUDA graphs (`Workload.cuda_graph`, `cuda_graph_bytes`), derived from the sources megatron-core 0.19 runs
+(NVIDIA/Megatron-LM core_r0.19.0: megatron/core/transformer/cuda_graphs.py, megatron/core/full_cuda_graph.py,
+megatron/training/training.py; Transformer Engine @ d0067d0: transformer_engine/pytorch/graph.py):
+- every capture allocates from a private graph memory pool that it keeps for good: TE's make_graphed_callables
+  captures all graphs of a rank into one pool (`mempool = graph_pool_handle()`), in the schedule's own order
+  (`_order`), so the pool holds what the eager schedule would hold of the graphed parts (their saved activations
+  for the micro-batches in flight) and the parts' tensors are not counted again. What changes is when the memory
+  is free: replays reuse the pool, but eager allocations (the optimizer step) cannot, so the graphed activations
+  stay held beside the optimizer step (`StageMemory.graph_pool_bytes`). The full-iteration graph
+  (`FullCudaGraphWrapper`, `torch.cuda.graph(pool=...)` around the whole forward-backward) holds all of them;
+- transformer_engine per-layer graphs add static inputs outside the pool: `TECudaGraphHelper._get_sample_arguments`
+  makes, per graphed layer and micro-batch, `get_layer_static_inputs`' hidden state (2*T*h/x, bf16) and, where the
+  attention is captured, a causal boolean mask of b*(s/cp)*s bytes (TransformerLayer.get_layer_static_inputs),
+  reusing a set only after its micro-batch's backward: one set per graphed layer per in-flight micro-batch.
+  The replayed layer copies its input into that buffer while the previous layer's output stays in the pool:
+  the hidden state is an extra copy. Once per rank: the static grad-output buffer (shared by output signature,
+  `_reuse_graph_input_output_buffers`, which megatron-core sets from TE 2.7). Only one micro-batch is captured
+  without pipelining (`_get_cuda_graph_input_data`). The capture runs with autograd in training mode, and
+  megatron-core replays the graphs only in training mode (`GraphableMegatronModule._should_call_te_cudagraph`):
+  a forward-only pass of a model left in training mode (as the validate runner and verl's log-prob passes run
+  it) replays the captured forward, whose saved activations stay in the pool;
+- local per-layer graphs (`CudaGraphManager`) put their input buffers in the pool and alias each graph's input to
+  the previous graph's output (`_CudaGraphRunner.create_fwd_graph`, `cg_buffer_metadata`): no static copies.
+  The full-iteration graph's static batches (`StaticBufferLoader`, ~28 bytes per token per micro-batch) are
+  under 0.1% here and not counted.
+
 Outside the closed form, kept as a separate, named allowance that a calibration file can replace
 (`MemoryAllowance`): memory outside the caching allocator (CUDA context, kernel code, library
 workspaces, NCCL buffers: measured, by the communicators a layout uses) and allocator fragmentation
@@ -60,7 +86,14 @@ from functools import lru_cache
 
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload, num_microbatches, packed_batch, pipeline_layout_of
+from ..specs.parallel import (
+    CudaGraphConfig,
+    ParallelConfig,
+    Workload,
+    num_microbatches,
+    packed_batch,
+    pipeline_layout_of,
+)
 from .allocator import packed_logits_fragment_bytes
 from .flops import chunk_layer_kinds
 from .params import ParameterCounts, stage_layer_range, stage_parameters
@@ -325,6 +358,74 @@ def layer_activation_bytes(
     )
 
 
+def layer_is_graphed(graphs: CudaGraphConfig, model: ModelSpec, layer_index: int) -> bool:
+    """Whether a per-layer CUDA graph wraps decoder layer `layer_index` (megatron-core `_layer_is_graphable`,
+    megatron/core/transformer/cuda_graphs.py @ core_r0.19.0): every layer with an empty scope; with modules, a
+    layer whose attention, dense MLP or MoE block (moe / moe_router / moe_preprocess) is named."""
+    if not graphs.per_layer:
+        return False
+    moe = model.is_moe_layer(layer_index)
+    return any(graphs.captures(part, moe) for part in ("attn", "mlp", "moe", "moe_router"))
+
+
+def graphed_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    layer_index: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> float:
+    """Bytes of one layer's saved activations (per micro-batch) that a CUDA graph captures, so that they live in
+    its pool: the attention block's when attn is captured, the MLP / MoE block's when the block is, and with
+    moe_router alone the router's (pre-MLP norm input, fp32 probabilities) and the shared experts'
+    (`TransformerLayer._get_submodules_under_cudagraphs`). As training keeps them (no recompute in forward mode)."""
+    graphs = workload.cuda_graph
+    if not graphs.enabled:
+        return 0.0
+    moe = model.is_moe_layer(layer_index)
+    train = workload if workload.is_training else workload.replace(mode="train")
+    total = 0.0
+    if graphs.captures("attn", moe):
+        total += sum(attention_activation_bytes(model, parallel, train, options).values())
+    mlp = mlp_activation_bytes(model, parallel, train, layer_index, options)
+    if graphs.captures("moe" if moe else "mlp", moe):
+        total += sum(mlp.values())
+    elif moe and graphs.captures("moe_router", moe):
+        total += sum(v for k, v in mlp.items() if k in ("mlp_norm_input", "router_probs") or k.startswith("shared_"))
+    return total
+
+
+def te_static_input_bytes(model: ModelSpec, parallel: ParallelConfig, workload: Workload, layer_index: int) -> float:
+    """Static inputs of one transformer_engine-graphed layer for one in-flight micro-batch, outside the graph
+    pool (module docstring): the hidden state 2*T*h/x (bf16) and, where attention is captured, the boolean
+    causal mask b*(s/cp)*s = T*s bytes. 0 for other implementations and for layers without a graph."""
+    graphs = workload.cuda_graph
+    if graphs.impl != "transformer_engine" or not layer_is_graphed(graphs, model, layer_index):
+        return 0.0
+    tokens = local_tokens(workload, parallel)
+    hidden = BF16_BYTES * tokens * model.hidden_size / _sp_divisor(parallel)
+    mask = tokens * workload.seq_length if graphs.captures("attn", model.is_moe_layer(layer_index)) else 0.0
+    return hidden + mask
+
+
+def cuda_graph_chunk_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per model chunk of rank `stage`, for one micro-batch: (graphed saved activations, transformer_engine static
+    inputs) summed over the chunk's layers (`graphed_activation_bytes`, `te_static_input_bytes`)."""
+    layout = pipeline_layout_of(model, parallel)
+    pools, statics = [], []
+    for c in range(layout.vpp):
+        layers = list(layout.chunk_layers(stage, c))
+        pools.append(sum(graphed_activation_bytes(model, parallel, workload, i, options) for i in layers))
+        statics.append(sum(te_static_input_bytes(model, parallel, workload, i) for i in layers))
+    return tuple(pools), tuple(statics)
+
+
 def layer_input_bytes(model: ModelSpec, parallel: ParallelConfig, workload: Workload, bytes_per_element: int = 2):
     """The hidden state entering a layer: what full recompute keeps (2*T*h/x)."""
     return bytes_per_element * local_tokens(workload, parallel) * model.hidden_size / _sp_divisor(parallel)
@@ -389,6 +490,8 @@ class StageMemory:
     optimizer_step_bytes: float = 0.0
     # the part of `allowance_bytes` outside the caching allocator (CUDA context, NCCL buffers)
     non_torch_bytes: float = 0.0
+    # activations held in CUDA-graph memory pools, which the optimizer step cannot reuse (`cuda_graph_bytes`)
+    graph_pool_bytes: float = 0.0
 
     @property
     def model_state_bytes(self) -> float:
@@ -397,8 +500,8 @@ class StageMemory:
     @property
     def allocated_bytes(self) -> float:
         """What torch.cuda.max_memory_allocated would show: model state + the larger of the activations
-        (forward / backward) and what only the optimizer step holds."""
-        return self.model_state_bytes + max(self.activations_bytes, self.optimizer_step_bytes)
+        (forward / backward) and what only the optimizer step holds (beside what CUDA-graph pools keep)."""
+        return self.model_state_bytes + max(self.activations_bytes, self.optimizer_step_bytes + self.graph_pool_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -415,6 +518,7 @@ class StageMemory:
             "optimizer_step_gib": self.optimizer_step_bytes / GIB,
             "allowance_gib": self.allowance_bytes / GIB,
             "non_torch_gib": self.non_torch_bytes / GIB,
+            "graph_pool_gib": self.graph_pool_bytes / GIB,
             "allocated_gib": self.allocated_bytes / GIB,
             "total_gib": self.total_bytes / GIB,
             "in_flight_microbatches": self.in_flight_microbatches,
@@ -490,6 +594,8 @@ class _StageStatic:
     embedding: float  # per in-flight micro-batch of the first chunk (first stage)
     detail: dict[str, float]  # everything else (forward-only: the whole activation detail)
     forward_only: bool
+    graph_pool: tuple[float, ...] = ()  # per chunk, one micro-batch: activations kept in CUDA-graph pools
+    graph_static: tuple[float, ...] = ()  # per chunk, one micro-batch: transformer_engine graphs' static inputs
 
 
 def _stage_static(
@@ -535,7 +641,13 @@ def _stage_static(
                 # `MemoryAllowance.bytes_for` without expandable segments
                 detail["packed_logits_fragment"] = fragment
         detail["pipeline_buffers"] = 2 * e * tokens * h / x * (parallel.pp > 1)
-        return _StageStatic(counts, model_state, step, (), 0.0, detail, True)
+        pools, statics = (), ()
+        if workload.cuda_graph.impl == "transformer_engine":
+            # captured with autograd for the schedule's in-flight micro-batches, replayed in training mode: the
+            # saved activations and static inputs stay (module docstring)
+            pools, statics = cuda_graph_chunk_bytes(model, parallel, workload, stage, options)
+            detail["cuda_graph_grad_output"] = e * tokens * h / x
+        return _StageStatic(counts, model_state, step, (), 0.0, detail, True, pools, statics)
 
     layout = pipeline_layout_of(model, parallel)
     rc = workload.recompute
@@ -586,17 +698,38 @@ def _stage_static(
             + 2 * e * tokens * 2 * h / x
             + FP32_BYTES * tokens * vocab / t
         )
-    return _StageStatic(counts, model_state, step, stored, embedding, detail, False)
+    pools, statics = cuda_graph_chunk_bytes(model, parallel, workload, stage, options)
+    if workload.cuda_graph.impl == "transformer_engine" and any(statics):
+        detail["cuda_graph_grad_output"] = e * tokens * h / x  # one, shared by output signature
+    return _StageStatic(counts, model_state, step, stored, embedding, detail, False, pools, statics)
 
 
 def _stage_activations(
     static: _StageStatic, parallel: ParallelConfig, workload: Workload, stage: int
-) -> tuple[float, dict[str, float], int]:
-    """(activation bytes, detail, in-flight micro-batches) of rank `stage` from its static part."""
+) -> tuple[float, dict[str, float], int, float]:
+    """(activation bytes, detail, in-flight micro-batches, bytes held in CUDA-graph pools) of rank `stage` from its
+    static part."""
     if static.forward_only:
         detail = dict(static.detail)
-        peak = max(detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0))
-        return peak + detail["pipeline_buffers"], detail, 0
+        layer_ws, logits_ws = detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0)
+        peak = max(layer_ws, logits_ws)
+        pool = 0.0
+        if static.graph_pool:
+            m = num_microbatches(parallel, workload)
+            counts = in_flight_chunk_counts(parallel.pp, len(static.graph_pool), stage, m)[0]
+            pool = sum(k * b for k, b in zip(counts, static.graph_pool, strict=True))
+            detail["cuda_graph_saved_activations"] = pool
+            detail["cuda_graph_static_inputs"] = sum(k * b for k, b in zip(counts, static.graph_static, strict=True))
+            # the graphed layers' working set sits in the pool, which the logits cannot reuse
+            peak = layer_ws + logits_ws
+        graph_parts = (
+            detail.get("cuda_graph_saved_activations", 0.0)
+            + detail.get("cuda_graph_static_inputs", 0.0)
+            + detail.get("cuda_graph_grad_output", 0.0)
+        )
+        if workload.cuda_graph.impl == "full_iteration":
+            pool = peak
+        return peak + detail["pipeline_buffers"] + graph_parts, detail, 0, pool
     m = num_microbatches(parallel, workload)
     stored, embedding = static.stored, static.embedding
     vectors = in_flight_chunk_counts(parallel.pp, len(stored), stage, m)
@@ -608,7 +741,17 @@ def _stage_activations(
     detail.update(static.detail)
     if stage == 0:
         detail["embedding"] = embedding * peak_counts[0]
-    return sum(detail.values()), detail, sum(peak_counts)
+    pool = 0.0
+    if workload.cuda_graph.enabled:
+        pool = sum(k * b for k, b in zip(peak_counts, static.graph_pool, strict=True))
+        if any(static.graph_static):
+            detail["cuda_graph_static_inputs"] = sum(
+                k * b for k, b in zip(peak_counts, static.graph_static, strict=True)
+            )
+    activations = sum(detail.values())
+    if workload.cuda_graph.impl == "full_iteration":
+        pool = activations  # the whole forward-backward is captured into one pool
+    return activations, detail, sum(peak_counts), pool
 
 
 def forward_moe_fragment_bytes(detail: dict[str, float]) -> float:
@@ -680,7 +823,7 @@ def stage_memory(
     if static is None:
         static = _stage_static(model, parallel, workload, stage, options, padded_vocab_size)
     weights, grads, optimizer = static.model_state
-    activations, detail, in_flight = _stage_activations(static, parallel, workload, stage)
+    activations, detail, in_flight, pool = _stage_activations(static, parallel, workload, stage)
     return StageMemory(
         stage=stage,
         parameters=static.counts,
@@ -693,6 +836,7 @@ def stage_memory(
         allowance_bytes=allowance.bytes_for(activations, parallel, workload.is_training, detail),
         optimizer_step_bytes=static.optimizer_step,
         non_torch_bytes=allowance.non_torch_for(parallel, workload.is_training) * GIB,
+        graph_pool_bytes=pool,
     )
 
 

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
-from ..specs import ModelSpec, ParallelConfig, RecomputeConfig, Workload, load_model_spec, validate_layout
+from ..specs import (
+    CudaGraphConfig,
+    ModelSpec,
+    ParallelConfig,
+    RecomputeConfig,
+    Workload,
+    load_model_spec,
+    validate_layout,
+)
 from ..specs.pipeline import PipelineLayout
 
 
@@ -37,6 +45,9 @@ class Layout:
         "prompt_length",
         "response_length",
         "length_seed",
+        "cuda_graph_impl",
+        "cuda_graph_scope",
+        "cuda_graph_warmup_steps",
     )
 
     model: str
@@ -89,10 +100,20 @@ class Layout:
     prompt_length: tuple[float, int] | None = None
     response_length: tuple[float, int] | None = None
     length_seed: int = 0
+    # CUDA graphs as megatron-core runs them (Megatron-LM --cuda-graph-impl / --cuda-graph-modules /
+    # --cuda-graph-warmup-steps; `specs.parallel.CudaGraphConfig`): transformer_engine captures per-layer graphs
+    # with TECudaGraphHelper after `cuda_graph_warmup_steps` eager steps, local lets megatron-core's schedules
+    # capture its own, full_iteration wraps the forward-backward in FullCudaGraphWrapper. The capture needs
+    # CUDA; the graphed steps are those after it, so `warmup_steps` must exceed `cuda_graph_warmup_steps`.
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
+    cuda_graph_warmup_steps: int = 2
     name: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        scope = (self.cuda_graph_scope,) if isinstance(self.cuda_graph_scope, str) else tuple(self.cuda_graph_scope)
+        object.__setattr__(self, "cuda_graph_scope", scope)
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.tp == 1:
@@ -108,7 +129,13 @@ class Layout:
         if self.num_layers is not None and (not isinstance(self.num_layers, int) or self.num_layers < 1):
             raise ConfigError("num_layers", f"must be a positive integer, got {self.num_layers!r}")
         self.parallel()  # raises ConfigError on a bad split
-        self.workload()
+        graphs = self.workload().cuda_graph
+        if graphs.enabled and self.warmup_steps <= graphs.warmup_steps:
+            raise ConfigError(
+                "warmup_steps",
+                f"must exceed cuda_graph_warmup_steps={graphs.warmup_steps}: the timed steps replay the graphs "
+                "captured after those eager steps",
+            )
         self._check_packing()
 
     def _check_packing(self) -> None:
@@ -173,7 +200,11 @@ class Layout:
             fp8_param=self.fp8_param,
             max_token_len=self.max_token_len,
             lengths=self.sequence_lengths(),
+            cuda_graph=self.cuda_graph(),
         )
+
+    def cuda_graph(self) -> CudaGraphConfig:
+        return CudaGraphConfig(self.cuda_graph_impl, self.cuda_graph_scope, self.cuda_graph_warmup_steps)
 
     def sequence_lengths(self):
         """`specs.lengths.SequenceLengths` of the prompt + response lengths; None when not given."""
@@ -287,6 +318,9 @@ class Layout:
             parts.append(f"packed{self.max_token_len}")
         if self.expandable_segments:
             parts.append("expandable")
+        if self.cuda_graph_impl != "none":
+            graphs = self.cuda_graph()
+            parts.append(f"graphs={graphs.impl}" + (f"[{'+'.join(graphs.scope)}]" if graphs.scope else ""))
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Layout:
@@ -295,6 +329,7 @@ class Layout:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["recompute_modules"] = list(self.recompute_modules)
+        data["cuda_graph_scope"] = list(self.cuda_graph_scope)
         for key in ("prompt_length", "response_length"):
             if data[key] is not None:
                 data[key] = list(data[key])
@@ -354,6 +389,9 @@ class Layout:
             precision=workload.precision,
             fp8_recipe=workload.fp8_recipe,
             fp8_param=workload.fp8_param,
+            # the graph warm-up count is the layout's own (it changes no prediction)
+            cuda_graph_impl=workload.cuda_graph.impl,
+            cuda_graph_scope=workload.cuda_graph.scope,
             **{**packing, **extra},
         )
 

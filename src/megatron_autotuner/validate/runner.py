@@ -14,6 +14,13 @@ GPTModel.forward in megatron-core 0.16 and 0.19), which only TE's attention acce
 On CPU (gloo, tests only) megatron-core's DDP cannot run (its buffers live on CUDA): the chunks stay
 fp32 and a plain torch AdamW steps them; everything else is the same code path.
 
+CUDA graphs (`Layout.cuda_graph_impl`), as Megatron-LM's `train()` drives them (megatron/training/training.py,
+megatron-core 0.19): the TE RNG tracker (`te_rng_tracker`, which Megatron-LM turns on for graphs); transformer_engine:
+a `TECudaGraphHelper` captures every graphed layer once `cuda_graph_warmup_steps` eager steps have run (forward
+pre-hooks off during the capture, then the manual hooks it sets); local: megatron-core's schedules capture their
+own graphs after their warm-up (`create_cudagraphs`); full_iteration: the forward-backward is wrapped in
+`FullCudaGraphWrapper`, and DDP is built on its capture stream. Graphs are refused on CPU.
+
 Per rank it returns the wall time of every step (CUDA-synchronised), peak allocated / reserved
 memory of the caching allocator, and device memory outside it (CUDA context, NCCL buffers).
 """
@@ -133,7 +140,9 @@ def init_parallel(layout: Layout, device: str, timeout_s: float) -> None:
     if device == "cuda":
         from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-        model_parallel_cuda_manual_seed(1234)
+        # CUDA graphs need a graph-safe RNG tracker: Megatron-LM sets --te-rng-tracker for them (validate_args)
+        graphs = layout.cuda_graph_impl != "none"
+        model_parallel_cuda_manual_seed(1234, **_call_kwargs(model_parallel_cuda_manual_seed, te_rng_tracker=graphs))
     else:
         torch.manual_seed(1234)
 
@@ -183,7 +192,28 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         )
     elif layout.recompute == "selective":
         out.update(recompute_granularity="selective", recompute_modules=list(layout.recompute_modules))
+    if layout.cuda_graph_impl != "none":
+        out.update(cuda_graph_config(layout))
     return out
+
+
+def cuda_graph_config(layout: Layout) -> dict[str, Any]:
+    """TransformerConfig CUDA-graph fields of `layout` for the installed megatron-core: `cuda_graph_modules` (0.19+)
+    or its former name `cuda_graph_scope` (0.16, where full_iteration was a scope of the local impl)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    fields = TransformerConfig.__dataclass_fields__
+    graphs = layout.cuda_graph()
+    impl, scope = graphs.impl, list(graphs.scope)
+    if impl == "full_iteration" and "cuda_graph_modules" not in fields:
+        impl, scope = "local", ["full_iteration"]
+    out: dict[str, Any] = {
+        "cuda_graph_impl": impl,
+        "cuda_graph_warmup_steps": graphs.warmup_steps,
+        "use_te_rng_tracker": True,
+        ("cuda_graph_modules" if "cuda_graph_modules" in fields else "cuda_graph_scope"): scope,
+    }
+    return {k: v for k, v in out.items() if k in fields}
 
 
 def build_model(layout: Layout, device: str, use_te: bool):
@@ -258,10 +288,22 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
             average_in_collective=False,
         )
     )
-    model = [
-        DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
-        for i, m in enumerate(model)
-    ]
+    ddp_stream = contextlib.nullcontext()
+    if layout.cuda_graph_impl == "full_iteration":
+        # Megatron-LM builds DDP on the full-iteration capture stream, so that the AccumulateGrad nodes it keeps
+        # do not point at another stream (megatron/training/training.py, get_model)
+        from megatron.core.full_cuda_graph import get_shared_capture_stream
+
+        stream = get_shared_capture_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        ddp_stream = torch.cuda.stream(stream)
+    with ddp_stream:
+        model = [
+            DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
+            for i, m in enumerate(model)
+        ]
+    if layout.cuda_graph_impl == "full_iteration":
+        torch.cuda.current_stream().wait_stream(stream)
     opt_config = OptimizerConfig(
         **_fields_kwargs(
             OptimizerConfig,
@@ -406,6 +448,115 @@ def train_step(layout: Layout, model: list, optimizer: Any, iterators: list, dev
     return _train_step(layout, model, optimizer, iterators, device)
 
 
+class CudaGraphs:
+    """The CUDA graphs of one layout's run, as Megatron-LM's `train()` drives them (module docstring): the
+    forward-backward function to call, `maybe_capture(step)` before each step, `close()` at the end."""
+
+    def __init__(self, layout: Layout, model: list, optimizer: Any, config: Any, device: str) -> None:
+        self.layout, self.model, self.optimizer, self.config = layout, model, optimizer, config
+        self.graphs = layout.cuda_graph()
+        self.helper = None
+        self.capture_s: float | None = None
+        self.captured_before_step: int | None = None
+        self._calculator = False
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        self.fwd_bwd = get_forward_backward_func()
+        if not self.graphs.enabled:
+            return
+        if device != "cuda":
+            raise RuntimeError(f"CUDA graphs ({self.graphs.impl}) need a CUDA device")
+        if self.graphs.impl == "full_iteration":
+            from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+
+            FullCudaGraphWrapper.reset_cuda_graph()  # class-level state: a fresh count for this layout
+            self.fwd_bwd = FullCudaGraphWrapper(
+                self.fwd_bwd,
+                **_call_kwargs(FullCudaGraphWrapper.__init__, cuda_graph_warmup_steps=self.graphs.warmup_steps),
+            )
+            self.captured_before_step = self.graphs.warmup_steps
+        elif self.graphs.impl == "transformer_engine":
+            from megatron.core import parallel_state
+            from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
+            from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
+
+            # the helper asks megatron's micro-batch calculator how many micro-batches a step has
+            w = layout.workload()
+            init_num_microbatches_calculator(
+                0, None, w.global_batch_size, w.micro_batch_size, parallel_state.get_data_parallel_world_size()
+            )
+            self._calculator = True
+            if optimizer is None:
+                # forward-only: the chunks have no DDP grad buffer, which the helper zeroes after the capture
+                # (_reset_after_capture); the captured backward wrote plain .grad, dropped instead
+                for m in model:
+                    if not hasattr(m, "zero_grad_buffer"):
+                        m.zero_grad_buffer = functools.partial(m.zero_grad, set_to_none=True)
+            self.helper = TECudaGraphHelper(
+                model=model,
+                config=config,
+                seq_length=layout.seq_length,
+                micro_batch_size=layout.micro_batch_size,
+                optimizers=[optimizer] if optimizer is not None else [],
+            )
+        # local: megatron-core's schedules record, then capture after config.cuda_graph_warmup_steps
+
+    def _pre_hooks(self) -> bool:
+        """DDP dispatches the param all-gather from forward pre-hooks (overlap_param_gather with the distributed
+        optimizer): Megatron-LM turns them off around the capture (should_disable_forward_pre_hook)."""
+        lay = self.layout
+        return lay.mode == "train" and lay.use_distributed_optimizer and lay.overlap_param_gather
+
+    def maybe_capture(self, step: int) -> None:
+        """Capture the transformer_engine graphs before step `step` when the eager warm-up is done."""
+        if self.helper is None or self.helper.capture_finished() or step != self.graphs.warmup_steps:
+            return
+        t = time.perf_counter()
+        hooks = self._pre_hooks()
+        if hooks:
+            for m in self.model:
+                m.disable_forward_pre_hook(param_sync=False)
+        self.helper.create_cudagraphs()
+        if hooks:
+            for m in self.model:
+                m.enable_forward_pre_hook()
+            self.helper.cuda_graph_set_manual_hooks()
+        self.capture_s = time.perf_counter() - t
+        self.captured_before_step = step
+
+    def record(self) -> dict[str, Any] | None:
+        if not self.graphs.enabled:
+            return None
+        return {
+            "impl": self.graphs.impl,
+            "scope": list(self.graphs.scope),
+            "warmup_steps": self.graphs.warmup_steps,
+            "captured_before_step": self.captured_before_step,
+            "capture_s": self.capture_s,
+            "graphs_created": None if self.helper is None else self.helper.graphs_created(),
+        }
+
+    def close(self) -> None:
+        """Drop the graphs and megatron-core's process-wide graph state, so the next layout starts clean."""
+        if self.helper is not None and self.helper.graphs_created():
+            self.helper.delete_cuda_graphs()
+        self.helper = None
+        if self.graphs.impl == "full_iteration":
+            from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader
+
+            FullCudaGraphWrapper.reset_cuda_graph()
+            StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+        if self.graphs.impl == "local":
+            from megatron.core.transformer.cuda_graphs import delete_cuda_graphs
+
+            delete_cuda_graphs()
+        if self._calculator:
+            from megatron.core.num_microbatches_calculator import destroy_num_microbatches_calculator
+
+            destroy_num_microbatches_calculator()
+            self._calculator = False
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -413,8 +564,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _train_step(layout: Layout, model: list, optimizer: Any, iterators: list, device: str) -> float | None:
-    """One iteration (all micro-batches + optimizer step). Returns the mean loss on the last stage."""
+def _train_step(
+    layout: Layout, model: list, optimizer: Any, iterators: list, device: str, fwd_bwd: Any = None
+) -> float | None:
+    """One iteration (all micro-batches + optimizer step). Returns the mean loss on the last stage. `fwd_bwd`: the
+    forward-backward function (a full-iteration graph's wrapper), else megatron-core's for the layout."""
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -424,7 +578,7 @@ def _train_step(layout: Layout, model: list, optimizer: Any, iterators: list, de
             if hasattr(m, "zero_grad_buffer"):
                 m.zero_grad_buffer()
         optimizer.zero_grad()
-    fwd_bwd = get_forward_backward_func()
+    fwd_bwd = fwd_bwd or get_forward_backward_func()
     ctx = torch.no_grad() if forward_only else contextlib.nullcontext()
     # packed: the schedule's shapes are those of the longest packed row (ignored with variable_seq_lengths)
     seq_length = packed_seq_length(layout) if layout.packed else layout.seq_length
@@ -466,14 +620,16 @@ def _memory(device: str) -> dict[str, float | None]:
     }
 
 
-def _profile_step(layout: Layout, model: list, optimizer: Any, iterators: list, trace_dir: Path, rank: int) -> str:
+def _profile_step(
+    layout: Layout, model: list, optimizer: Any, iterators: list, trace_dir: Path, rank: int, fwd_bwd: Any = None
+) -> str:
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     trace_dir.mkdir(parents=True, exist_ok=True)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=False) as prof:
         with record_function("train_step"):
-            _train_step(layout, model, optimizer, iterators, "cuda")
+            _train_step(layout, model, optimizer, iterators, "cuda", fwd_bwd)
         torch.cuda.synchronize()
     return str(export_trace_gz(prof, trace_dir / f"rank_{rank}.json.gz"))
 
@@ -537,6 +693,18 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             measured={},
         )
         return record
+    if layout.cuda_graph_impl != "none" and (
+        device != "cuda" or (layout.cuda_graph_impl == "transformer_engine" and not use_te)
+    ):
+        why = "no CUDA device" if device != "cuda" else "Transformer Engine does not import"
+        record.update(
+            status="failed",
+            failure_kind="error",
+            error=f"CUDA graphs ({layout.cuda_graph_impl}) need {'CUDA' if device != 'cuda' else 'Transformer Engine'}"
+            f" ({why})",
+            measured={},
+        )
+        return record
     if layout.use_te and not use_te:
         record["note"] = "Transformer Engine not used (not importable or CPU): megatron-core local layer spec"
     if device == "cuda":
@@ -550,7 +718,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         record["note"] = "; ".join(filter(None, [record.get("note"), "memory history needs CUDA: not recorded"]))
     if device != "cuda":
         patch_schedules_for_cpu()
-    model = optimizer = config = None
+    model = optimizer = config = graphs = None
     measured: dict[str, Any] = {}
     try:
         t0 = time.perf_counter()
@@ -569,6 +737,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             iterators = [_packed_batches(batches) for _ in model]
         else:
             iterators = [_mock_batches(layout, device) for _ in model]
+        graphs = CudaGraphs(layout, model, optimizer, config, device)
         _sync(device)
         measured["build_s"] = time.perf_counter() - t0
         measured["weights_allocated_gib"] = torch.cuda.memory_allocated() / GIB if device == "cuda" else None
@@ -577,9 +746,10 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         for step in range(layout.warmup_steps + layout.steps):
             if fault and step == min(1, layout.warmup_steps + layout.steps - 1):
                 _raise_fault(fault)
+            graphs.maybe_capture(step)
             _sync(device)
             t = time.perf_counter()
-            loss = _train_step(layout, model, optimizer, iterators, device)
+            loss = _train_step(layout, model, optimizer, iterators, device, graphs.fwd_bwd)
             _sync(device)
             if step >= layout.warmup_steps:
                 times.append(time.perf_counter() - t)
@@ -588,12 +758,16 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         measured.update(step_times_s=times, loss=loss, **_memory(device))
         # the running peak after each step (warm-up included): the step in which the reservation stopped growing
         measured["max_reserved_gib_by_step"] = reserved_by_step or None
+        if graphs.record() is not None:
+            # the timed steps (after `warmup_steps`) all replay the graphs captured before step captured_before_step
+            record["cuda_graphs"] = graphs.record()
+            measured["graph_capture_s"] = graphs.capture_s
         if layout.memory_history and device == "cuda":
             measured["memory_history"] = True  # recording slowed the timed steps
             _record_memory_history(record, out_dir / "memory" / layout.layout_id, rank)
         if layout.profile and device == "cuda":
             record["trace"] = _profile_step(
-                layout, model, optimizer, iterators, out_dir / "traces" / layout.layout_id, rank
+                layout, model, optimizer, iterators, out_dir / "traces" / layout.layout_id, rank, graphs.fwd_bwd
             )
         record.update(status="ok", error=None, failure_kind=None)
     except BaseException as exc:  # noqa: BLE001 - recorded per layout, the job goes on
@@ -613,11 +787,14 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             # the history up to the failure (an OOM's `oom` event included) is what explains it
             _record_memory_history(record, out_dir / "memory" / layout.layout_id, rank)
     finally:
+        if graphs is not None:
+            with contextlib.suppress(Exception):  # teardown must not mask the layout's own result
+                graphs.close()
         if config is not None:
             for hook in ("no_sync_func", "grad_sync_func", "param_sync_func", "grad_scale_func"):
                 if hasattr(config, hook):
                     setattr(config, hook, None)
-        model = optimizer = config = None
+        model = optimizer = config = graphs = None
         gc.collect()
         if device == "cuda":
             torch.cuda.synchronize()
