@@ -155,13 +155,15 @@ MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
 # autograd engine's nodes backward. The host runs ahead of the GPU (launches are asynchronous), so a layer's phase
 # takes max(GPU time, host time): small layers at small micro-batches are host-bound (Qwen3-0.6B at micro-batch 1
 # ran over twice its GPU time). Measured by the testbench (`testbench.measure`: the wall time of the forward and
-# backward calls from an empty launch queue) on one H100 lease (16 vCPUs), Megatron-LM's fusions (TE layer spec,
-# fused RoPE, bias-dropout and softmax fusions), megatron-core 0.19.2, TE 2.20.2, torch 2.11: the median over the
-# decoder cases of Qwen3-0.6B / 1.7B / 4B / Llama-3.1-8B (benchmarks/results/testbench_h100_x1/host_floor). A
-# calibration file measured on the machine (`mat profile --ops decoder --calibration-out`, its
-# `dense_host_floor`) replaces these: the floor is the host CPU's pace, not the GPU's.
-DENSE_HOST_FLOOR_FWD_S = 3.4e-3
-DENSE_HOST_FLOOR_BWD_S = 2.8e-3
+# backward calls from an empty launch queue) on one H100 lease (16 vCPUs), megatron-core 0.19.2, TE 2.20.2,
+# torch 2.11: the median over 9 bf16 decoder cases of Qwen3-0.6B / 1.7B / 4B / Llama-3.1-8B at s4096 and micro-batch
+# 1-4 (3.0-4.5 ms forward, 2.3-3.6 ms backward: no trend with the layer's size;
+# benchmarks/results/testbench_h100_x1/host_floor_unfused_rope). Those layers ran the unfused RoPE (about 20 small
+# ops per layer; Megatron-LM fuses it), so this default is high by that much. A calibration file measured on the
+# machine (`mat profile --ops decoder --calibration-out`, its `dense_host_floor`) replaces these: the floor is the
+# host CPU's pace, not the GPU's.
+DENSE_HOST_FLOOR_FWD_S = 3.93e-3
+DENSE_HOST_FLOOR_BWD_S = 2.88e-3
 # Each TP collective a layer issues adds the host time of its torch.distributed call: the CPU span of
 # `nccl:_all_gather_base` / `nccl:_reduce_scatter_base` in the 2x H200 TP=2 decoder trace
 # (benchmarks/results/testbench_h200_x2/profile, 20 calls: median 70 us, 50-200 us; under the profiler, which
@@ -171,12 +173,15 @@ DENSE_HOST_FLOOR_BWD_S = 2.8e-3
 # 2 all-reduces each way.
 TP_COLLECTIVE_HOST_S = 70e-6
 TP_COLLECTIVES_PER_LAYER = {True: (4, 6), False: (2, 2)}  # sequence parallel -> (forward, backward)
-# A CUDA-graphed layer costs the host one graph launch instead (cudaGraphLaunch plus TE's graphed-callable Python
-# wrapper). Replaced by the measurement of the graphed validate runs.
+# A CUDA-graphed layer costs the host one graph replay per phase instead: TE's graphed callable (an autograd
+# Function whose forward / backward replays a captured graph). Measured by benchmarks/testbench/graph_replay_host.py
+# (benchmarks/results/testbench_h100_x1/host_floor: the wall time of a graphed layer's forward / backward call).
 CUDA_GRAPH_REPLAY_HOST_S = 50e-6
 # The attention half of a dense layer (input norm, qkv, RoPE, core attention, proj, residual) in the layer's
-# forward host time, from the CPU ops of the testbench's Qwen3-0.6B decoder trace.
-ATTN_HOST_SHARE = 0.7
+# forward host time: the CPU span from the layer's start to the MLP's first op (_LayerNormLinear of fc1), 4.22 of
+# 5.41 ms in the torch-profiler trace of the Qwen3-0.6B decoder
+# (benchmarks/results/testbench_h100_x1/host_floor_unfused_rope/qwen3_0.6b_decoder.rank_0.json.gz; unfused RoPE).
+ATTN_HOST_SHARE = 0.78
 
 # ---- SM sharing while overlapping TP communication (TE userbuffers) -----------------------------
 # TE defaults: pipeline / bulk overlaps use 16 SMs for communication and set an SM margin on the
