@@ -156,14 +156,14 @@ MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
 # takes max(GPU time, host time): small layers at small micro-batches are host-bound (Qwen3-0.6B at micro-batch 1
 # ran over twice its GPU time). Measured by the testbench (`testbench.measure`: the wall time of the forward and
 # backward calls from an empty launch queue) on one H100 lease (16 vCPUs), megatron-core 0.19.2, TE 2.20.2,
-# torch 2.11: the median over 9 bf16 decoder cases of Qwen3-0.6B / 1.7B / 4B / Llama-3.1-8B at s4096 and micro-batch
-# 1-4 (3.0-4.5 ms forward, 2.3-3.6 ms backward: no trend with the layer's size;
-# benchmarks/results/testbench_h100_x1/host_floor_unfused_rope). Those layers ran the unfused RoPE (about 20 small
-# ops per layer; Megatron-LM fuses it), so this default is high by that much. A calibration file measured on the
+# torch 2.11: the median over the host-bound bf16 decoder cases (`testbench.calibration.dense_host_floors_from_records`)
+# of Qwen3-0.6B / 1.7B / 4B / Llama-3.1-8B at s4096, micro-batch 1-4
+# (benchmarks/results/testbench_h100_x1/host_floor_unfused_rope: 3.41 / 2.81 ms). A second lease with Megatron-LM's
+# fusions (fused RoPE) measured 3.42 / 2.90 ms (testbench_h100_x1/host_floor). A calibration file measured on the
 # machine (`mat profile --ops decoder --calibration-out`, its `dense_host_floor`) replaces these: the floor is the
 # host CPU's pace, not the GPU's.
-DENSE_HOST_FLOOR_FWD_S = 3.93e-3
-DENSE_HOST_FLOOR_BWD_S = 2.88e-3
+DENSE_HOST_FLOOR_FWD_S = 3.41e-3
+DENSE_HOST_FLOOR_BWD_S = 2.81e-3
 # Each TP collective a layer issues adds the host time of its torch.distributed call: the CPU span of
 # `nccl:_all_gather_base` / `nccl:_reduce_scatter_base` in the 2x H200 TP=2 decoder trace
 # (benchmarks/results/testbench_h200_x2/profile, 20 calls: median 70 us, 50-200 us; under the profiler, which
@@ -175,8 +175,10 @@ TP_COLLECTIVE_HOST_S = 70e-6
 TP_COLLECTIVES_PER_LAYER = {True: (4, 6), False: (2, 2)}  # sequence parallel -> (forward, backward)
 # A CUDA-graphed layer costs the host one graph replay per phase instead: TE's graphed callable (an autograd
 # Function whose forward / backward replays a captured graph). Measured by benchmarks/testbench/graph_replay_host.py
-# (benchmarks/results/testbench_h100_x1/host_floor: the wall time of a graphed layer's forward / backward call).
-CUDA_GRAPH_REPLAY_HOST_S = 50e-6
+# on one H100 lease (benchmarks/results/testbench_h100_x1/host_floor/graph_replay_host.json): a Qwen3-0.6B-shaped TE
+# TransformerLayer's forward call 0.153 ms graphed (1.777 ms eager), its backward call 0.565 ms (1.785 ms eager).
+CUDA_GRAPH_REPLAY_HOST_FWD_S = 0.153e-3
+CUDA_GRAPH_REPLAY_HOST_BWD_S = 0.565e-3
 # The attention half of a dense layer (input norm, qkv, RoPE, core attention, proj, residual) in the layer's
 # forward host time: the CPU span from the layer's start to the MLP's first op (_LayerNormLinear of fc1), 4.22 of
 # 5.41 ms in the torch-profiler trace of the Qwen3-0.6B decoder

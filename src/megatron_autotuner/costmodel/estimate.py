@@ -516,6 +516,7 @@ def stage_time(
     per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc if training else RecomputeConfig())
     # one layer of each kind (MoE or dense, fully recomputed or not): fwd and bwd (+ recompute) parts
     kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
+    kind_host: dict[tuple[bool, bool], float] = {}
     for kinds in per_chunk_kinds:
         for moe, full, _n, i in kinds:
             key = (moe, full)
@@ -531,6 +532,7 @@ def stage_time(
             _merge(b, lc.bwd.parts)
             _merge(b, lc.recompute.parts, 1.0, _compute_to_recompute)
             kind_cost[key] = (f, b)
+            kind_host[key] = lc.host_fwd_s + lc.host_bwd_s
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     chunk_s = [0.0] * v  # one micro-batch of each model chunk, forward + backward
@@ -540,9 +542,11 @@ def stage_time(
         _merge(bwd, b, count)
         chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
 
+    host_issue_s = 0.0  # the host's issue time of the stage's layers for one micro-batch (eager megatron-core)
     for c, kinds in enumerate(per_chunk_kinds):
         for moe, full, count, _layer in kinds:
             add(c, *kind_cost[(moe, full)], count)
+            host_issue_s += count * kind_host[(moe, full)]
 
     h = model.hidden_size
     e = E_BF16
@@ -622,6 +626,15 @@ def stage_time(
         _merge(bwd, {"memory_bound": accumulate})
         for c in range(v):  # spread over the chunks by their share of the rank's layers
             chunk_s[c] += accumulate * len(layout.chunk_layers(stage, c)) / max(len(layers), 1)
+
+    # The host issues ahead of the GPU (asynchronous launches, no synchronisation inside a micro-batch): a
+    # micro-batch takes the longer of its GPU work and its host's issue time, so the GPU-heavy output layer and loss
+    # hide host-bound layers before the host falls behind.
+    gpu_s = sum(fwd.values()) + sum(bwd.values())
+    if host_issue_s > gpu_s:
+        _merge(fwd, {"host": host_issue_s - gpu_s})
+        for c in range(v):
+            chunk_s[c] = max(chunk_s[c], host_issue_s * len(layout.chunk_layers(stage, c)) / max(len(layers), 1))
 
     p2p_mb = p2p_fill = 0.0
     if pp > 1:

@@ -40,10 +40,12 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
 - host-bound MoE (`LayerContext.moe_host_bound`, an eager megatron-core MoE block): the block's
   GPU time is raised to the testbench-measured host floor: the calibration's (`Calibration.moe_host_floor`,
   measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host".
-- host-bound dense layer (eager megatron-core issues each layer's kernels from Python, ahead of the GPU): each
-  phase takes at least the layer's host time, forward and backward (`Calibration.dense_host_floor` measured on
-  the machine, else `defaults.DENSE_HOST_FLOOR_*`, plus the host of the TP collectives). CUDA graphs replace the
-  captured part's host time with one graph launch (`captured_host_share`). The difference is reported as "host".
+- host-bound dense layer (eager megatron-core issues each layer's kernels from Python, ahead of the GPU): the
+  layer's host issue time forward and backward (`LayerCost.host_fwd_s` / `host_bwd_s`: `Calibration.dense_host_floor`
+  measured on the machine, else `defaults.DENSE_HOST_FLOOR_*`, plus the host of the TP collectives). CUDA graphs
+  replace the captured part's host time with one graph replay (`captured_host_share`). The stage compares a whole
+  micro-batch's host time with its GPU time (`costmodel.estimate.stage_time`), since the host runs ahead through
+  GPU-heavy stretches (the output layer and loss) and catches up on host-bound layers.
 """
 
 from __future__ import annotations
@@ -115,18 +117,29 @@ class Phases:
 
 @dataclass(frozen=True)
 class LayerCost:
-    """One layer, one micro-batch, one rank: forward, backward, and forward work redone in backward."""
+    """One layer, one micro-batch, one rank: forward, backward, and forward work redone in backward; and the
+    host's time to issue its forward and its backward (recompute included) in eager megatron-core, which the
+    stage's micro-batch compares with its GPU time (`costmodel.estimate`: the host runs ahead)."""
 
     fwd: Phases
     bwd: Phases
     recompute: Phases
+    host_fwd_s: float = 0.0
+    host_bwd_s: float = 0.0
 
     @property
     def total(self) -> float:
         return self.fwd.total + self.bwd.total + self.recompute.total
 
     def scaled(self, factor: float) -> LayerCost:
-        return LayerCost(self.fwd.scaled(factor), self.bwd.scaled(factor), self.recompute.scaled(factor))
+        """GPU times scaled by `factor` (a calibration); the host's issue times stay."""
+        return LayerCost(
+            self.fwd.scaled(factor),
+            self.bwd.scaled(factor),
+            self.recompute.scaled(factor),
+            self.host_fwd_s,
+            self.host_bwd_s,
+        )
 
 
 def _add(parts: dict[str, float], key: str, value: float) -> None:
@@ -451,12 +464,14 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
             gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
             _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))
 
-    # ---- host-bound dense layer ----
+    # ---- host-bound dense layer: the host's issue time, compared per micro-batch by the stage ----
+    host_fwd = host_bwd = 0.0
     if not is_moe and ctx.host_floor:
         host_fwd, host_bwd = dense_host_s(ctx)
-        _add(fwd, "host", max(0.0, host_fwd - sum(fwd.values())))
-        if ctx.training:
-            _add(bwd, "host", max(0.0, host_bwd - sum(bwd.values())))
+        if not ctx.training:
+            host_bwd = 0.0
+        elif ctx.full_recompute:
+            host_bwd += host_fwd
 
     # ---- recompute ----
     if ctx.training:
@@ -482,7 +497,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                 _add(rec, "memory_bound", mem_fwd.get("norm", 0.0))
             if "mla_up_proj" in mods:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("q_up", "kv_up") if o in gemm))
-    return LayerCost(Phases(fwd), Phases(bwd), Phases(rec))
+    return LayerCost(Phases(fwd), Phases(bwd), Phases(rec), host_fwd, host_bwd)
 
 
 def captured_host_share(ctx: LayerContext, is_moe: bool = False) -> float:
@@ -512,8 +527,8 @@ def dense_host_s(ctx: LayerContext) -> tuple[float, float]:
     fwd, bwd = (floor or DEFAULT_DENSE_HOST_FLOOR).at(ctx.tp, ctx.sequence_parallel)
     share = captured_host_share(ctx)
     if share:
-        fwd = (1.0 - share) * fwd + d.CUDA_GRAPH_REPLAY_HOST_S
-        bwd = (1.0 - share) * bwd + d.CUDA_GRAPH_REPLAY_HOST_S
+        fwd = (1.0 - share) * fwd + d.CUDA_GRAPH_REPLAY_HOST_FWD_S
+        bwd = (1.0 - share) * bwd + d.CUDA_GRAPH_REPLAY_HOST_BWD_S
     return fwd, bwd
 
 

@@ -1,0 +1,109 @@
+"""Small dense models on one H100, eager and CUDA-graphed (#27): measured step times against the cost model.
+
+Reads benchmarks/results/validation_h100_x1/host_bound (made by benchmarks/validation/h100_x1_host_bound.sh; 19 of
+its 36 layouts finished inside the device call's 600 s) and writes comparison.json there. Per layout it keeps:
+- `pre_run_default`: the prediction written before the runs with the default floor of that day
+  (predictions_default.json: per-layer max of host and GPU, floor 3.93 / 2.88 ms);
+- `pre_run_measured`: the prediction `mat validate` wrote before each run, with the floor measured on the machine
+  just before (dense_host_floor.calibration.json, same per-layer model);
+- `now_default` / `now_measured`: the current model (the host runs ahead: a micro-batch takes the longer of its
+  GPU work and its host's issue time; floors from host-bound cases only), computed after the runs: not predictions.
+
+    python benchmarks/host_bound.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks/results/validation_h100_x1/host_bound"
+
+
+def _pre_run_default() -> dict[str, float]:
+    """layout id -> step time predicted before the runs with the default floor (validate --dry-run lines)."""
+    out = {}
+    for line in (RESULTS / "predictions_default.json").read_text().splitlines():
+        m = re.match(r".*\((\S+)\): predicted (\{.*)$", line)
+        if m:
+            out[m.group(1)] = json.loads(m.group(2))["step_time_s"]
+    return out
+
+
+def compare() -> dict:
+    sys.path.insert(0, str(ROOT / "src"))
+    from megatron_autotuner.costmodel import load_calibration
+    from megatron_autotuner.costmodel.calibration import calibration_from_dict
+    from megatron_autotuner.testbench.calibration import dense_host_floors_from_records
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import predict
+
+    measured_doc = json.loads((RESULTS / "dense_host_floor.calibration.json").read_text())
+    records = [
+        json.loads(x)
+        for x in (ROOT / "benchmarks/results/testbench_h100_x1/host_floor/collect/rank_0.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    floors = dense_host_floors_from_records([r for r in records if r.get("status") == "ok"])
+    measured_now = calibration_from_dict(
+        {k: v for k, v in measured_doc.items() if k != "dense_host_floor"} | {"dense_host_floor": floors}
+    )
+    del load_calibration
+    default_pre = _pre_run_default()
+    rows = []
+    for line in (RESULTS / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        lay = Layout.from_dict(r["layout"])
+        gaf = r.get("gradient_accumulation_fusion", False)
+        row = {
+            "label": r["label"],
+            "layout_id": r["layout_id"],
+            "status": r["status"],
+            "error": (r.get("error") or "")[:160] or None,
+            "pre_run_default_s": default_pre.get(r["layout_id"]),
+            "pre_run_measured_s": r["predicted"]["step_time_s"],
+            "now_default_s": predict(lay, "H100-SXM", None, gradient_accumulation_fusion=gaf)["step_time_s"],
+            "now_measured_s": predict(lay, "H100-SXM", measured_now, gradient_accumulation_fusion=gaf)["step_time_s"],
+        }
+        if r["status"] == "ok":
+            meas = r["measured"]["step_time_s"]
+            row["measured_s"] = meas
+            for k in ("pre_run_default", "pre_run_measured", "now_default", "now_measured"):
+                if row[f"{k}_s"] is not None:
+                    row[f"{k}_error"] = row[f"{k}_s"] / meas - 1
+            row["peak_memory_error"] = r["error_rel"]["peak_memory"]
+        rows.append(row)
+    return {"schema_version": 1, "source": str(RESULTS.relative_to(ROOT)), "measured_floor_now": floors, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 when comparison.json is not what this makes now")
+    args = parser.parse_args(argv)
+    doc = compare()
+    text = json.dumps(doc, indent=1, default=float) + "\n"
+    out = RESULTS / "comparison.json"
+    if args.check:
+        return 0 if out.is_file() and json.loads(out.read_text()) == json.loads(text) else 1
+    out.write_text(text)
+    for row in doc["rows"]:
+        if row["status"] != "ok":
+            print(f"{row['label']:34} {row['status']}: {row['error']}")
+            continue
+        errs = " ".join(
+            f"{k} {row[k + '_error']:+.1%}"
+            for k in ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
+        )
+        print(
+            f"{row['label']:34} measured {row['measured_s'] * 1e3:6.1f} ms  {errs}  peak {row['peak_memory_error']:+.1%}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
