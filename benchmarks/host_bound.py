@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             for k in ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
         )
         print(
-            f"{row['label']:34} measured {row['measured_s'] * 1e3:6.1f} ms  {errs}  peak {row['peak_memory_error']:+.1%}"
+            f"{row['label']:34} measured {row['measured_s'] * 1e3:6.1f} ms  {errs}"
+            f"  peak {row['peak_memory_error']:+.1%}"
         )
     return 0
 
