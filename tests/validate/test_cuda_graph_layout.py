@@ -21,8 +21,11 @@ def test_layout_fields_round_trip_and_keep_old_ids():
     assert Layout.from_dict(json.loads(json.dumps(graphed.to_dict()))) == graphed
     assert "cuda_graph" not in plain.layout_id and plain.layout_id != graphed.layout_id
     assert "graphs=transformer_engine[attn+mlp]" in graphed.label
-    # an id stays the same for layouts that do not set the new fields (ids of committed evidence)
+    # an id stays the same for layouts that do not set the new fields (ids of committed evidence): the empty scope
+    # list of to_dict() counts as its default
     assert "cuda_graph_impl" in Layout.ID_FIELDS_ONLY_WHEN_SET
+    assert Layout.from_dict(plain.to_dict()).layout_id == plain.layout_id
+    assert plain.layout_id == plain.replace(cuda_graph_scope=[]).layout_id
 
 
 def test_layout_rules():

@@ -281,7 +281,8 @@ class Layout:
         fields = {
             k: v
             for k, v in self.to_dict().items()
-            if k != "name" and not (k in self.ID_FIELDS_ONLY_WHEN_SET and v == defaults[k])
+            if k != "name"
+            and not (k in self.ID_FIELDS_ONLY_WHEN_SET and (v == defaults[k] or (isinstance(v, list) and not v)))
         }
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
