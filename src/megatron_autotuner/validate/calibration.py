@@ -105,10 +105,12 @@ def solve_layer_time_ms(
 
     None when the cost model does not use the entry for this layout, or when the measured step is
     shorter than what the cost model predicts outside the decoder layers (no positive time fits).
-    The predicted step is non-decreasing and piecewise linear in time_ms (see the module doc), so
-    the root is bracketed, then found by Illinois false position (exact once both ends of the
-    bracket lie on the same linear piece). `gradient_accumulation_fusion`: as the run had it (None: as
-    the runner on this machine would), so the unfused accumulation is not solved into the layer time.
+    The predicted step is non-decreasing and piecewise linear in time_ms (see the module doc), and flat
+    while the layers' GPU time stays under the host's issue time (`costmodel.layer.dense_host_s`): the
+    bracket starts where the step first grows; the root is bracketed, then found by Illinois false position
+    (exact once both ends of the bracket lie on the same linear piece). `gradient_accumulation_fusion`: as the run
+    had it (None: as the runner on this machine would), so the unfused accumulation is not solved into the layer
+    time.
     """
     from ..costmodel import calibration_from_dict
 
@@ -121,8 +123,12 @@ def solve_layer_time_ms(
     tol = rel_tol * measured_step_s
     lo, hi = 1.0, 2.0
     f_lo, f_hi = residual(lo), residual(hi)
-    if f_hi <= f_lo:
-        return None  # the cost model did not use the entry for this layout
+    while f_hi <= f_lo:  # flat: layers this short hide under the host's issue time (or the entry is unused)
+        if hi > 1e9:
+            return None  # the cost model did not use the entry for this layout
+        lo, f_lo = hi, f_hi
+        hi *= 4.0
+        f_hi = residual(hi)
     while f_lo > 0:  # bracket from below: shrink toward 0
         if lo < 1e-9:
             return None
