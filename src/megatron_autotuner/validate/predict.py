@@ -108,6 +108,7 @@ def predict(
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
         "fused_cross_entropy": options.fused_cross_entropy,
         "moe_host_bound": options.moe_host_bound,
+        "host_floor": options.host_floor,
         "expandable_segments": options.expandable_segments,
     }
     if layout.packed:
