@@ -168,55 +168,56 @@ class _Bench:
         end.synchronize()
         return start.elapsed_time(end) * 1e-3
 
-    def enqueue_hbm(self, launches: int) -> None:
-        with self.torch.cuda.stream(self.side_stream):
-            for _ in range(launches):
-                self.hbm_dst.copy_(self.hbm_src, non_blocking=True)
+    # one launch of each kind of interfering work (the collectives asynchronous when asked)
+    def _hbm_copy(self) -> None:
+        self.hbm_dst.copy_(self.hbm_src, non_blocking=True)
 
-    def time_hbm_launch(self, repeats: int = 5) -> float:
+    def _gemm(self) -> None:
+        self.torch.matmul(self.gemm_a, self.gemm_a, out=self.gemm_out)
+
+    def _allreduce(self, async_op: bool = False) -> Any:
+        return self.torch.distributed.all_reduce(self.allreduce_buf, async_op=async_op)
+
+    def _loopback(self, async_op: bool = False) -> Any:
+        dist = self.torch.distributed
+        return dist.all_reduce(self.loopback_in, op=dist.ReduceOp.AVG, async_op=async_op)
+
+    def _median_launch_s(self, launch, stream=None, repeats: int = 5) -> float:
+        """Median seconds of one `launch()` from an idle GPU (CUDA events on `stream`, else the current stream)."""
         times = []
         for _ in range(repeats):
+            self.torch.cuda.synchronize()
             start, end = self._events()
-            with self.torch.cuda.stream(self.side_stream):
+            with self.torch.cuda.stream(stream):  # None: the current stream
                 start.record()
-                self.hbm_dst.copy_(self.hbm_src, non_blocking=True)
+                launch()
                 end.record()
             end.synchronize()
             times.append(start.elapsed_time(end) * 1e-3)
         return statistics.median(times)
 
-    def enqueue_allreduce(self, launches: int) -> list[Any]:
-        dist = self.torch.distributed
-        return [dist.all_reduce(self.allreduce_buf, async_op=True) for _ in range(launches)]
+    def _enqueue_on_side(self, launch, launches: int) -> None:
+        with self.torch.cuda.stream(self.side_stream):
+            for _ in range(launches):
+                launch()
 
-    def time_allreduce(self, repeats: int = 5) -> float:
-        dist = self.torch.distributed
-        times = []
-        for _ in range(repeats):
-            self.torch.cuda.synchronize()
-            start, end = self._events()
-            start.record()
-            dist.all_reduce(self.allreduce_buf)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        return statistics.median(times)
+    def enqueue_hbm(self, launches: int) -> None:
+        self._enqueue_on_side(self._hbm_copy, launches)
+
+    def time_hbm_launch(self) -> float:
+        return self._median_launch_s(self._hbm_copy, self.side_stream)
+
+    def enqueue_allreduce(self, launches: int) -> list[Any]:
+        return [self._allreduce(async_op=True) for _ in range(launches)]
+
+    def time_allreduce(self) -> float:
+        return self._median_launch_s(self._allreduce)
 
     def enqueue_loopback(self, launches: int) -> list[Any]:
-        dist = self.torch.distributed
-        return [dist.all_reduce(self.loopback_in, op=dist.ReduceOp.AVG, async_op=True) for _ in range(launches)]
+        return [self._loopback(async_op=True) for _ in range(launches)]
 
-    def time_loopback(self, repeats: int = 5) -> float:
-        times = []
-        for _ in range(repeats):
-            self.torch.cuda.synchronize()
-            start, end = self._events()
-            start.record()
-            self.torch.distributed.all_reduce(self.loopback_in, op=self.torch.distributed.ReduceOp.AVG)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        return statistics.median(times)
+    def time_loopback(self) -> float:
+        return self._median_launch_s(self._loopback)
 
     def loopback_kernel_names(self) -> list[str]:
         """The GPU kernels (and copies) one loop-back all-reduce ran, from torch.profiler."""
@@ -224,26 +225,15 @@ class _Bench:
 
         self.torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            self.torch.distributed.all_reduce(self.loopback_in, op=self.torch.distributed.ReduceOp.AVG)
+            self._loopback()
             self.torch.cuda.synchronize()
         return sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
 
     def enqueue_gemm(self, launches: int) -> None:
-        with self.torch.cuda.stream(self.side_stream):
-            for _ in range(launches):
-                self.torch.matmul(self.gemm_a, self.gemm_a, out=self.gemm_out)
+        self._enqueue_on_side(self._gemm, launches)
 
-    def time_gemm(self, repeats: int = 5) -> float:
-        times = []
-        for _ in range(repeats):
-            start, end = self._events()
-            with self.torch.cuda.stream(self.side_stream):
-                start.record()
-                self.torch.matmul(self.gemm_a, self.gemm_a, out=self.gemm_out)
-                end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e-3)
-        return statistics.median(times)
+    def time_gemm(self) -> float:
+        return self._median_launch_s(self._gemm, self.side_stream)
 
     def agree(self, value: int) -> int:
         """Rank 0's integer on every rank (a broadcast; the value only matters on rank 0 before)."""
