@@ -151,6 +151,25 @@ class MemoryCalibration:
         return out
 
 
+def _precision_fields(precision: str, fp8_recipe: str | None) -> dict[str, str]:
+    """A host floor's precision in a calibration file: the fp8 recipe only where one was measured."""
+    return {"precision": precision} if fp8_recipe is None else {"precision": "fp8", "fp8_recipe": fp8_recipe}
+
+
+def _floors_for(floors: tuple, precision: str, fp8_recipe: str) -> list:
+    """The host floors measured for `precision` (and fp8 recipe, or none named), else another fp8 recipe's, else the
+    bf16 ones (same host), else none: the same host issues the same layers whatever the precision's details."""
+    for match in (
+        lambda f: f.precision == precision and f.fp8_recipe in (fp8_recipe if precision == "fp8" else None, None),
+        lambda f: f.precision == precision,
+        lambda f: f.precision == "bf16",
+    ):
+        found = [f for f in floors if match(f)]
+        if found:
+            return found
+    return []
+
+
 @dataclass(frozen=True)
 class MoeHostFloor:
     """Host time of one eager megatron-core MoE block per micro-batch, a line in its local experts E: forward
@@ -171,12 +190,7 @@ class MoeHostFloor:
         return self.bwd_s + local_experts * self.bwd_per_local_expert_s
 
     def to_dict(self) -> dict[str, Any]:
-        out = (
-            {"precision": self.precision}
-            if self.fp8_recipe is None
-            else {"precision": "fp8", "fp8_recipe": self.fp8_recipe}
-        )
-        return out | {
+        return _precision_fields(self.precision, self.fp8_recipe) | {
             "fwd_s": self.fwd_s,
             "fwd_per_local_expert_s": self.fwd_per_local_expert_s,
             "bwd_s": self.bwd_s,
@@ -187,12 +201,18 @@ class MoeHostFloor:
 DEFAULT_MOE_HOST_FLOOR = MoeHostFloor()
 
 
+def _tp_collectives_per_layer(tp: int, sequence_parallel: bool) -> tuple[int, int]:
+    """(forward, backward) TP collectives one dense layer issues (`defaults.TP_COLLECTIVES_PER_LAYER`)."""
+    return (0, 0) if tp <= 1 else d.TP_COLLECTIVES_PER_LAYER[bool(sequence_parallel)]
+
+
 @dataclass(frozen=True)
 class DenseHostFloor:
     """Host time of one eager megatron-core dense layer per micro-batch, forward and backward, measured at tensor
     parallel size `tp` (`defaults.DENSE_HOST_FLOOR_*`). At another TP size the layer issues another number of TP
-    collectives, each `tp_collective_s` of host (`defaults.TP_COLLECTIVE_HOST_S`); the layer's phase never takes
-    less than this on the GPU (the host issues ahead of it, so only a host slower than the GPU shows)."""
+    collectives, each `tp_collective_s` of host (`defaults.TP_COLLECTIVE_HOST_S`). A micro-batch never takes less
+    than its layers' host time (`costmodel.estimate.stage_time`: the host issues ahead of the GPU, so only a host
+    slower than the GPU shows)."""
 
     fwd_s: float = d.DENSE_HOST_FLOOR_FWD_S
     bwd_s: float = d.DENSE_HOST_FLOOR_BWD_S
@@ -202,28 +222,18 @@ class DenseHostFloor:
     sequence_parallel: bool = False
     tp_collective_s: float = d.TP_COLLECTIVE_HOST_S
 
-    def _collectives(self, tp: int, sequence_parallel: bool) -> tuple[int, int]:
-        if tp <= 1:
-            return (0, 0)
-        return d.TP_COLLECTIVES_PER_LAYER[bool(sequence_parallel)]
-
     def at(self, tp: int, sequence_parallel: bool) -> tuple[float, float]:
         """(forward_s, backward_s) at TP size `tp`: the measured times plus (or less) the host of the TP
         collectives `tp` issues beyond (or short of) those of the measured size."""
-        have = self._collectives(self.tp, self.sequence_parallel)
-        want = self._collectives(tp, sequence_parallel)
+        have = _tp_collectives_per_layer(self.tp, self.sequence_parallel)
+        want = _tp_collectives_per_layer(tp, sequence_parallel)
         return (
             max(0.0, self.fwd_s + (want[0] - have[0]) * self.tp_collective_s),
             max(0.0, self.bwd_s + (want[1] - have[1]) * self.tp_collective_s),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out = (
-            {"precision": self.precision}
-            if self.fp8_recipe is None
-            else {"precision": "fp8", "fp8_recipe": self.fp8_recipe}
-        )
-        return out | {
+        return _precision_fields(self.precision, self.fp8_recipe) | {
             "tp": self.tp,
             "sequence_parallel": self.sequence_parallel,
             "fwd_s": self.fwd_s,
@@ -334,29 +344,14 @@ class Calibration:
     def moe_host_floor(self, precision: str, fp8_recipe: str = "delayed") -> MoeHostFloor | None:
         """The MoE host floor measured for `precision` (and fp8 recipe), else another fp8 recipe's, else the bf16
         one (same host), else None."""
-        floors = self.moe_host_floors
-        for match in (
-            lambda f: f.precision == precision and f.fp8_recipe in (fp8_recipe if precision == "fp8" else None, None),
-            lambda f: f.precision == precision,
-            lambda f: f.precision == "bf16",
-        ):
-            found = [f for f in floors if match(f)]
-            if found:
-                return found[0]
-        return None
+        found = _floors_for(self.moe_host_floors, precision, fp8_recipe)
+        return found[0] if found else None
 
     def dense_host_floor(self, precision: str, fp8_recipe: str, tp: int) -> DenseHostFloor | None:
         """The dense-layer host floor measured for `precision` (and fp8 recipe), at `tp` if measured there, else
         at the nearest measured TP size; else another fp8 recipe's; else the bf16 one (same host); else None."""
-        for match in (
-            lambda f: f.precision == precision and f.fp8_recipe in (fp8_recipe if precision == "fp8" else None, None),
-            lambda f: f.precision == precision,
-            lambda f: f.precision == "bf16",
-        ):
-            found = [f for f in self.dense_host_floors if match(f)]
-            if found:
-                return min(found, key=lambda f: (abs(f.tp - tp), f.tp))
-        return None
+        found = _floors_for(self.dense_host_floors, precision, fp8_recipe)
+        return min(found, key=lambda f: (abs(f.tp - tp), f.tp)) if found else None
 
     def host_copy_gbps(self, direction: str, pinned: bool, nbytes: int, interference: str = "none") -> float | None:
         """Measured bandwidth (GB/s, 1e9 bytes/s) of one host <-> device copy of `nbytes`: linear in log(nbytes)
@@ -530,16 +525,22 @@ def _fp8_recipe(where: str, row: dict[str, Any]) -> str | None:
     return recipe
 
 
-def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
+def _object_rows(source: str, key: str, raw: Any):
+    """(where, row) of a calibration list of objects under `key` (none when absent), each checked to be an object."""
     if raw is None:
-        return ()
+        return
     if not isinstance(raw, list):
-        raise ConfigError(f"{source}: moe_host_floor", "must be a list of objects")
-    floors = []
+        raise ConfigError(f"{source}: {key}", "must be a list of objects")
     for i, row in enumerate(raw):
-        where = f"{source}: moe_host_floor[{i}]"
+        where = f"{source}: {key}[{i}]"
         if not isinstance(row, dict):
             raise ConfigError(where, "must be an object")
+        yield where, row
+
+
+def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
+    floors = []
+    for where, row in _object_rows(source, "moe_host_floor", raw):
         floors.append(
             MoeHostFloor(
                 fwd_s=_number(f"{where}.fwd_s", row.get("fwd_s"), allow_zero=True),
@@ -561,15 +562,8 @@ def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
 
 
 def _parse_dense_host_floors(source: str, raw: Any) -> tuple[DenseHostFloor, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConfigError(f"{source}: dense_host_floor", "must be a list of objects")
     floors = []
-    for i, row in enumerate(raw):
-        where = f"{source}: dense_host_floor[{i}]"
-        if not isinstance(row, dict):
-            raise ConfigError(where, "must be an object")
+    for where, row in _object_rows(source, "dense_host_floor", raw):
         tp = row.get("tp", 1)
         if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
             raise ConfigError(f"{where}.tp", f"must be a positive integer, got {tp!r}")
@@ -590,15 +584,8 @@ def _parse_dense_host_floors(source: str, raw: Any) -> tuple[DenseHostFloor, ...
 
 
 def _parse_host_copies(source: str, raw: Any) -> tuple[HostCopyMeasurement, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConfigError(f"{source}: host_copy", "must be a list of objects")
     out = []
-    for i, row in enumerate(raw):
-        where = f"{source}: host_copy[{i}]"
-        if not isinstance(row, dict):
-            raise ConfigError(where, "must be an object")
+    for where, row in _object_rows(source, "host_copy", raw):
         if row.get("direction") not in COPY_DIRECTIONS:
             raise ConfigError(f"{where}.direction", f"must be h2d or d2h, got {row.get('direction')!r}")
         if not isinstance(row.get("pinned"), bool):
