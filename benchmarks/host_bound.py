@@ -36,7 +36,6 @@ def _pre_run_default() -> dict[str, float]:
 
 def compare() -> dict:
     sys.path.insert(0, str(ROOT / "src"))
-    from megatron_autotuner.costmodel import load_calibration
     from megatron_autotuner.costmodel.calibration import calibration_from_dict
     from megatron_autotuner.testbench.calibration import dense_host_floors_from_records
     from megatron_autotuner.validate.layout import Layout
@@ -53,7 +52,6 @@ def compare() -> dict:
     measured_now = calibration_from_dict(
         {k: v for k, v in measured_doc.items() if k != "dense_host_floor"} | {"dense_host_floor": floors}
     )
-    del load_calibration
     default_pre = _pre_run_default()
     rows = []
     for line in (RESULTS / "results.jsonl").read_text().splitlines():

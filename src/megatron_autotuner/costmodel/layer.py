@@ -50,7 +50,7 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..specs.hardware import ClusterSpec
@@ -133,12 +133,8 @@ class LayerCost:
 
     def scaled(self, factor: float) -> LayerCost:
         """GPU times scaled by `factor` (a calibration); the host's issue times stay."""
-        return LayerCost(
-            self.fwd.scaled(factor),
-            self.bwd.scaled(factor),
-            self.recompute.scaled(factor),
-            self.host_fwd_s,
-            self.host_bwd_s,
+        return replace(
+            self, fwd=self.fwd.scaled(factor), bwd=self.bwd.scaled(factor), recompute=self.recompute.scaled(factor)
         )
 
 
