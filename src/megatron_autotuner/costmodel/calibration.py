@@ -151,7 +151,7 @@ class MemoryCalibration:
         return out
 
 
-def _precision_fields(precision: str, fp8_recipe: str | None) -> dict[str, str]:
+def precision_fields(precision: str, fp8_recipe: str | None) -> dict[str, str]:
     """A host floor's precision in a calibration file: the fp8 recipe only where one was measured."""
     return {"precision": precision} if fp8_recipe is None else {"precision": "fp8", "fp8_recipe": fp8_recipe}
 
@@ -190,7 +190,7 @@ class MoeHostFloor:
         return self.bwd_s + local_experts * self.bwd_per_local_expert_s
 
     def to_dict(self) -> dict[str, Any]:
-        return _precision_fields(self.precision, self.fp8_recipe) | {
+        return precision_fields(self.precision, self.fp8_recipe) | {
             "fwd_s": self.fwd_s,
             "fwd_per_local_expert_s": self.fwd_per_local_expert_s,
             "bwd_s": self.bwd_s,
@@ -233,7 +233,7 @@ class DenseHostFloor:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return _precision_fields(self.precision, self.fp8_recipe) | {
+        return precision_fields(self.precision, self.fp8_recipe) | {
             "tp": self.tp,
             "sequence_parallel": self.sequence_parallel,
             "fwd_s": self.fwd_s,

@@ -111,7 +111,7 @@ class CostOptions:
     fusion or CUDA graphs, as the `validate` runner and the testbench do): each MoE block takes at
     least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); tuned recipes
     (fused permute, CUDA graphs) are not bound this way, hence off by default;
-    `host_floor`: a dense layer's phase takes at least its host's issue time (eager megatron-core: the
+    `host_floor`: a micro-batch takes at least its dense layers' host issue time (eager megatron-core: the
     calibration's `dense_host_floor`, else `defaults.DENSE_HOST_FLOOR_*`; CUDA graphs take the captured share off);
     off gives the GPU's time alone;
     `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
+from ..costmodel.calibration import precision_fields
 from ..errors import ConfigError
 from ..specs import ClusterSpec, get_gpu_spec, load_model_spec
 from .results import all_records, latest_by_case
@@ -85,6 +86,12 @@ def _host_line(experts: list[int], seconds: list[float], default_line) -> tuple[
     return intercept * scale, slope * scale, "default line scaled to the one expert count measured"
 
 
+def _precision_key(case: dict[str, Any]) -> tuple[str, str | None]:
+    """(precision, fp8 recipe or None) of a testbench case: what a host floor is measured per."""
+    dtype = case.get("dtype", "bf16")
+    return (dtype, case.get("fp8_recipe", "delayed") if dtype == "fp8" else None)
+
+
 def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The eager MoE block's host floor per precision from host-bound `moe` cases (`costmodel.MoeHostFloor`):
     forward and backward each a line in the local experts (each local expert adds its own kernels), fitted by
@@ -97,9 +104,7 @@ def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any
     for rec in ok:
         case = rec["case"]
         if case["op"] == "moe":
-            fp8 = case.get("dtype", "bf16") == "fp8"
-            key = ("fp8", case.get("fp8_recipe", "delayed")) if fp8 else (case.get("dtype", "bf16"), None)
-            points.setdefault(key, []).append(_moe_point(rec))
+            points.setdefault(_precision_key(case), []).append(_moe_point(rec))
     floors = []
     for (precision, recipe), pts in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         used = [p for p in pts if p["host_bound"]]
@@ -110,8 +115,7 @@ def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any
         bwd = _host_line(experts, [p["bwd_ms"] * 1e-3 for p in used], (default.bwd_s, default.bwd_per_local_expert_s))
         floors.append(
             {
-                "precision": precision,
-                **({"fp8_recipe": recipe} if recipe else {}),
+                **precision_fields(precision, recipe),
                 "fwd_s": fwd[0],
                 "fwd_per_local_expert_s": fwd[1],
                 "bwd_s": bwd[0],
@@ -148,9 +152,7 @@ def dense_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, A
             continue
         if load_model_spec(case["model"]).is_moe:
             continue
-        fp8 = case.get("dtype", "bf16") == "fp8"
-        key = (case.get("dtype", "bf16"), case.get("fp8_recipe", "delayed") if fp8 else None, case["tp"])
-        key += (bool(case.get("sequence_parallel")),)
+        key = (*_precision_key(case), case["tp"], bool(case.get("sequence_parallel")))
         groups.setdefault(key, []).append(
             {
                 "case_id": rec["case_id"],
@@ -166,8 +168,7 @@ def dense_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, A
     ):
         floors.append(
             {
-                "precision": precision,
-                **({"fp8_recipe": recipe} if recipe else {}),
+                **precision_fields(precision, recipe),
                 "tp": tp,
                 "sequence_parallel": sp,
                 "fwd_s": _floor_ms(cases, "fwd") * 1e-3,

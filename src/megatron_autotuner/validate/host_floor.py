@@ -1,9 +1,9 @@
 """Measure the host floors of eager layers on this machine before validating layouts (`--measure-host-floor`).
 
 Dense layers: the testbench `decoder` of each dense model in the batch, at TP 1 on one GPU, in each precision and
-fp8 recipe the layouts use; `dense_host_floor` is the median wall time of its forward and backward calls
-(`testbench.calibration.dense_host_floors_from_records`; other TP sizes add their collectives' host time,
-`costmodel.DenseHostFloor.at`).
+fp8 recipe the layouts use; `dense_host_floor` is the median wall time of its forward and backward calls where
+they were host-bound (`testbench.calibration.dense_host_floors_from_records`; other TP sizes add their collectives'
+host time, `costmodel.DenseHostFloor.at`).
 
 MoE blocks:
 
