@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from megatron_autotuner.cli import main
+from megatron_autotuner.costmodel.estimate import estimate
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.export.bridge import MegatronArgs
 from megatron_autotuner.export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
@@ -34,7 +35,7 @@ from megatron_autotuner.rlhf.offload import (
     model_state_bytes,
     offload_state,
 )
-from megatron_autotuner.rlhf.phases import pass_workload
+from megatron_autotuner.rlhf.phases import pass_cost, pass_workload
 from megatron_autotuner.rlhf.verl_args import VERL_DEFAULTS
 from megatron_autotuner.search.space import token_budget_choices
 from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
@@ -261,6 +262,22 @@ def test_dynamic_passes_are_packed_workloads_of_the_lengths(example_inputs):
     timed = pass_workload(fixed, p, lengths, 64, "train", RecomputeConfig(), False)
     peak = pass_workload(fixed, p, lengths, 64, "train", RecomputeConfig(), True)
     assert timed.lengths is None and (timed.seq_length, peak.seq_length) == (2012, 5120)
+
+
+def test_a_pass_is_priced_once_per_inputs(example_inputs):
+    """pass_cost is memoised: the same inputs give the very same estimates, equal to pricing the pass afresh
+    (costmodel.estimate of the pass's Workload), and other inputs another."""
+    _, inputs = example_inputs
+    s, c = inputs.spec, inputs.choice
+    args = (s.model, c.parallel, c.old_log_prob_batching, s.lengths, s.sequences, "forward", RecomputeConfig(), H100,
+            inputs.options)  # fmt: skip
+    first = pass_cost(*args)
+    assert pass_cost(*args) is first
+    w = pass_workload(c.old_log_prob_batching, c.parallel, s.lengths, s.sequences, "forward", RecomputeConfig(), False)
+    fresh = estimate(s.model, c.parallel, w, H100, inputs.options)
+    assert (first[0].step_time_s, first[1].peak_memory_gib) == (fresh.step_time_s, fresh.peak_memory_gib)
+    other = pass_cost(*args[:4], s.sequences // 2, *args[5:])
+    assert other[0].step_time_s < first[0].step_time_s
 
 
 def test_search_keeps_one_shared_layout_and_fits_every_phase(example_inputs):
