@@ -372,7 +372,7 @@ def balanced_partitions(values: Sequence[int], k: int, equal_size: bool) -> list
     return [list(p) for p in _partitions(tuple(values), k, equal_size)]
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=512)  # a search asks for a few hundred (workloads, k); each holds <= one step's indices
 def _partitions(values: tuple[int, ...], k: int, equal_size: bool) -> tuple[tuple[int, ...], ...]:
     if k == 1:  # one set holds every index, whatever the merges' order (dp = 1)
         return (tuple(range(len(values))),)
