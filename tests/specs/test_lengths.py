@@ -268,6 +268,12 @@ def test_fast_packing_equals_the_straightforward_one(dp, per_rank, kind, times, 
     assert packed.padded(8, 128) is packed.padded(8, 128)  # computed once
 
 
+def test_negative_workloads_are_refused():
+    """The sparse form ranks a non-empty set above an empty one, true for sums >= 0 (verl's workloads are)."""
+    with pytest.raises(ConfigError, match=">= 0"):
+        karmarkar_karp([5, -1, 3], 2, False)
+
+
 def test_memoised_partitions_are_fresh_lists():
     """Callers may sort what balanced_partitions returns; the memo must not see it."""
     values = [verl_workload(s) for s in (100, 900, 300, 4000, 20, 20)]
