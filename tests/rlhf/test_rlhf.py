@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 import yaml
 
 from megatron_autotuner.cli import main
+from megatron_autotuner.costmodel.estimate import estimate
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.export.bridge import MegatronArgs
 from megatron_autotuner.export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
@@ -32,7 +35,7 @@ from megatron_autotuner.rlhf.offload import (
     model_state_bytes,
     offload_state,
 )
-from megatron_autotuner.rlhf.phases import pass_workload
+from megatron_autotuner.rlhf.phases import pass_cost, pass_workload
 from megatron_autotuner.rlhf.verl_args import VERL_DEFAULTS
 from megatron_autotuner.search.space import token_budget_choices
 from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
@@ -261,6 +264,22 @@ def test_dynamic_passes_are_packed_workloads_of_the_lengths(example_inputs):
     assert timed.lengths is None and (timed.seq_length, peak.seq_length) == (2012, 5120)
 
 
+def test_a_pass_is_priced_once_per_inputs(example_inputs):
+    """pass_cost is memoised: the same inputs give the very same estimates, equal to pricing the pass afresh
+    (costmodel.estimate of the pass's Workload), and other inputs another."""
+    _, inputs = example_inputs
+    s, c = inputs.spec, inputs.choice
+    args = (s.model, c.parallel, c.old_log_prob_batching, s.lengths, s.sequences, "forward", RecomputeConfig(), H100,
+            inputs.options)  # fmt: skip
+    first = pass_cost(*args)
+    assert pass_cost(*args) is first
+    w = pass_workload(c.old_log_prob_batching, c.parallel, s.lengths, s.sequences, "forward", RecomputeConfig(), False)
+    fresh = estimate(s.model, c.parallel, w, H100, inputs.options)
+    assert (first[0].step_time_s, first[1].peak_memory_gib) == (fresh.step_time_s, fresh.peak_memory_gib)
+    other = pass_cost(*args[:4], s.sequences // 2, *args[5:])
+    assert other[0].step_time_s < first[0].step_time_s
+
+
 def test_search_keeps_one_shared_layout_and_fits_every_phase(example_inputs):
     _, inputs = example_inputs
     ranked = search_step(inputs.spec, inputs.choice, H100, replace(inputs.options, overlap_grad_reduce=True), 3)
@@ -277,6 +296,41 @@ def test_search_keeps_one_shared_layout_and_fits_every_phase(example_inputs):
         old, ref = c.old_log_prob_batching, c.ref_log_prob_batching
         assert old.max_token_len_per_gpu == ref.max_token_len_per_gpu
         assert old.max_token_len_per_gpu * c.parallel.cp in budgets
+
+
+# a fresh interpreter (no warm caches) plans the example step as `mat rlhf` does and prints the seconds it took
+_TIMED_PLAN = """
+import sys, time
+from dataclasses import replace
+from megatron_autotuner.rlhf import evaluate_step, launch_inputs, read_verl_file, search_step
+from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+start = time.process_time()
+inputs = launch_inputs(read_verl_file(sys.argv[1]), load_model_spec("Qwen3-8B"), 8, None,
+                       mean_response_len=float(sys.argv[2]) if sys.argv[2] != "-" else None)
+gpu = get_gpu_spec("H100-SXM")
+evaluate_step(inputs.spec, inputs.choice, gpu, inputs.options)
+ranked = search_step(inputs.spec, inputs.choice, gpu, replace(inputs.options, overlap_grad_reduce=True), 6)
+assert ranked
+print(time.process_time() - start)
+"""
+
+
+@pytest.mark.parametrize("mean_response_len", ["-", "2500"])
+def test_the_qwen3_8b_grpo_example_plans_in_seconds(mean_response_len):
+    """Issue #26: the launch's own step plus the search over the top 6 layouts (mat rlhf's default) took 12-15 s,
+    and over a minute with a mean response length, before packing was memoised and Karmarkar-Karp made sparse;
+    about 2 s each now on a 2-core laptop. The bound is on the CPU seconds of the planning process (what wall
+    time is on an idle machine; other processes on a shared one stretch the wall clock, not this): 10 s is
+    generous and still catches a return to the old cost."""
+    import megatron_autotuner
+
+    env = dict(os.environ, PYTHONPATH=str(Path(megatron_autotuner.__file__).resolve().parents[1]))
+    run = subprocess.run(
+        [sys.executable, "-c", _TIMED_PLAN, str(EXAMPLE), mean_response_len],
+        env=env, capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    seconds = float(run.stdout.strip().splitlines()[-1])
+    assert seconds < 10.0, f"planning the example step took {seconds:.1f} CPU seconds"
 
 
 # ---------------------------------------------------------------------------------------------------------------

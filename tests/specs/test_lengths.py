@@ -1,18 +1,24 @@
-"""Variable sequence lengths and verl's packing of them (specs.lengths), checked against verl's own functions."""
+"""Variable sequence lengths and verl's packing of them (specs.lengths), checked against verl's own functions and
+against a straightforward reference implementation of the same algorithm (the fast path must equal it)."""
 
+import heapq
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs.lengths import (
     LengthDistribution,
     SequenceLengths,
     balanced_partitions,
+    karmarkar_karp,
     micro_batch_partitions,
     pack_micro_batches,
     parse_mean_max,
     read_length_histogram,
+    verl_workload,
 )
 
 
@@ -145,3 +151,140 @@ def test_balanced_partitions_equal_verls():
         values = [rng.choice([rng.randint(1, 10**6), 5000]) for _ in range(k * rng.randint(1, 12))]
         assert balanced_partitions(values, k, True) == vs.get_seqlen_balanced_partitions(values, k, True)
         assert balanced_partitions(values, k, False) == vs.get_seqlen_balanced_partitions(values, k, False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The fast path (sparse partial solutions, memoised partitions, rank-by-rank count search) against the
+# straightforward algorithm: every partial solution holds all k sets, re-sorted after every merge, as
+# verl/utils/seqlen_balancing.py (0.9.1) karmarkar_karp does; rearrange_micro_batches partitions every rank for
+# each count before checking the budget.
+
+
+def _set_key(s):
+    return (s[0], len(s[1]), s[1])
+
+
+class _RefPartial:
+    def __init__(self, sets):
+        self.sets = sorted(sets, key=_set_key, reverse=True)
+        self.spread = self.sets[0][0] - self.sets[-1][0]
+
+    def __lt__(self, other):
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return _set_key(self.sets[0]) > _set_key(other.sets[0])
+
+
+def _reference_karmarkar_karp(values, k, equal_size):
+    order = sorted((v, i) for i, v in enumerate(values))
+    heap = []
+    if equal_size:
+        for start in range(0, len(order), k):
+            heapq.heappush(heap, _RefPartial([(v, [(i, v)]) for v, i in order[start : start + k]]))
+    else:
+        for v, i in order:
+            heapq.heappush(heap, _RefPartial([(v, [(i, v)])] + [(0, [])] * (k - 1)))
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        merged = [(x[0] + y[0], x[1] + y[1]) for x, y in zip(a.sets, b.sets[::-1], strict=True)]
+        heapq.heappush(heap, _RefPartial(merged))
+    return [[i for i, _ in items] for _, items in heap[0].sets]
+
+
+def _reference_pack(lengths, max_token_len, dp, divided_by):
+    """verl's _balance_batch then rearrange_micro_batches on every rank, straightforwardly; None where verl
+    refuses (too few sequences for the count)."""
+    work = [verl_workload(s) for s in lengths]
+    ranks = []
+    for part in _reference_karmarkar_karp(work, dp, True):
+        part = sorted(part, key=lambda i: (work[i], i))
+        ranks.append([lengths[i] for i in part[::2] + part[1::2][::-1]])
+    step = divided_by or 1
+    n = max(min(len(r), -(-sum(r) // max_token_len)) for r in ranks)
+    n = -(-n // step) * step
+    while True:
+        if n > min(len(r) for r in ranks):
+            return None
+        parts = [[sorted(p) for p in _reference_karmarkar_karp([verl_workload(s) for s in r], n, False)] for r in ranks]
+        if all(sum(r[i] for i in p) <= max_token_len for r, ps in zip(ranks, parts, strict=True) for p in ps):
+            break
+        n += step
+    out = []
+    for r, ps in zip(ranks, parts, strict=True):
+        ps.sort(key=lambda p, r=r: (sum(verl_workload(r[i]) for i in p), p[0]), reverse=True)
+        out.append(tuple(tuple(r[i] for i in p) for p in ps[::2][::-1] + ps[1::2]))
+    return tuple(out)
+
+
+_values = st.lists(st.one_of(st.integers(0, 3), st.sampled_from([5000, 5000, 70]), st.integers(1, 10**7)), max_size=80)
+
+
+@settings(derandomize=True, max_examples=400, deadline=None)
+@given(_values, st.integers(1, 24), st.booleans())
+def test_fast_karmarkar_karp_equals_the_straightforward_one(values, k, equal_size):
+    """Same sets, same order, same tie-breaks (zeros, equal values, k above the item count)."""
+    if not values or (equal_size and len(values) % k):
+        return
+    assert karmarkar_karp(values, k, equal_size) == _reference_karmarkar_karp(values, k, equal_size)
+
+
+@settings(derandomize=True, max_examples=200, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.integers(1, 48),
+    st.sampled_from(["equal", "few", "any"]),
+    st.sampled_from([1, 2, 3, 5]),
+    st.sampled_from([None, 2, 3]),
+    st.data(),
+)
+def test_fast_packing_equals_the_straightforward_one(dp, per_rank, kind, times, divided_by, data):
+    longest = data.draw(st.sampled_from([64, 5120]))
+    n = dp * per_rank
+    if kind == "equal":  # every sequence at its longest: ties everywhere (mat rlhf without a mean length)
+        lengths = [longest] * n
+    elif kind == "few":
+        lengths = data.draw(st.lists(st.sampled_from([longest, longest // 2, 7]), min_size=n, max_size=n))
+    else:
+        lengths = data.draw(st.lists(st.integers(1, longest), min_size=n, max_size=n))
+    budget = max(lengths) * times
+    expected = _reference_pack(lengths, budget, dp, divided_by)
+    if expected is None:
+        with pytest.raises(ConfigError, match="data-parallel rank has only"):
+            pack_micro_batches(lengths, budget, dp=dp, num_batches_divided_by=divided_by)
+        return
+    packed = pack_micro_batches(lengths, budget, dp=dp, num_batches_divided_by=divided_by)
+    assert packed.ranks == expected
+    # the cached sums and padded forms are those of the micro-batches
+    seqs = [s for r in expected for mb in r for s in mb]
+    assert (packed.total_tokens, packed.sum_squares) == (sum(seqs), sum(s * s for s in seqs))
+    assert packed.largest_micro_batch_tokens == max(sum(mb) for r in expected for mb in r)
+    assert packed.rank_tokens_and_squares == tuple(
+        (sum(map(sum, r)), sum(s * s for mb in r for s in mb)) for r in expected
+    )
+    padded = [[[-(-s // 8) * 8 for s in mb] for mb in r] for r in expected]
+    for mb in (mb for r in padded for mb in r):
+        mb[-1] += -sum(mb) % 128
+    assert packed.padded(8, 128).ranks == tuple(tuple(tuple(mb) for mb in r) for r in padded)
+    assert packed.padded(8, 128) is packed.padded(8, 128)  # computed once
+
+
+def test_negative_workloads_are_refused():
+    """The sparse form ranks a non-empty set above an empty one, true for sums >= 0 (verl's workloads are)."""
+    with pytest.raises(ConfigError, match=">= 0"):
+        karmarkar_karp([5, -1, 3], 2, False)
+
+
+def test_memoised_partitions_are_fresh_lists():
+    """Callers may sort what balanced_partitions returns; the memo must not see it."""
+    values = [verl_workload(s) for s in (100, 900, 300, 4000, 20, 20)]
+    first = balanced_partitions(values, 3, False)
+    expected = [list(p) for p in first]
+    first[0].reverse()
+    first.reverse()
+    assert balanced_partitions(values, 3, False) == expected
+
+
+def test_a_realistic_step_packs_as_the_straightforward_algorithm_does():
+    """256 sequences of Qwen3-8B GRPO lengths (prompt 1k, response 2.5k mean of 4k) on 4 ranks at 10k tokens."""
+    lengths = list(SequenceLengths.from_mean_max((1024, 1024), (2500, 4096)).sample(256))
+    assert pack_micro_batches(lengths, 10240, dp=4).ranks == _reference_pack(lengths, 10240, 4, None)

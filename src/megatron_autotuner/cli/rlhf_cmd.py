@@ -30,7 +30,7 @@ from .output import console, make_table, print_json
 EXAMPLES = """examples:
   mat rlhf --verl-args examples/verl_grpo_qwen3_8b_h100_8gpu.sh --gpu H100-SXM --num-gpus 8
   mat rlhf --verl-args examples/verl_grpo_qwen3_8b_h100_8gpu.sh --gpu H100-SXM --rollout-s 240 --json
-  mat rlhf --verl-args examples/verl_grpo_qwen3_8b_h100_8gpu.sh --gpu H200 --top-k 2   # fewer layouts, faster"""
+  mat rlhf --verl-args examples/verl_grpo_qwen3_8b_h100_8gpu.sh --gpu H200 --mean-response-len 2500 --top-k 3"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

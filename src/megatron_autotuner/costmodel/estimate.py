@@ -338,12 +338,8 @@ def packed_microbatch_shape(model: ModelSpec, parallel: ParallelConfig, workload
     if packed is None:
         return local_tokens_per_microbatch(parallel, workload), workload.seq_length
     linear, attention = _flops_per_token_terms(model, workload.is_training)
-    shapes = []
-    for rank in packed.ranks:
-        tokens = sum(sum(mb) for mb in rank)
-        squares = sum(s * s for mb in rank for s in mb)
-        shapes.append((tokens * linear + squares * attention, tokens, squares))
-    _, tokens, squares = max(shapes)
+    ranks = packed.rank_tokens_and_squares  # (sum s, sum s^2) per rank, computed once per packing
+    _, tokens, squares = max((t * linear + q * attention, t, q) for t, q in ranks)
     return tokens / (packed.num_micro_batches * parallel.cp), squares / tokens
 
 

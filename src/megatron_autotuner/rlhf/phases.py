@@ -20,6 +20,7 @@ longest. Then the state other engines leave resident on the GPU is added to the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from ..costmodel.collectives import collective_time_s
@@ -124,7 +125,24 @@ def pass_cost(
     options: CostOptions,
 ) -> tuple[Estimate, Estimate]:
     """(estimate for time, estimate for memory) of one pass: one packed estimate with dynamic batching, the mean
-    and the longest length with fixed micro-batches (`pass_workload`)."""
+    and the longest length with fixed micro-batches (`pass_workload`). Memoised on its inputs: a step prices the
+    same pass for old and ref log-prob (one budget) and the same actor update for every offload setting and
+    log-prob budget the search tries (every input is a frozen dataclass; a calibration hashes by identity)."""
+    return _pass_cost(model, parallel, batching, lengths, sequences, mode, recompute, gpu, options)
+
+
+@lru_cache(maxsize=512)
+def _pass_cost(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    batching: Batching,
+    lengths: SequenceLengths,
+    sequences: int,
+    mode: str,
+    recompute: RecomputeConfig,
+    gpu: GPUSpec,
+    options: CostOptions,
+) -> tuple[Estimate, Estimate]:
     timed_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, False)
     timed = estimate(model, parallel, timed_w, gpu, options)
     peak_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, True)

@@ -24,6 +24,14 @@ verl's dynamic batching (`use_dynamic_bsz`; verl 0.9.1, verl/utils/seqlen_balanc
   n > the sequences of a rank is an error. Finally (`use_dynamic_bsz_balance`) the micro-batches are sorted by
   workload, largest first, and reordered `[::2][::-1] + [1::2]` (small ones at both ends of the pipeline).
   The older verl (commit b178a3c, January 2026) had no such loop: its micro-batches could exceed max_token_len.
+
+Speed (issue #26: the search packs one step's sample for every candidate layout, token budget and phase), with the
+results unchanged (tests/specs/test_lengths.py holds the fast path equal to the straightforward algorithm):
+- a partial solution keeps only its non-empty sets, as (sum, count, indices) tuples that sort as verl's sets do,
+  and a merge touches only the sets that meet (`_merge`): the straightforward merge of the n one-item partial
+  solutions of k sets costs O(n k log k) and took seconds per rank for k ~ n (every sequence at its longest);
+- partitions are memoised on (workloads, k), the length sample on (lengths, n, seed), a `PackedBatch`'s sums and
+  padded forms per instance; the micro-batch count search stops at the first rank over the budget.
 - Karmarkar-Karp (`karmarkar_karp`): one partial solution per item (k sets, one holding the item) or, with
   equal_size, per k consecutive sorted items; repeatedly merge the two partial solutions with the largest spread
   (largest set sum - smallest), pairing the largest set of one with the smallest of the other.
@@ -31,12 +39,13 @@ verl's dynamic batching (`use_dynamic_bsz`; verl 0.9.1, verl/utils/seqlen_balanc
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -182,12 +191,10 @@ class SequenceLengths:
         return self.prompt.mean_tokens + self.response.mean_tokens
 
     def sample(self, n: int, seed: int | None = None) -> tuple[int, ...]:
-        """`n` sequence lengths (prompt + response), the same for the same seed (default `self.seed`)."""
+        """`n` sequence lengths (prompt + response), the same for the same seed (default `self.seed`); drawn once
+        per (lengths, n, seed) and reused."""
         _positive_int("num_sequences", n)
-        rng = random.Random(self.seed if seed is None else seed)
-        if self.sequence is not None:
-            return tuple(self.sequence.draw(rng) for _ in range(n))
-        return tuple(self.prompt.draw(rng) + self.response.draw(rng) for _ in range(n))
+        return _sample(self, n, self.seed if seed is None else seed)
 
     def describe(self) -> str:
         if self.sequence is not None:
@@ -203,6 +210,14 @@ class SequenceLengths:
                 if d.values:
                     out[name]["histogram"] = [[v, c] for v, c in zip(d.values, d.counts, strict=True)]
         return out
+
+
+@lru_cache(maxsize=256)
+def _sample(lengths: SequenceLengths, n: int, seed: int) -> tuple[int, ...]:
+    rng = random.Random(seed)
+    if lengths.sequence is not None:
+        return tuple(lengths.sequence.draw(rng) for _ in range(n))
+    return tuple(lengths.prompt.draw(rng) + lengths.response.draw(rng) for _ in range(n))
 
 
 def parse_mean_max(field: str, text: str) -> tuple[float, int]:
@@ -281,55 +296,85 @@ def verl_workload(length: int) -> int:
     return VERL_WORKLOAD_LINEAR_WEIGHT * length + length * length
 
 
-class _Partial:
-    """A Karmarkar-Karp partial solution: k sets of (index, value) items, largest set sum first."""
-
-    __slots__ = ("sets",)
-
-    def __init__(self, sets: list[tuple[int, list[tuple[int, int]]]]):
-        # a set is (sum, items); ordered like verl's: by sum, then item count, then the items themselves
-        self.sets = sorted(sets, key=_set_key, reverse=True)
-
-    @property
-    def spread(self) -> int:
-        return self.sets[0][0] - self.sets[-1][0]
-
-    def __lt__(self, other: _Partial) -> bool:
-        # the heap pops the largest spread first; equal spreads: the larger largest set first
-        if self.spread != other.spread:
-            return self.spread > other.spread
-        return _set_key(self.sets[0]) > _set_key(other.sets[0])
+def _entry(sets: list[tuple[int, int, list[int]]], k: int) -> tuple:
+    """A heap entry of a partial solution whose non-empty `sets` (sum, count, item indices) are sorted smallest
+    first, the other k - len(sets) sets being empty: (-spread, -top sum, -top count, -top's first index, sets).
+    heapq pops the largest spread first, then the largest top set -- verl's State.__lt__, where sets compare by
+    (sum, count, items) and the items of two partial solutions' top sets, being disjoint, differ at their first.
+    So two entries never tie and the pops are those of verl's heap, whatever its layout."""
+    top = sets[-1]
+    spread = top[0] - (sets[0][0] if len(sets) == k else 0)
+    return (-spread, -top[0], -top[1], -top[2][0], sets)
 
 
-def _set_key(s: tuple[int, list[tuple[int, int]]]) -> tuple:
-    return (s[0], len(s[1]), s[1])
+def _merge(a: list, b: list, k: int) -> list:
+    """Non-empty sets, smallest first, of the merge of partial solutions a and b (their non-empty sets smallest
+    first, the rest of the k sets empty; both lists are consumed). verl pairs set i of a with set k-1-i of b,
+    counting from the largest: with m = len(a) + len(b) - k > 0 the m smallest of a meet the m smallest of b,
+    smallest with largest; every other set meets an empty one and is kept as it is. The result is sorted again (no
+    two non-empty sets compare equal: their indices differ), a few sets inserted by binary search into the longer
+    sorted run, more appended and sorted: a merge that meets few sets costs a few comparisons, not k."""
+    m = len(a) + len(b) - k
+    if m > 0:
+        met = [(sa[0] + sb[0], sa[1] + sb[1], sa[2] + sb[2]) for sa, sb in zip(reversed(a[:m]), b[:m], strict=True)]
+        del a[:m], b[:m]
+        base, rest = (a, b + met) if len(a) >= len(b) else (b, a + met)
+    else:
+        base, rest = (a, b) if len(a) >= len(b) else (b, a)
+    if len(rest) <= _INSERT_AT_MOST:
+        for s in rest:
+            bisect.insort(base, s)
+    else:
+        base += rest
+        base.sort()
+    return base
+
+
+# Up to this many sets are inserted one by one (binary search) into a partial solution's sorted sets; more are
+# appended and sorted. Either gives the same order; this only picks the cheaper way (a speed setting, not a model
+# constant).
+_INSERT_AT_MOST = 8
 
 
 def karmarkar_karp(values: Sequence[int], k: int, equal_size: bool) -> list[list[int]]:
-    """Indices of `values` in k sets of near-equal sums by the largest differencing method (module docstring)."""
+    """Indices of `values` (>= 0) in k sets of near-equal sums by the largest differencing method (module
+    docstring), with verl's tie-breaks: sets ordered by (sum, item count, item indices), partial solutions by
+    spread, then their largest set; sets largest first, as verl returns them. A partial solution keeps only its
+    non-empty sets, each a tuple (sum, count, indices) that sorts as verl's Set does, so merging the n one-item
+    partial solutions of k sets costs the sets that meet, not k per merge (`_merge`)."""
+    _positive_int("k_partitions", k)
+    if any(v < 0 for v in values):
+        raise ConfigError("values", "workloads must be >= 0")
     order = sorted((v, i) for i, v in enumerate(values))
-    heap: list[_Partial] = []
     if equal_size:
         if len(values) % k:
             raise ConfigError("global_batch_size", f"{len(values)} sequences do not split equally over {k} ranks")
-        for start in range(0, len(order), k):
-            heapq.heappush(heap, _Partial([(v, [(i, v)]) for v, i in order[start : start + k]]))
+        chunks = (order[start : start + k] for start in range(0, len(order), k))
+        heap = [_entry(sorted((v, 1, [i]) for v, i in chunk), k) for chunk in chunks]
     else:
-        for v, i in order:
-            heapq.heappush(heap, _Partial([(v, [(i, v)])] + [(0, []) for _ in range(k - 1)]))
+        heap = [_entry([(v, 1, [i])], k) for v, i in order]
+    heapq.heapify(heap)
     while len(heap) > 1:
         a, b = heapq.heappop(heap), heapq.heappop(heap)
-        # a's largest set takes b's smallest, and so on
-        merged = [(sa[0] + sb[0], sa[1] + sb[1]) for sa, sb in zip(a.sets, reversed(b.sets), strict=True)]
-        heapq.heappush(heap, _Partial(merged))
-    return [[i for i, _ in items] for _, items in heap[0].sets]
+        heapq.heappush(heap, _entry(_merge(a[-1], b[-1], k), k))
+    sets = heap[0][-1]
+    return [s[2] for s in reversed(sets)] + [[] for _ in range(k - len(sets))]
 
 
 def balanced_partitions(values: Sequence[int], k: int, equal_size: bool) -> list[list[int]]:
-    """verl's `get_seqlen_balanced_partitions`: Karmarkar-Karp, each set's indices sorted; none may be empty."""
+    """verl's `get_seqlen_balanced_partitions`: Karmarkar-Karp, each set's indices sorted; none may be empty.
+    Memoised on (values, k, equal_size): the search packs one length sample for many token budgets and layouts,
+    and their micro-batch counts overlap."""
     if len(values) < k:
         raise ConfigError("max_token_len", f"{len(values)} sequences cannot fill {k} micro-batches")
-    parts = [sorted(p) for p in karmarkar_karp(values, k, equal_size)]
+    return [list(p) for p in _partitions(tuple(values), k, equal_size)]
+
+
+@lru_cache(maxsize=512)  # a search asks for a few hundred (workloads, k); each holds <= one step's indices
+def _partitions(values: tuple[int, ...], k: int, equal_size: bool) -> tuple[tuple[int, ...], ...]:
+    if k == 1:  # one set holds every index, whatever the merges' order (dp = 1)
+        return (tuple(range(len(values))),)
+    parts = tuple(tuple(sorted(p)) for p in karmarkar_karp(values, k, equal_size))
     if any(not p for p in parts):
         raise ConfigError("max_token_len", f"a balanced partition of {len(values)} sequences into {k} is empty")
     return parts
@@ -370,7 +415,7 @@ def _rearrange(
     step = divided_by or 1
     n = -(-n // step) * step
     fewest = min(len(r) for r in ranks)
-    workloads = [[verl_workload(s) for s in r] for r in ranks]
+    workloads = [tuple(verl_workload(s) for s in r) for r in ranks]
     while True:
         if n > fewest:
             raise ConfigError(
@@ -378,8 +423,15 @@ def _rearrange(
                 f"{n} micro-batches are needed to keep each within {max_token_len} tokens, but a data-parallel "
                 f"rank has only {fewest} sequences",
             )
-        parts = [balanced_partitions(w, n, equal_size=False) for w in workloads]
-        if all(sum(r[i] for i in p) <= max_token_len for r, ps in zip(ranks, parts, strict=True) for p in ps):
+        # rank by rank, up to the first with a micro-batch over the budget: the count then grows either way, and
+        # no partition of n <= a rank's sequences can be refused (Karmarkar-Karp leaves no set empty then)
+        parts = []
+        for r, w in zip(ranks, workloads, strict=True):
+            ps = balanced_partitions(w, n, equal_size=False)
+            if any(sum(r[i] for i in p) > max_token_len for p in ps):
+                break
+            parts.append(ps)
+        else:
             break
         n += step
     if balance_order:
@@ -391,7 +443,10 @@ def _rearrange(
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """Sequence lengths of every micro-batch of every data-parallel rank: `ranks[r][m]` (same m on every rank)."""
+    """Sequence lengths of every micro-batch of every data-parallel rank: `ranks[r][m]` (same m on every rank).
+
+    Immutable, so its sums and its padded forms are computed once per instance (the search asks for them for
+    every candidate layout and phase that shares the packing)."""
 
     ranks: tuple[tuple[tuple[int, ...], ...], ...]
     max_token_len: int
@@ -400,27 +455,39 @@ class PackedBatch:
     def num_micro_batches(self) -> int:
         return len(self.ranks[0])
 
-    @property
+    @cached_property
     def micro_batches(self) -> tuple[tuple[int, ...], ...]:
         return tuple(mb for r in self.ranks for mb in r)
 
-    @property
-    def total_tokens(self) -> int:
-        return sum(sum(mb) for mb in self.micro_batches)
+    @cached_property
+    def rank_tokens_and_squares(self) -> tuple[tuple[int, int], ...]:
+        """(sum s, sum s^2) over each data-parallel rank's sequences."""
+        return tuple((sum(sum(mb) for mb in r), sum(s * s for mb in r for s in mb)) for r in self.ranks)
 
-    @property
+    @cached_property
+    def total_tokens(self) -> int:
+        return sum(t for t, _ in self.rank_tokens_and_squares)
+
+    @cached_property
     def sum_squares(self) -> int:
         """sum over sequences of s^2 (what causal attention work scales with)."""
-        return sum(s * s for mb in self.micro_batches for s in mb)
+        return sum(q for _, q in self.rank_tokens_and_squares)
 
-    @property
+    @cached_property
     def largest_micro_batch_tokens(self) -> int:
         return max(sum(mb) for mb in self.micro_batches)
+
+    @cached_property
+    def _padded_forms(self) -> dict[tuple[int, int], PackedBatch]:
+        return {}
 
     def padded(self, align_tokens: int, total_align_tokens: int = 1) -> PackedBatch:
         """Each sequence rounded up to a multiple of `align_tokens`; the last of each micro-batch further so that
         the micro-batch is a multiple of `total_align_tokens` (verl's fp8 THD padding)."""
         _positive_int("align_tokens", align_tokens)
+        key = (align_tokens, total_align_tokens)
+        if key in self._padded_forms:
+            return self._padded_forms[key]
 
         def pad(mb: tuple[int, ...]) -> tuple[int, ...]:
             out = [-(-s // align_tokens) * align_tokens for s in mb]
@@ -428,7 +495,12 @@ class PackedBatch:
                 out[-1] += (-sum(out)) % total_align_tokens
             return tuple(out)
 
-        return PackedBatch(tuple(tuple(pad(mb) for mb in r) for r in self.ranks), self.max_token_len)
+        if align_tokens == 1 and total_align_tokens <= 1:
+            result = self
+        else:
+            result = PackedBatch(tuple(tuple(pad(mb) for mb in r) for r in self.ranks), self.max_token_len)
+        self._padded_forms[key] = result
+        return result
 
 
 def split_over_ranks(lengths: Sequence[int], dp: int) -> list[list[int]]:
