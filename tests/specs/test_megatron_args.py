@@ -148,3 +148,69 @@ def test_launch_forms_one_line_several_lines_backslashes_and_torchrun():
     )
     assert one_line.args == several.args == backslashes.args == torchrun.args
     assert torchrun.num_gpus == 16 and torchrun.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Activation offloading
+# ---------------------------------------------------------------------------------------------------------------
+_LLAMA_8B_LAUNCH = (
+    "torchrun --nproc-per-node 1 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+    "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm "
+    "--disable-bias-linear --untie-embeddings-and-output-weights --position-embedding-type rope "
+    "--vocab-size 128256 --seq-length 4096 --micro-batch-size 1 --global-batch-size 8 --bf16 "
+)
+
+
+def _offload_of(flags: str, mode: str = "train"):
+    return launch_to_specs(read_launch(_LLAMA_8B_LAUNCH + flags), mode=mode)
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ("--cpu-offloading-num-layers 4", {"num_layers": 4, "modules": ()}),
+        (
+            "--fine-grained-activation-offloading --offload-modules core_attn attn_proj "
+            "--min-offloaded-tensor-size 4096 --activation-offload-fraction 0.5",
+            {"num_layers": 0, "modules": ("core_attn", "attn_proj"), "min_tensor_elements": 4096, "fraction": 0.5},
+        ),
+    ],
+)
+def test_activation_offload_flags_round_trip(flags, expected):
+    from megatron_autotuner.specs.megatron_args import render_flags, specs_to_megatron_args
+
+    imp = _offload_of(flags)
+    off = imp.workload.activation_offload
+    assert {k: getattr(off, k) for k in expected} == expected
+    assert not [n for n in imp.not_modelled if "offload" in n]
+    rendered = " ".join(render_flags(specs_to_megatron_args(imp.model, imp.parallel, imp.workload)))
+    again = launch_to_specs(read_launch("torchrun --nproc-per-node 1 pretrain_gpt.py " + rendered))
+    assert again.workload.activation_offload == off
+
+
+def test_activation_offload_import_notes_and_forward_mode():
+    imp = _offload_of("--fine-grained-activation-offloading --offload-modules core_attn fused_group_mlp")
+    assert imp.workload.activation_offload.modules == ("core_attn",)
+    assert any("fused_group_mlp" in n for n in imp.not_modelled)
+    assert any("--offload-modules without" in n for n in _offload_of("--offload-modules core_attn").not_modelled)
+    fwd = _offload_of("--cpu-offloading-num-layers 4", mode="forward")
+    assert not fwd.workload.activation_offload.enabled and any("offloading" in n for n in fwd.notes)
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        ("--fine-grained-activation-offloading", "offload_modules: --fine-grained-activation-offloading needs"),
+        ("--fine-grained-activation-offloading --offload-modules attn_proj", "without core_attn"),
+        ("--fine-grained-activation-offloading --offload-modules mlp", "unknown module 'mlp'"),
+        ("--fine-grained-activation-offloading --offload-modules core_attn --transformer-impl local", "_engine"),
+        ("--cpu-offloading-num-layers 2 --fine-grained-activation-offloading --offload-modules core_attn", "combined"),
+        ("--cpu-offloading-num-layers 2 --recompute-granularity selective", "recomputation"),
+        ("--cpu-offloading-num-layers 2 --cuda-graph-impl transformer_engine", "CUDA graphs"),
+        ("--fine-grained-activation-offloading --offload-modules core_attn --activation-offload-fraction 2", "[0, 1]"),
+    ],
+)
+def test_activation_offload_validity_errors(flags, needle):
+    with pytest.raises(ConfigError) as err:
+        _offload_of(flags)
+    assert needle in str(err.value)

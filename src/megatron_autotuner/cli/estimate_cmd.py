@@ -76,7 +76,10 @@ def print_notes(out, notes, not_modelled) -> None:
 
 # The memory table's rows; the optimizer step's fp32 gradient copy replaces the activations at the peak when it is
 # larger (it is held only while the activations are gone), so the total is not the column's sum.
-MEMORY_ROW_LABELS = {"optimizer_step": "optimizer step only (fp32 grad copy)"}
+MEMORY_ROW_LABELS = {
+    "optimizer_step": "optimizer step only (fp32 grad copy)",
+    "offloaded_to_host": "activations offloaded to host (not in HBM)",
+}
 
 
 def add_expandable_segments_argument(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -138,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     b = est.time.breakdown
     trows = [[f"compute: {k}", v] for k, v in b["compute"].items()]
     trows += [[f"exposed comm: {k}", v] for k, v in b["exposed_comm"].items()]
+    if "offload" in b:
+        trows.append(["activation offload copies (exposed)", b["offload"]])
     trows += [["pipeline bubble", b["bubble"]], ["optimizer", b["optimizer"]], ["total", b["total"]]]
     out.print(make_table("Where the step time goes (s, critical stage)", ["", "seconds"], trows))
     shown = {k: v for k, v in est.memory_breakdown_gib.items() if k != "stage" and (k != "optimizer_step" or v)}

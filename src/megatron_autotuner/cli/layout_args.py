@@ -351,4 +351,5 @@ def layout_summary(p: ParallelConfig, w: Workload) -> str:
         f"sp={p.sequence_parallel} "
         f"| seq={w.seq_length} mbs={w.micro_batch_size} gbs={w.global_batch_size} recompute={w.recompute.granularity} "
         f"{w.precision_label} mode={w.mode}{'' if p.grad_reduce_in_fp32 else ' main-grads=bf16'}"
+        f"{'' if not w.activation_offload.enabled else ' offload=' + w.activation_offload.label}"
     )

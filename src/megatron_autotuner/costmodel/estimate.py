@@ -70,15 +70,25 @@ from ..theory.memory import (
     StageMemory,
     fp8_weight_counts,
     memory_per_stage,
+    offload_groups,
+    offloaded_per_chunk,
     optimizer_shard_parameters,
     stage_signature,
 )
 from ..theory.params import ParameterCounts, stage_parameters
 from . import defaults as d
+from .activation_offload import (
+    D2H,
+    H2D,
+    backward_units_s,
+    fine_grained_layer_time,
+    layer_level_exposed_s,
+    offload_copy_gbps,
+)
 from .calibration import Calibration
 from .collectives import collective_time_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
-from .layer import E_BF16, LayerContext, LayerCost, layer_cost
+from .layer import E_BF16, LayerContext, LayerCost, gemm_shapes, layer_cost
 
 COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
 COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
@@ -116,7 +126,9 @@ class CostOptions:
     off gives the GPU's time alone;
     `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far
     less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`);
-    `memory_margin`: fraction of HBM kept free when deciding `fits` (`DEFAULT_MEMORY_MARGIN`).
+    `memory_margin`: fraction of HBM kept free when deciding `fits` (`DEFAULT_MEMORY_MARGIN`);
+    `concurrent_copy_gbps`: host <-> GPU copy bandwidth (GB/s, each way) while kernels run beside it, for activation
+    offloading (`activation_offload`); None: the calibration's host-copy table, else the GPU's host link.
     """
 
     flops_convention: str = "causal"
@@ -134,12 +146,15 @@ class CostOptions:
     allowance: MemoryAllowance | None = None
     expandable_segments: bool = False
     memory_margin: float = DEFAULT_MEMORY_MARGIN
+    concurrent_copy_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if self.flops_convention not in ("causal", "full"):
             raise ConfigError("flops_convention", f"must be causal or full, got {self.flops_convention!r}")
         if not 0.0 <= self.memory_margin < 1.0:
             raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
+        if self.concurrent_copy_gbps is not None and not self.concurrent_copy_gbps > 0:
+            raise ConfigError("concurrent_copy_gbps", f"must be > 0 GB/s, got {self.concurrent_copy_gbps!r}")
 
     @property
     def memory_allowance(self) -> MemoryAllowance:
@@ -588,8 +603,11 @@ def stage_time(
                     b["tp"] = max(0.0, rs - logits_w)
         return f, b
 
+    head_s = 0.0
     if stage == pp - 1:
-        add(v - 1, *output_head())
+        head_f, head_b = output_head()
+        head_s = sum(head_f.values()) + sum(head_b.values())
+        add(v - 1, head_f, head_b)
     mtp_layers = layout.rank_mtp_layers(stage)
     if mtp_layers:
         mtp_chunk = next(c for c in range(v) if "m" in layout.stage(stage, c))
@@ -631,6 +649,13 @@ def stage_time(
         _merge(fwd, {"host": host_issue_s - gpu_s})
         for c in range(v):
             chunk_s[c] = max(chunk_s[c], host_issue_s * len(layout.chunk_layers(stage, c)) / max(len(layers), 1))
+    if training and workload.activation_offload.enabled:
+        off_f, off_b, off_chunks = _offload_exposed_s(
+            model, parallel, workload, stage, ctx, options, kind_cost, per_chunk_kinds, head_s
+        )
+        _merge(fwd, {"offload": off_f})
+        _merge(bwd, {"offload": off_b})
+        chunk_s = [t + o for t, o in zip(chunk_s, off_chunks, strict=True)]
 
     p2p_mb = p2p_fill = 0.0
     if pp > 1:
@@ -676,6 +701,75 @@ def stage_time(
         extra["dp"] = exposed
         extra["optimizer"] = step_end_work_s(counts, parallel, workload, gpu)
     return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s)), note
+
+
+def _offload_exposed_s(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    ctx: LayerContext,
+    options: CostOptions,
+    kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]],
+    per_chunk_kinds: tuple,
+    head_s: float,
+) -> tuple[float, float, list[float]]:
+    """(forward, backward, per-chunk) seconds of one micro-batch on rank `stage` spent waiting for activation
+    offloading copies (`costmodel.activation_offload`)."""
+    config = workload.activation_offload
+    gpu, cal = ctx.cluster.gpu, options.calibration
+    act = ActivationOptions(flash_attention=options.flash_attention)
+    layout = pipeline_layout_of(model, parallel)
+    v = layout.vpp
+
+    def bandwidths(nbytes: float) -> tuple[float, float]:
+        return (
+            offload_copy_gbps(gpu, cal, D2H, nbytes, options.concurrent_copy_gbps)[0],
+            offload_copy_gbps(gpu, cal, H2D, nbytes, options.concurrent_copy_gbps)[0],
+        )
+
+    if config.layer_level:  # megatron-core: pp = 1, one chunk, no recompute
+        layers = layout.rank_layers(stage)
+        fwd_s, bwd_s, d2h_s, h2d_s = [], [], [], []
+        for i in layers:
+            f, b = kind_cost[(model.is_moe_layer(i), False)]
+            fwd_s.append(sum(f.values()))
+            bwd_s.append(sum(b.values()))
+            moved = sum(g.copied_bytes for g in offload_groups(model, parallel, workload, i, act))
+            d2h_gbps, h2d_gbps = bandwidths(moved)
+            d2h_s.append(moved / (d2h_gbps * 1e9))
+            h2d_s.append(moved / (h2d_gbps * 1e9))
+        f_exp, b_exp = layer_level_exposed_s(fwd_s, bwd_s, d2h_s, h2d_s, config.num_layers, head_s)
+        return f_exp, b_exp, [f_exp + b_exp]
+
+    # fine-grained: a rank whose next backward is the micro-batch it just ran forward has only the forward as the
+    # D2H window; elsewhere other micro-batches' backward runs before this one's and the backlog drains there
+    immediate = v == 1 and stage == parallel.pp - 1
+    offloaded, kept = offloaded_per_chunk(model, parallel, workload, stage, act)
+    f_total = b_total = 0.0
+    chunks = [0.0] * v
+    for c, kinds in enumerate(per_chunk_kinds):
+        exp_f = exp_b = full = 0.0
+        for moe, full_rc, n, i in kinds:
+            groups = offload_groups(model, parallel, workload, i, act)
+            if not groups:
+                continue
+            f, b = kind_cost[(moe, full_rc)]
+            window = sum(f.values()) + (0.0 if immediate else sum(b.values()))
+            units = backward_units_s(model, i, gemm_shapes(model, i, ctx), b)
+            lt = fine_grained_layer_time(groups, window, units, *bandwidths(sum(g.copied_bytes for g in groups)))
+            exp_f += n * lt.exposed_fwd_s
+            exp_b += n * lt.exposed_bwd_s
+            full += n * sum(g.freed_bytes for g in groups)
+        if not full:
+            continue
+        # groups kept on the GPU (fraction; the last of each module where the backward follows at once) move nothing
+        moved = offloaded[c] - (kept if immediate and c == v - 1 else 0.0)
+        share = max(0.0, moved) / full
+        f_total += share * exp_f
+        b_total += share * exp_b
+        chunks[c] = share * (exp_f + exp_b)
+    return f_total, b_total, chunks
 
 
 def pipeline_fill_drain_s(stages: tuple[StageTime, ...] | list[StageTime], critical: int) -> float:
@@ -730,13 +824,15 @@ def time_model(
     crit = stages[critical]
     compute = dict.fromkeys(COMPUTE_CLASSES, 0.0)
     comm = dict.fromkeys(COMM_DIMENSIONS, 0.0)
-    host = 0.0
+    host = offload = 0.0
     for part in (crit.fwd, crit.bwd):
         for k, val in part.items():
             if k in compute:
                 compute[k] += m * val
             elif k == "host":
                 host += m * val
+            elif k == "offload":
+                offload += m * val
             else:
                 comm[k] = comm.get(k, 0.0) + m * val
     comm["pp"] += m * crit.p2p_per_microbatch_s + p2p_fill
@@ -746,6 +842,7 @@ def time_model(
         "exposed_comm": comm,
         "bubble": bubble,
         "host_bound": host,
+        **({"offload": offload} if workload.activation_offload.enabled else {}),
         "optimizer": stages[extra_stage].step_extra.get("optimizer", 0.0),
         "total": step,
     }
@@ -767,6 +864,8 @@ def memory_summary(stages: list[StageMemory]) -> tuple[float, dict[str, float], 
         "total": peak_stage.total_bytes / GIB,
         "stage": peak_stage.stage,
     }
+    if peak_stage.offloaded_bytes:
+        breakdown["offloaded_to_host"] = peak_stage.offloaded_bytes / GIB
     return max(totals), breakdown, totals
 
 

@@ -29,7 +29,15 @@ from typing import Any
 
 from ..errors import ConfigError
 from .model import ModelSpec
-from .parallel import CUDA_GRAPH_MODULES, CudaGraphConfig, ParallelConfig, RecomputeConfig, Workload
+from .parallel import (
+    CUDA_GRAPH_MODULES,
+    OFFLOAD_MODULES,
+    ActivationOffloadConfig,
+    CudaGraphConfig,
+    ParallelConfig,
+    RecomputeConfig,
+    Workload,
+)
 from .pipeline import PipelineLayout
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,6 +158,11 @@ FLAG_TABLE: dict[str, str] = {
     "external_cuda_graph": "workload.cuda_graph.impl transformer_engine (deprecated)",
     "cuda_graph_warmup_steps": "workload.cuda_graph.warmup_steps",
     "check_for_nan_in_loss_and_grad": "off with full-iteration CUDA graphs (--no-check-for-nan-in-loss-and-grad)",
+    "cpu_offloading_num_layers": "workload.activation_offload.num_layers (layer-level, Transformer Engine)",
+    "fine_grained_activation_offloading": "workload.activation_offload (fine-grained: --offload-modules)",
+    "offload_modules": "workload.activation_offload.modules",
+    "min_offloaded_tensor_size": "workload.activation_offload.min_tensor_elements",
+    "activation_offload_fraction": "workload.activation_offload.fraction",
     # cost-model options (CostOptions) and MoE execution
     "overlap_grad_reduce": "options.overlap_grad_reduce",
     "overlap_param_gather": "options.overlap_param_gather",
@@ -267,8 +280,10 @@ _NOT_MODELLED_NOTES = {
     "delay_wgrad_compute": "delayed wgrad is not modelled",
     "moe_shared_expert_overlap": "the shared-expert overlap is not modelled",
     "moe_flex_dispatcher_backend": "flex dispatchers (DeepEP / HybridEP) are not modelled",
-    "cpu_offloading_num_layers": "activation offloading is not modelled",
-    "fine_grained_activation_offloading": "activation offloading is not modelled",
+    "delta_offload_bytes_across_pp_ranks": "the per-pipeline-rank offload delta is not modelled (predicted as 0)",
+    "delay_offload_until_cuda_graph": "CUDA graphs are not modelled yet",
+    "fine_grained_offloading_max_inflight_offloads": "the in-flight offload cap is not modelled (predicted as none)",
+    "cpu_offloading_retain_pinned_cpu_buffers": "reusing pinned host buffers is not modelled (copy time only)",
     "optimizer_cpu_offload": "optimizer offloading is not modelled",
     "use_precision_aware_optimizer": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
@@ -794,6 +809,11 @@ def launch_to_specs(
     )
     if mode != "train" and granularity != "none":
         notes.append("recompute: ignored for a forward-only pass")
+    offload = _activation_offload(launch, not_modelled)
+    if mode != "train" and offload.enabled:
+        notes.append("activation offloading: ignored for a forward-only pass")
+    elif offload.enabled:
+        workload = workload.replace(activation_offload=offload)
     return ImportedLaunch(model, parallel, workload, options, tuple(notes), tuple(not_modelled), launch)
 
 
@@ -880,6 +900,50 @@ def launch_cuda_graphs(launch: Launch, model: ModelSpec | None) -> CudaGraphConf
                 "moe_preprocess graphs do not work with the alltoall dispatcher's host syncs here (megatron-core)",
             )
     return graphs
+
+
+# offload_modules megatron-core accepts that this tool does not model (transformer_config.py allowed_modules)
+_UNMODELLED_OFFLOAD_MODULES = ("fused_group_mlp", "gdp_qkv")
+
+
+def _activation_offload(launch: Launch, not_modelled: list[str]) -> ActivationOffloadConfig:
+    """The activation offloading a launch asks for, with Megatron-LM's rules (megatron/training/arguments.py
+    `validate_args`: --cpu-offloading-num-layers > 0 turns `cpu_offloading` on; fine-grained needs the Transformer
+    Engine implementation) and megatron-core's (transformer_config.py `__post_init__`: offload_modules not empty and
+    from its list, no CUDA graphs with layer-level offloading; the rest in `ActivationOffloadConfig` and
+    `validate_layout`)."""
+    num_layers = _int(launch, "cpu_offloading_num_layers") or 0
+    if num_layers < 0:
+        raise ConfigError("cpu_offloading_num_layers", f"must be >= 0, got {num_layers}")
+    if num_layers and (_str(launch, "cuda_graph_impl") or "none") not in ("none", "full_iteration"):
+        raise ConfigError(
+            "cpu_offloading_num_layers", "CUDA graphs are not supported with CPU offloading (megatron-core)"
+        )
+    modules: list[str] = list(launch.value("offload_modules") or [])
+    if not launch.value("fine_grained_activation_offloading"):
+        if launch.gave("offload_modules"):
+            not_modelled.append("--offload-modules without --fine-grained-activation-offloading: nothing is offloaded")
+        return ActivationOffloadConfig(num_layers=num_layers)
+    if (_str(launch, "transformer_impl") or "transformer_engine") != "transformer_engine":
+        raise ConfigError(
+            "fine_grained_activation_offloading", "needs --transformer-impl transformer_engine (Megatron-LM)"
+        )
+    if not modules:
+        raise ConfigError("offload_modules", "--fine-grained-activation-offloading needs at least one module")
+    known = OFFLOAD_MODULES + _UNMODELLED_OFFLOAD_MODULES
+    bad = [m for m in modules if m not in known]
+    if bad:
+        raise ConfigError("offload_modules", f"unknown module {bad[0]!r}; allowed: {', '.join(known)}")
+    for m in modules:
+        if m in _UNMODELLED_OFFLOAD_MODULES:
+            not_modelled.append(f"--offload-modules {m}: not modelled (its activations predicted on the GPU)")
+    modelled = tuple(dict.fromkeys(m for m in modules if m in OFFLOAD_MODULES))
+    return ActivationOffloadConfig(
+        num_layers=num_layers,
+        modules=modelled,
+        min_tensor_elements=_int(launch, "min_offloaded_tensor_size"),
+        fraction=_float(launch, "activation_offload_fraction"),
+    )
 
 
 def read_launch_file(path: str) -> Launch:
@@ -993,6 +1057,16 @@ def specs_to_megatron_args(
             args["cuda_graph_modules"] = list(graphs.scope)
         if graphs.impl == "full_iteration":
             args["check_for_nan_in_loss_and_grad"] = False
+    offload = w.activation_offload
+    if offload.layer_level:
+        args["cpu_offloading_num_layers"] = offload.num_layers
+    elif offload.fine_grained:
+        args.update(
+            fine_grained_activation_offloading=True,
+            offload_modules=list(offload.modules),
+            min_offloaded_tensor_size=offload.min_tensor_elements,
+            activation_offload_fraction=offload.fraction,
+        )
     if options is not None:
         args.update(
             overlap_grad_reduce=options.overlap_grad_reduce,

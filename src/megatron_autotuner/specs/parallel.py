@@ -23,6 +23,13 @@ RECOMPUTE_METHODS = ("uniform", "block")
 # megatron-core TransformerConfig.recompute_modules (0.14+).
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 PRECISIONS = ("bf16", "fp8")
+# megatron-core TransformerConfig.offload_modules (Megatron-LM --offload-modules), the ones this tool models: each
+# offloads the tensors autograd saves inside that submodule's forward (megatron/core/transformer/transformer_config.py
+# `__post_init__` allowed_modules; "fused_group_mlp" and "gdp_qkv" are not modelled). Listed in the order a
+# decoder layer runs them forward.
+OFFLOAD_MODULES = ("attn_norm", "qkv_linear", "core_attn", "attn_proj", "mlp_norm", "expert_fc1", "moe_act")
+# megatron-core TransformerConfig.min_offloaded_tensor_size default: 1024 * 1024 elements.
+DEFAULT_MIN_OFFLOADED_TENSOR_ELEMENTS = 1024 * 1024
 # Megatron-LM's --fp8-recipe values this tool models: Transformer Engine's delayed scaling (scale from the amax
 # history of earlier iterations) and per-tensor current scaling ("tensorwise", NVIDIA's FP8-CS recipes: the scale
 # of each tensor from its own amax, an extra read of the tensor before the cast) and blockwise scaling
@@ -271,6 +278,71 @@ class CudaGraphConfig:
 
 
 @dataclass(frozen=True)
+class ActivationOffloadConfig:
+    """Activation offloading to host memory: megatron-core's two mutually exclusive mechanisms.
+
+    Layer-level (`num_layers` > 0: Megatron-LM --cpu-offloading-num-layers, which sets `cpu_offloading`;
+    megatron/training/arguments.py): megatron-core wraps every decoder layer's forward in Transformer Engine's
+    offload context (megatron/core/transformer/transformer_block.py `get_cpu_offload_context(cpu_offloading,
+    cpu_offloading_num_layers, num_layers, ...)`), which moves every tensor a layer saves for backward (>= 256Ki
+    elements, not parameters) of the model's first `num_layers` layers to pinned host memory
+    (transformer_engine/pytorch/cpu_offload.py `DefaultOffloadSynchronizer`).
+
+    Fine-grained (`modules` given: --fine-grained-activation-offloading --offload-modules ...): megatron-core's own
+    manager (megatron/core/pipeline_parallel/fine_grained_activation_offload.py) moves, per decoder layer, the tensors
+    saved inside each listed submodule with at least `min_tensor_elements` elements (--min-offloaded-tensor-size);
+    `fraction` (--activation-offload-fraction) keeps the later groups of each model chunk on the GPU.
+    """
+
+    num_layers: int = 0
+    modules: tuple[str, ...] = ()
+    min_tensor_elements: int = DEFAULT_MIN_OFFLOADED_TENSOR_ELEMENTS
+    fraction: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_layers, int) or isinstance(self.num_layers, bool) or self.num_layers < 0:
+            raise ConfigError("cpu_offloading_num_layers", f"must be an integer >= 0, got {self.num_layers!r}")
+        modules = tuple(self.modules)
+        object.__setattr__(self, "modules", modules)
+        bad = [m for m in modules if m not in OFFLOAD_MODULES]
+        if bad:
+            raise ConfigError("offload_modules", f"unknown module {bad[0]!r}; allowed: {', '.join(OFFLOAD_MODULES)}")
+        if len(set(modules)) != len(modules):
+            raise ConfigError("offload_modules", "lists a module twice")
+        if self.num_layers and modules:
+            # transformer_config.py: "fine_grained_activation_offloading cannot be enabled with cpu_offloading."
+            raise ConfigError(
+                "offload_modules", "fine-grained offloading cannot be combined with --cpu-offloading-num-layers"
+            )
+        if "attn_proj" in modules and "core_attn" not in modules:
+            # transformer_config.py: the input of attn_proj is core_attn's output, which core_attn's backward needs
+            raise ConfigError("offload_modules", "attn_proj cannot be offloaded without core_attn (megatron-core)")
+        if not isinstance(self.min_tensor_elements, int) or self.min_tensor_elements < 0:
+            raise ConfigError("min_offloaded_tensor_size", f"must be >= 0, got {self.min_tensor_elements!r}")
+        if not isinstance(self.fraction, (int, float)) or not 0.0 <= self.fraction <= 1.0:
+            raise ConfigError("activation_offload_fraction", f"must be in [0, 1], got {self.fraction!r}")
+
+    @property
+    def layer_level(self) -> bool:
+        return self.num_layers > 0
+
+    @property
+    def fine_grained(self) -> bool:
+        return bool(self.modules)
+
+    @property
+    def enabled(self) -> bool:
+        return self.layer_level or self.fine_grained
+
+    @property
+    def label(self) -> str:
+        """'none', 'layers=N' or 'modules=a,b'."""
+        if self.layer_level:
+            return f"layers={self.num_layers}"
+        return "modules=" + ",".join(self.modules) if self.modules else "none"
+
+
+@dataclass(frozen=True)
 class Workload:
     """What one training (or forward-only) iteration processes.
 
@@ -280,6 +352,7 @@ class Workload:
     `global_batch_size` sequences of a step are sampled from it and packed as verl packs them (`packed_batch`),
     and `seq_length` is the longest sequence there can be (>= `lengths.max_tokens`). Without `lengths`, every
     sequence is `seq_length` tokens long.
+    `activation_offload`: activations moved to host memory during training (`ActivationOffloadConfig`).
     With precision fp8: `fp8_recipe` is Megatron-LM's `--fp8-recipe` (delayed | tensorwise | blockwise) and
     `fp8_param` its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
     linear weights are stored in fp8 and all-gathered in fp8 instead of bf16.
@@ -297,6 +370,7 @@ class Workload:
     fp8_param: bool = False
     lengths: SequenceLengths | None = None
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
+    activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.cuda_graph, CudaGraphConfig):
@@ -329,6 +403,29 @@ class Workload:
                 )
         if self.mode == "forward" and self.recompute.granularity != "none":
             raise ConfigError("recompute", "must be none in forward mode (nothing is kept for a backward pass)")
+        if not isinstance(self.activation_offload, ActivationOffloadConfig):
+            raise ConfigError(
+                "activation_offload", f"must be an ActivationOffloadConfig, got {self.activation_offload!r}"
+            )
+        if self.mode == "forward" and self.activation_offload.enabled:
+            raise ConfigError("activation_offload", "must be off in forward mode (nothing is kept for a backward pass)")
+        if self.activation_offload.layer_level and self.recompute.granularity != "none":
+            # transformer_config.py: "CPU offloading does not work when activation recomputation is enabled"
+            raise ConfigError(
+                "cpu_offloading_num_layers", "does not work with activation recomputation (megatron-core)"
+            )
+        if self.activation_offload.fine_grained and self.recompute.is_full:
+            raise ConfigError(
+                "offload_modules",
+                "fine-grained offloading with full recompute is not modelled (use selective recompute)",
+            )
+        if self.activation_offload.fine_grained and self.recompute.recomputes("moe"):
+            moe_parts = {"expert_fc1", "moe_act"} & set(self.activation_offload.modules)
+            if moe_parts:
+                # transformer_config.py: 'moe' recompute checkpoints the whole MoE forward
+                raise ConfigError(
+                    "offload_modules", f"cannot offload {', '.join(sorted(moe_parts))} while recomputing the MoE layer"
+                )
         if self.lengths is not None:
             if not isinstance(self.lengths, SequenceLengths):
                 raise ConfigError("lengths", f"must be a SequenceLengths, got {type(self.lengths).__name__}")
@@ -361,9 +458,12 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "lengths"}
+        skip = ("lengths", "activation_offload")
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         data["recompute"] = dataclasses.asdict(self.recompute)
         data["cuda_graph"] = self.cuda_graph.to_dict()
+        if self.activation_offload.enabled:
+            data["activation_offload"] = dataclasses.asdict(self.activation_offload)
         if self.lengths is not None:
             data["lengths"] = self.lengths.to_dict()
         return data
@@ -509,6 +609,15 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
                 "global_batch_size",
                 f"the interleaved schedule needs the number of micro-batches ({m}) divisible by pp={pp}",
             )
+    offload = workload.activation_offload
+    if offload.layer_level:
+        # megatron-core TransformerConfig.__post_init__ (cpu_offloading)
+        if offload.num_layers >= model.num_layers:
+            raise ConfigError(
+                "cpu_offloading_num_layers", f"{offload.num_layers} must be below num_layers={model.num_layers}"
+            )
+        if pp > 1:
+            raise ConfigError("cpu_offloading_num_layers", "no support for pipeline parallelism with CPU offloading")
     rc = workload.recompute
     if rc.is_full:
         # megatron-core checkpoints within each model chunk: groups of recompute_num_layers (uniform), or the

@@ -72,6 +72,10 @@ megatron/training/training.py; Transformer Engine @ d0067d0: transformer_engine/
   the previous graph's output (`_CudaGraphRunner.create_fwd_graph`, `cg_buffer_metadata`): no static copies.
   The full-iteration graph's static batches (`StaticBufferLoader`, ~28 bytes per token per micro-batch) are
   under 0.1% here and not counted.
+Activation offloading (`Workload.activation_offload`, `offload_groups`): the tensors a layer saves that leave the
+GPU, by megatron-core's rules (sources cited at `offload_groups` and `_offloaded_per_chunk`); what stays is counted
+in the activations, what left in `StageMemory.offloaded_bytes` (pinned host memory). The copies are taken to keep
+up with the forward (the cost model reports where they do not).
 
 Outside the closed form, kept as a separate, named allowance that a calibration file can replace
 (`MemoryAllowance`): memory outside the caching allocator (CUDA context, kernel code, library
@@ -87,6 +91,7 @@ from functools import lru_cache
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
 from ..specs.parallel import (
+    OFFLOAD_MODULES,
     CudaGraphConfig,
     ParallelConfig,
     Workload,
@@ -431,6 +436,192 @@ def layer_input_bytes(model: ModelSpec, parallel: ParallelConfig, workload: Work
     return bytes_per_element * local_tokens(workload, parallel) * model.hidden_size / _sp_divisor(parallel)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Activation offloading
+# ---------------------------------------------------------------------------------------------------------------
+# Transformer Engine's layer-level offload keeps tensors below 256Ki elements on the GPU
+# (transformer_engine/pytorch/cpu_offload.py `OffloadableLayerState._check_if_offload`: numel < 256 * 1024).
+TE_LAYER_OFFLOAD_MIN_ELEMENTS = 256 * 1024
+
+# The fine-grained group (megatron-core `offload_modules`) whose forward saves each activation part of
+# `attention_activation_bytes` / `mlp_activation_bytes`, with the Transformer Engine layer spec
+# (megatron/core/models/gpt/gpt_layer_specs.py `get_gpt_layer_with_transformer_engine_submodules`): the input norm is
+# fused into the qkv (or MLA down-projection) `TELayerNormColumnParallelLinear`, so `input_layernorm` is an
+# IdentityOp and its input is saved inside the qkv_linear group ("attn_norm" moves nothing); `pre_mlp_layernorm` is a
+# TENorm only in MoE layers (dense layers fuse it into fc1, whose saved tensors no group covers). Offload points:
+# attention.py (qkv_linear around `get_query_key_value_tensors`, core_attn around `core_attention`, attn_proj around
+# `linear_proj`), transformer_layer.py (attn_norm, mlp_norm around the norms), moe/experts.py (expert_fc1 around
+# `linear_fc1`, moe_act around the activation). Parts not listed (dropout masks, router, expert fc2 input and probs,
+# shared experts, dense MLP) are saved outside every group and stay.
+_OFFLOAD_GROUP_OF_PART = {
+    "attn_norm_input": "qkv_linear",
+    "qkv_input": "qkv_linear",
+    "qk_norm_inputs": "qkv_linear",
+    "q_latent": "qkv_linear",
+    "kv_latent": "qkv_linear",
+    "q": "core_attn",
+    "k_v": "core_attn",
+    "softmax_lse": "core_attn",
+    "softmax_output": "core_attn",
+    "attention_dropout_mask": "core_attn",
+    "attention_dropout_output": "core_attn",
+    "proj_input": "attn_proj",
+    "mlp_norm_input": "mlp_norm",
+    "experts_input": "expert_fc1",
+    "experts_fc1_output": "moe_act",
+}
+# Parts that are several tensors of equal size (k and v; norm input and down-projection input of each MLA latent;
+# the two unfused GLU temporaries).
+_TENSORS_IN_PART = {
+    "k_v": 2,
+    "q_latent": 2,
+    "kv_latent": 2,
+    "glu_unfused_temporaries": 2,
+    "shared_glu_unfused_temporaries": 2,
+}
+_FP32_PARTS = ("softmax_lse", "router_probs", "experts_probs")
+_BYTE_PARTS = ("attn_dropout_mask", "mlp_dropout_mask", "attention_dropout_mask")
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor a decoder layer saves for backward, per micro-batch, per rank."""
+
+    part: str  # the activation part (`attention_activation_bytes` / `mlp_activation_bytes` key)
+    numel: float
+    element_bytes: int
+
+    @property
+    def nbytes(self) -> float:
+        return self.numel * self.element_bytes
+
+
+def saved_tensors(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    layer_index: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> tuple[SavedTensor, ...]:
+    """The activation parts of one layer as tensors (elements and bytes per element): what the offload size
+    thresholds are applied to. The q / k layernorm inputs are T*a*d/t and T*g*d/t elements."""
+    parts = {
+        **attention_activation_bytes(model, parallel, workload, options),
+        **mlp_activation_bytes(model, parallel, workload, layer_index, options),
+    }
+    out: list[SavedTensor] = []
+    for part, nbytes in parts.items():
+        size = FP32_BYTES if part in _FP32_PARTS else 1 if part in _BYTE_PARTS else options.bytes_per_element
+        if part == "qk_norm_inputs":
+            a, g = model.num_attention_heads, model.num_query_groups
+            out += [
+                SavedTensor(part, nbytes / size * a / (a + g), size),
+                SavedTensor(part, nbytes / size * g / (a + g), size),
+            ]
+            continue
+        count = _TENSORS_IN_PART.get(part, 1)
+        out += [SavedTensor(part, nbytes / size / count, size)] * count
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class OffloadGroup:
+    """The tensors one offload group moves for one layer and micro-batch: `copied_bytes` go to host memory in the
+    forward and come back in the backward; `freed_bytes` of them leave the GPU (a tensor still used by a later module
+    is copied but stays)."""
+
+    module: str  # an offload module, or "layer" for the layer-level offload
+    copied_bytes: float
+    freed_bytes: float
+
+
+def offload_groups(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    layer_index: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> tuple[OffloadGroup, ...]:
+    """What activation offloading moves of layer `layer_index`, one micro-batch (empty when off or in forward mode).
+
+    Layer-level (`num_layers` > 0): one group of every saved tensor of >= `TE_LAYER_OFFLOAD_MIN_ELEMENTS`
+    elements (Transformer Engine hooks every save of the layer's forward; parameters are never moved), all freed.
+    Fine-grained: one group per listed module that saves anything, in forward order, of its tensors of >=
+    `min_tensor_elements` elements (fine_grained_activation_offload.py `tensor_need_offloading_checker`). core_attn
+    also copies the attention output, which TE's attention saves and which is linear_proj's input: it is released
+    only by the attn_proj group (`forced_released_tensors=[core_attn_out]`, attention.py), so without attn_proj the
+    copy frees nothing. q, k, v are released by core_attn (`forced_released_tensors=[query, key, value]`).
+    """
+    config = workload.activation_offload
+    if not config.enabled or not workload.is_training:
+        return ()
+    tensors = saved_tensors(model, parallel, workload, layer_index, options)
+    if config.layer_level:
+        moved = sum(t.nbytes for t in tensors if t.numel >= TE_LAYER_OFFLOAD_MIN_ELEMENTS)
+        return (OffloadGroup("layer", moved, moved),)
+    eligible = [t for t in tensors if t.numel >= config.min_tensor_elements]
+    moe = model.is_moe_layer(layer_index)
+    groups = []
+    for module in OFFLOAD_MODULES:
+        if module not in config.modules or (module == "mlp_norm" and not moe):
+            continue
+        freed = sum(t.nbytes for t in eligible if _OFFLOAD_GROUP_OF_PART.get(t.part) == module)
+        copied = freed
+        if module == "core_attn" and freed:
+            copied += sum(t.nbytes for t in eligible if t.part == "proj_input")
+        if copied:
+            groups.append(OffloadGroup(module, copied, freed))
+    return tuple(groups)
+
+
+def offloaded_per_chunk(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    stage: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> tuple[tuple[float, ...], float]:
+    """(bytes one micro-batch of each model chunk of rank `stage` has off the GPU once its forward is done, bytes the
+    first chunk to run backward keeps on the GPU besides).
+
+    Layer-level (Transformer Engine `DefaultOffloadSynchronizer`, transformer_engine/pytorch/cpu_offload.py): the
+    model's first `num_layers` layers; layer i is released before layer L - num_layers + i runs forward, so all of
+    them are off the GPU when the forward ends (megatron-core allows it only without pipeline parallelism).
+    Fine-grained (fine_grained_activation_offload.py `PipelineOffloadManager.post_warmup_callback`): of each chunk's
+    groups in forward order, the later int(n x (1 - fraction)) stay; and the first chunk to run backward keeps the
+    last group of each module on the GPU (the "offload margin", so that its reload does not stall the compute
+    stream). `should_bulk_offload` keeps the same groups on a rank whose next backward is the chunk just run
+    forward (pp = 1, the last pipeline rank), where only that chunk is in flight: counted once either way."""
+    config = workload.activation_offload
+    layout = pipeline_layout_of(model, parallel)
+    per_chunk: list[float] = []
+    kept = 0.0
+    by_kind: dict[bool, tuple[OffloadGroup, ...]] = {}
+    for chunk in range(layout.vpp):
+        groups: list[OffloadGroup] = []
+        for layer in layout.chunk_layers(stage, chunk):
+            if config.layer_level and layer >= config.num_layers:
+                continue
+            moe = model.is_moe_layer(layer)
+            if moe not in by_kind:
+                by_kind[moe] = offload_groups(model, parallel, workload, layer, options)
+            groups.extend(by_kind[moe])
+        freed = _offloaded_after_fraction(groups, config.fraction)
+        per_chunk.append(freed)
+        if config.fine_grained and chunk == layout.vpp - 1:
+            last_of_module = {g.module: i for i, g in enumerate(groups)}
+            rest = [g for i, g in enumerate(groups) if i not in set(last_of_module.values())]
+            kept = freed - _offloaded_after_fraction(rest, config.fraction)
+    return tuple(per_chunk), kept
+
+
+def _offloaded_after_fraction(groups: list[OffloadGroup], fraction: float) -> float:
+    """Freed bytes of the first n - int(n x (1 - fraction)) groups (the later ones stay on the GPU)."""
+    n = len(groups)
+    keep_on_gpu = int(n * (1.0 - fraction))
+    return sum(g.freed_bytes for g in groups[: n - keep_on_gpu])
+
+
 def in_flight_microbatches(parallel: ParallelConfig, workload: Workload, stage: int) -> int:
     """Micro-batches (per model chunk for interleaving) whose activations rank `stage` holds at peak.
 
@@ -492,6 +683,8 @@ class StageMemory:
     non_torch_bytes: float = 0.0
     # activations held in CUDA-graph memory pools, which the optimizer step cannot reuse (`cuda_graph_bytes`)
     graph_pool_bytes: float = 0.0
+    # activations activation offloading holds in pinned host memory at the peak instead (not in `activations_bytes`)
+    offloaded_bytes: float = 0.0
 
     @property
     def model_state_bytes(self) -> float:
@@ -519,6 +712,7 @@ class StageMemory:
             "allowance_gib": self.allowance_bytes / GIB,
             "non_torch_gib": self.non_torch_bytes / GIB,
             "graph_pool_gib": self.graph_pool_bytes / GIB,
+            "offloaded_gib": self.offloaded_bytes / GIB,
             "allocated_gib": self.allocated_bytes / GIB,
             "total_gib": self.total_bytes / GIB,
             "in_flight_microbatches": self.in_flight_microbatches,
@@ -596,6 +790,7 @@ class _StageStatic:
     forward_only: bool
     graph_pool: tuple[float, ...] = ()  # per chunk, one micro-batch: activations kept in CUDA-graph pools
     graph_static: tuple[float, ...] = ()  # per chunk, one micro-batch: transformer_engine graphs' static inputs
+    offloaded: tuple[float, ...] = ()  # per chunk: of `stored`, the bytes offloading moves off the GPU
 
 
 def _stage_static(
@@ -664,6 +859,12 @@ def _stage_static(
     stored = tuple(
         sum(n * (checkpoint if full else by_kind[moe]) for moe, full, n, _layer in kinds) for kinds in per_chunk_kinds
     )
+    offloaded: tuple[float, ...] = ()
+    if workload.activation_offload.enabled:
+        offloaded, kept = offloaded_per_chunk(model, parallel, workload, stage, options)
+        stored = tuple(b - o for b, o in zip(stored, offloaded, strict=True))
+        if kept:
+            detail["offload_margin"] = kept
     transient = 0.0
     if rc.is_full and by_kind:
         # During backward one recomputed group is materialised in full, once.
@@ -701,14 +902,14 @@ def _stage_static(
     pools, statics = cuda_graph_chunk_bytes(model, parallel, workload, stage, options)
     if workload.cuda_graph.impl == "transformer_engine" and any(statics):
         detail["cuda_graph_grad_output"] = e * tokens * h / x  # one, shared by output signature
-    return _StageStatic(counts, model_state, step, stored, embedding, detail, False, pools, statics)
+    return _StageStatic(counts, model_state, step, stored, embedding, detail, False, pools, statics, offloaded)
 
 
 def _stage_activations(
     static: _StageStatic, parallel: ParallelConfig, workload: Workload, stage: int
 ) -> tuple[float, dict[str, float], int, float]:
-    """(activation bytes, detail, in-flight micro-batches, bytes held in CUDA-graph pools) of rank `stage` from its
-    static part."""
+    """(activation bytes, detail, in-flight micro-batches, bytes held in CUDA-graph pools, bytes offloaded to the host)
+    of rank `stage` from its static part."""
     if static.forward_only:
         detail = dict(static.detail)
         layer_ws, logits_ws = detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0)
@@ -729,7 +930,7 @@ def _stage_activations(
         )
         if workload.cuda_graph.impl == "full_iteration":
             pool = peak
-        return peak + detail["pipeline_buffers"] + graph_parts, detail, 0, pool
+        return peak + detail["pipeline_buffers"] + graph_parts, detail, 0, pool, 0.0
     m = num_microbatches(parallel, workload)
     stored, embedding = static.stored, static.embedding
     vectors = in_flight_chunk_counts(parallel.pp, len(stored), stage, m)
@@ -751,7 +952,11 @@ def _stage_activations(
     activations = sum(detail.values())
     if workload.cuda_graph.impl == "full_iteration":
         pool = activations  # the whole forward-backward is captured into one pool
-    return activations, detail, sum(peak_counts), pool
+    offloaded = 0.0
+    if static.offloaded:
+        offloaded = sum(k * o for k, o in zip(peak_counts, static.offloaded, strict=True))
+        offloaded -= detail.get("offload_margin", 0.0)
+    return activations, detail, sum(peak_counts), pool, offloaded
 
 
 def forward_moe_fragment_bytes(detail: dict[str, float]) -> float:
@@ -823,7 +1028,7 @@ def stage_memory(
     if static is None:
         static = _stage_static(model, parallel, workload, stage, options, padded_vocab_size)
     weights, grads, optimizer = static.model_state
-    activations, detail, in_flight, pool = _stage_activations(static, parallel, workload, stage)
+    activations, detail, in_flight, pool, offloaded = _stage_activations(static, parallel, workload, stage)
     return StageMemory(
         stage=stage,
         parameters=static.counts,
@@ -837,6 +1042,7 @@ def stage_memory(
         optimizer_step_bytes=static.optimizer_step,
         non_torch_bytes=allowance.non_torch_for(parallel, workload.is_training) * GIB,
         graph_pool_bytes=pool,
+        offloaded_bytes=offloaded,
     )
 
 
