@@ -73,15 +73,20 @@ def test_copy_bandwidth_sources():
     assert offload_copy_gbps(H100, None, "d2h", 1e9) == spec
     assert offload_copy_gbps(H100, None, "h2d", 1e9, concurrent_copy_gbps=40.0)[0] == 40.0
 
-    class Measured:
-        source = "cal.json"
+    from megatron_autotuner.costmodel import calibration_from_dict
 
-        def host_copy_gbps(self, direction, pinned, nbytes):
-            assert pinned
-            return 50.0 if direction == "d2h" else None
+    def calibration(rows):
+        doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
+        return calibration_from_dict(doc | {"host_copy": rows}, source="cal.json")
 
-    assert offload_copy_gbps(H100, Measured(), "d2h", 1e9) == (50.0, "measured (cal.json)")
-    assert offload_copy_gbps(H100, Measured(), "h2d", 1e9)[0] == PCIE_GEN5_X16_GBPS
+    alone = {"direction": "d2h", "pinned": True, "nbytes": 2**30, "gbps": 50.0, "interference": "none"}
+    beside = alone | {"gbps": 49.5, "interference": "gemm"}
+    assert offload_copy_gbps(H100, calibration([alone]), "d2h", 1e9) == (50.0, "measured alone (cal.json)")
+    assert offload_copy_gbps(H100, calibration([alone, beside]), "d2h", 1e9) == (
+        49.5,
+        "measured beside GEMMs (cal.json)",
+    )
+    assert offload_copy_gbps(H100, calibration([alone]), "h2d", 1e9)[0] == PCIE_GEN5_X16_GBPS
     with pytest.raises(ConfigError):
         offload_copy_gbps(H100, None, "both", 1e9)
 

@@ -33,10 +33,12 @@ The model, per micro-batch on one rank:
 - layer-level: `layer_level_exposed_s`.
 Reported as the step's "offload" component (time_breakdown_s["offload"]).
 
-Copy bandwidth: `concurrent_copy_gbps` when given (the host-copy bandwidth measured while kernels run -- the hook
-for that measurement), else the calibration's measured table (`Calibration.host_copy_gbps`, pinned, at the size of
-one layer's copies), else the GPU's host link (`GPUSpec.host_link_gbps`, a spec peak). Host buffers are pinned in
-both mechanisms (`OffloadTensorPool(pin_memory=True)`; TE `torch.empty_like(..., pin_memory=True)`).
+Copy bandwidth: `concurrent_copy_gbps` when given, else the calibration's measured table
+(`Calibration.host_copy_gbps`, pinned, at the size of one layer's copies: the rows measured beside bf16 GEMMs,
+`mat profile --mode copy-bandwidth --copy-interference gemm`, else the copy alone; on an H100 the two agree within
+2.2% from 64 MiB up and differ by up to 21% either way at 1-4 MiB, benchmarks/results/testbench_h100_x1/host_floor),
+else the GPU's host link (`GPUSpec.host_link_gbps`, a spec peak). Host buffers are pinned in both mechanisms
+(`OffloadTensorPool(pin_memory=True)`; TE `torch.empty_like(..., pin_memory=True)`).
 """
 
 from __future__ import annotations
@@ -81,18 +83,21 @@ def offload_copy_gbps(
     concurrent_copy_gbps: float | None = None,
 ) -> tuple[float, str]:
     """(GB/s, source) of an activation copy of `nbytes` in `direction` (pinned host memory): `concurrent_copy_gbps`,
-    else the calibration's measured host-copy table, else the GPU's host link (spec peak)."""
+    else the calibration's measured host-copy table (beside GEMMs, else alone), else the GPU's host link (spec
+    peak)."""
     if direction not in (D2H, H2D):
         raise ConfigError("direction", f"must be h2d or d2h, got {direction!r}")
     if concurrent_copy_gbps is not None:
         if not concurrent_copy_gbps > 0:
             raise ConfigError("concurrent_copy_gbps", f"must be > 0, got {concurrent_copy_gbps!r}")
         return float(concurrent_copy_gbps), "given (copy beside compute)"
-    table = getattr(calibration, "host_copy_gbps", None) if calibration is not None else None
-    if callable(table):
-        measured = table(direction, True, int(max(nbytes, 1)))
-        if measured:
-            return float(measured), f"measured ({getattr(calibration, 'source', 'calibration')})"
+    if calibration is not None:
+        # the copies run beside the layers' kernels: the table measured beside GEMMs first, else the copy alone
+        for interference in ("gemm", "none"):
+            measured = calibration.host_copy_gbps(direction, True, int(max(nbytes, 1)), interference=interference)
+            if measured:
+                where = "beside GEMMs" if interference == "gemm" else "alone"
+                return float(measured), f"measured {where} ({calibration.source or 'calibration'})"
     if gpu.host_link_gbps is None:
         raise ConfigError(
             "gpu.host_link_gbps",
