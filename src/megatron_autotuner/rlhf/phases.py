@@ -113,6 +113,7 @@ class Phase:
         }
 
 
+@lru_cache(maxsize=512)
 def pass_cost(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -128,21 +129,6 @@ def pass_cost(
     and the longest length with fixed micro-batches (`pass_workload`). Memoised on its inputs: a step prices the
     same pass for old and ref log-prob (one budget) and the same actor update for every offload setting and
     log-prob budget the search tries (every input is a frozen dataclass; a calibration hashes by identity)."""
-    return _pass_cost(model, parallel, batching, lengths, sequences, mode, recompute, gpu, options)
-
-
-@lru_cache(maxsize=512)
-def _pass_cost(
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    batching: Batching,
-    lengths: SequenceLengths,
-    sequences: int,
-    mode: str,
-    recompute: RecomputeConfig,
-    gpu: GPUSpec,
-    options: CostOptions,
-) -> tuple[Estimate, Estimate]:
     timed_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, False)
     timed = estimate(model, parallel, timed_w, gpu, options)
     peak_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, True)
