@@ -56,6 +56,17 @@ def test_aggregate_ok_failed_and_launcher(tmp_path):
     assert finished_layout_ids(tmp_path, retry_failed=True) == {LAY.layout_id}
 
 
+def test_a_failed_rank_s_traceback_reaches_the_layout_row(tmp_path):
+    rec = _rank_rec(LAY, 0, status="failed", kind="error")
+    rec["traceback"] = 'File "cuda_graphs.py", line 1, in create_cudagraphs\nAcceleratorError: capture'
+    append_record(rank_file(tmp_path, 0), rec)
+    append_record(rank_file(tmp_path, 1), _rank_rec(LAY, 1))
+    row = aggregate(tmp_path)[LAY.layout_id]
+    assert row["status"] == "failed" and "create_cudagraphs" in row["traceback"]
+    append_record(rank_file(tmp_path, 0), _rank_rec(LAY, 0))  # a retry that worked has none
+    assert "traceback" not in aggregate(tmp_path)[LAY.layout_id]
+
+
 def test_memory_left_by_earlier_layouts_is_not_counted(tmp_path):
     # H200, one process running layouts back to back: the 2nd layout started with 15.12 GiB still allocated
     rec = _rank_rec(LAY, 0, alloc=34.89, reserved=34.95)

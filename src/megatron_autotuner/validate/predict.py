@@ -195,6 +195,7 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
             "status",
             "failure_kind",
             "error",
+            "traceback",
             "layer_spec",
             "gradient_accumulation_fusion",
             "env",

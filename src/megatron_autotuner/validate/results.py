@@ -130,6 +130,9 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
                 error=failed[0].get("error"),
                 failed_rank=failed[0]["rank"],
             )
+            if failed[0].get("traceback"):
+                # the one-line error names the symptom; where it was raised is what a fix needs
+                row["traceback"] = failed[0]["traceback"]
         elif world is not None and (len(ranks) == world or _stand_in_complete(ranks)):
             row.update(status="ok", failure_kind=None, error=None)
         elif layout_id in launcher:
