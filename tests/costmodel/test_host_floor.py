@@ -121,3 +121,21 @@ def test_bad_dense_floor_entries_name_their_field(rows, field):
     doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
     with pytest.raises(ConfigError, match=field):
         calibration_from_dict(doc | {"dense_host_floor": [rows]})
+
+
+def test_forward_only_passes_use_the_no_grad_forward_where_measured():
+    """A forward-only pass runs the layer under torch.no_grad(): a calibration's `fwd_no_grad_s` is its floor, the
+    training forward's `fwd_s` stands in where it was not measured; training never reads it."""
+    doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
+    row = {"precision": "bf16", "fwd_s": 3e-3, "bwd_s": 2e-3}
+    plain = calibration_from_dict(doc | {"dense_host_floor": [row]})
+    no_grad = calibration_from_dict(doc | {"dense_host_floor": [row | {"fwd_no_grad_s": 2e-3}]})
+    assert dense_host_s(_ctx(training=False, calibration=no_grad))[0] == pytest.approx(2e-3)
+    assert dense_host_s(_ctx(training=False, calibration=plain))[0] == pytest.approx(3e-3)
+    assert dense_host_s(_ctx(training=True, calibration=no_grad))[0] == pytest.approx(3e-3)
+    assert no_grad.to_summary()["dense_host_floor"][0]["fwd_no_grad_s"] == 2e-3
+    p, w = ParallelConfig(num_gpus=1), Workload(4096, 1, 8, mode="forward")
+    fwd = [estimate(SMALL, p, w, H100, CostOptions(calibration=c)).step_time_s for c in (no_grad, plain)]
+    assert fwd[0] < fwd[1]
+    with pytest.raises(ConfigError, match="fwd_no_grad_s"):
+        calibration_from_dict(doc | {"dense_host_floor": [row | {"fwd_no_grad_s": "fast"}]})

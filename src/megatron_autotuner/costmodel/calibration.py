@@ -26,9 +26,11 @@ then `defaults.MOE_HOST_FLOOR_*`.
 
 `dense_host_floor` (optional): the host time of one eager dense layer per micro-batch on the machine measured, from
 the testbench's `decoder` cases (`testbench.calibration.dense_host_floors_from_records`):
-    [{"precision": "bf16", "tp": 1, "sequence_parallel": false, "fwd_s": 3.1e-3, "bwd_s": 2.4e-3}, ...]
+    [{"precision": "bf16", "tp": 1, "sequence_parallel": false, "fwd_s": 3.1e-3, "bwd_s": 2.4e-3,
+      "fwd_no_grad_s": 2.6e-3}, ...]
 A layer's phase never takes less (`DenseHostFloor`; other TP sizes add or remove the host of their TP
-collectives), then `defaults.DENSE_HOST_FLOOR_*`.
+collectives), then `defaults.DENSE_HOST_FLOOR_*`. `fwd_no_grad_s` (optional) is the forward under torch.no_grad()
+that forward-only passes run; without it they use `fwd_s`.
 
 `host_copy` (optional): host <-> device copy bandwidth measured by `mat profile --mode copy-bandwidth`
 (`testbench.copy_bandwidth`), one entry per row:
@@ -221,24 +223,31 @@ class DenseHostFloor:
     tp: int = 1
     sequence_parallel: bool = False
     tp_collective_s: float = d.TP_COLLECTIVE_HOST_S
+    # the forward under torch.no_grad() (forward-only passes); None: not measured, `fwd_s` stands in
+    fwd_no_grad_s: float | None = d.DENSE_HOST_FLOOR_FWD_NO_GRAD_S
 
-    def at(self, tp: int, sequence_parallel: bool) -> tuple[float, float]:
+    def at(self, tp: int, sequence_parallel: bool, training: bool = True) -> tuple[float, float]:
         """(forward_s, backward_s) at TP size `tp`: the measured times plus (or less) the host of the TP
-        collectives `tp` issues beyond (or short of) those of the measured size."""
+        collectives `tp` issues beyond (or short of) those of the measured size. Not `training`: the no-grad
+        forward where measured."""
         have = _tp_collectives_per_layer(self.tp, self.sequence_parallel)
         want = _tp_collectives_per_layer(tp, sequence_parallel)
+        fwd = self.fwd_s if training or self.fwd_no_grad_s is None else self.fwd_no_grad_s
         return (
-            max(0.0, self.fwd_s + (want[0] - have[0]) * self.tp_collective_s),
+            max(0.0, fwd + (want[0] - have[0]) * self.tp_collective_s),
             max(0.0, self.bwd_s + (want[1] - have[1]) * self.tp_collective_s),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return precision_fields(self.precision, self.fp8_recipe) | {
+        out = precision_fields(self.precision, self.fp8_recipe) | {
             "tp": self.tp,
             "sequence_parallel": self.sequence_parallel,
             "fwd_s": self.fwd_s,
             "bwd_s": self.bwd_s,
         }
+        if self.fwd_no_grad_s is not None:
+            out["fwd_no_grad_s"] = self.fwd_no_grad_s
+        return out
 
 
 DEFAULT_DENSE_HOST_FLOOR = DenseHostFloor()
@@ -575,6 +584,11 @@ def _parse_dense_host_floors(source: str, raw: Any) -> tuple[DenseHostFloor, ...
                 fp8_recipe=_fp8_recipe(f"{where}.fp8_recipe", row),
                 tp=tp,
                 sequence_parallel=bool(row.get("sequence_parallel", tp > 1)),
+                fwd_no_grad_s=(
+                    None
+                    if row.get("fwd_no_grad_s") is None
+                    else _number(f"{where}.fwd_no_grad_s", row["fwd_no_grad_s"], allow_zero=True)
+                ),
             )
         )
     keys = [(f.precision, f.fp8_recipe, f.tp) for f in floors]

@@ -164,6 +164,9 @@ MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
 # host CPU's pace, not the GPU's.
 DENSE_HOST_FLOOR_FWD_S = 3.41e-3
 DENSE_HOST_FLOOR_BWD_S = 2.81e-3
+# The forward under torch.no_grad(), as forward-only passes (RLHF log-prob / reference) run it: not measured yet,
+# so the training forward's floor stands in (`DenseHostFloor.fwd_no_grad_s`).
+DENSE_HOST_FLOOR_FWD_NO_GRAD_S: float | None = None
 # Each TP collective a layer issues adds the host time of its torch.distributed call: the CPU span of
 # `nccl:_all_gather_base` / `nccl:_reduce_scatter_base` in the 2x H200 TP=2 decoder trace
 # (benchmarks/results/testbench_h200_x2/profile, 20 calls: median 70 us, 50-200 us; under the profiler, which

@@ -520,7 +520,7 @@ def dense_host_s(ctx: LayerContext) -> tuple[float, float]:
     by one CUDA-graph launch per phase."""
     cal = ctx.calibration
     floor = cal.dense_host_floor(ctx.precision, ctx.fp8_recipe, ctx.tp) if cal is not None else None
-    fwd, bwd = (floor or DEFAULT_DENSE_HOST_FLOOR).at(ctx.tp, ctx.sequence_parallel)
+    fwd, bwd = (floor or DEFAULT_DENSE_HOST_FLOOR).at(ctx.tp, ctx.sequence_parallel, ctx.training)
     share = captured_host_share(ctx)
     if share:
         fwd = (1.0 - share) * fwd + d.CUDA_GRAPH_REPLAY_HOST_FWD_S

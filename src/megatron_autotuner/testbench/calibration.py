@@ -161,6 +161,14 @@ def dense_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, A
                 "gpu_event_fwd_ms": real["fwd_ms"]["median"],
                 "gpu_event_bwd_ms": real["bwd_ms"]["median"],
             }
+            | (
+                {
+                    "host_fwd_no_grad_ms": real["host_fwd_no_grad_ms"]["median"],
+                    "gpu_event_fwd_no_grad_ms": real["fwd_no_grad_ms"]["median"],
+                }
+                if "host_fwd_no_grad_ms" in real
+                else {}
+            )
         )
     floors = []
     for (precision, recipe, tp, sp), cases in sorted(
@@ -176,6 +184,9 @@ def dense_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, A
                 "cases": cases,
             }
         )
+        no_grad = [c for c in cases if "host_fwd_no_grad_ms" in c]
+        if no_grad:
+            floors[-1]["fwd_no_grad_s"] = _floor_ms(no_grad, "fwd_no_grad") * 1e-3
     return floors
 
 

@@ -13,6 +13,9 @@ Host time (CUDA): the same timed iterations also take the wall time of the forwa
 layer's few hundred launches never fill it (the CUDA driver queues about a thousand): the call returns as soon as
 the host has issued its work, and its wall time is the host's cost of issuing one layer, whatever the GPU does.
 `backward()` returns once autograd has run every node on the host, not when the GPU is done.
+Forward-only (`fwd_no_grad_ms`, `host_fwd_no_grad_ms`): the same forward under `torch.no_grad()`, as a
+forward-only pass (RLHF log-prob, reference model) runs it: autograd records no graph and TE's autograd functions
+save nothing for backward, so the host may issue the layer faster than the training forward.
 On a CPU device (tests only) wall-clock time replaces CUDA events and memory is not measured.
 """
 
@@ -114,14 +117,46 @@ def measure_operator(
             fwd_ms.append((t1 - t0) * 1e3)
             bwd_ms.append((t2 - t1) * 1e3)
         del out
+    fwd_no_grad_ms, host_fwd_no_grad_ms = _time_forward_no_grad(op, repeats, cuda)
     total = [f + b for f, b in zip(fwd_ms, bwd_ms, strict=True)]
     real["fwd_ms"] = _stats(fwd_ms)
     real["bwd_ms"] = _stats(bwd_ms)
     real["fwd_bwd_ms"] = _stats(total)
+    real["fwd_no_grad_ms"] = _stats(fwd_no_grad_ms)
     if host_fwd_ms:
         real["host_fwd_ms"] = _stats(host_fwd_ms)
         real["host_bwd_ms"] = _stats(host_bwd_ms)
+        real["host_fwd_no_grad_ms"] = _stats(host_fwd_no_grad_ms)
     return real
+
+
+def _time_forward_no_grad(op: Operator, repeats: int, cuda: bool) -> tuple[list[float], list[float]]:
+    """(GPU or wall ms, host ms) of `repeats` forward calls under torch.no_grad(), each from an empty launch queue
+    after one untimed call (a forward-only pass can take other kernels, e.g. TE's inference paths)."""
+    import torch
+
+    gpu_ms: list[float] = []
+    host_ms: list[float] = []
+    with torch.no_grad():
+        op.forward()
+        for _ in range(repeats):
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                t0 = time.perf_counter()
+                out = op.forward()
+                t1 = time.perf_counter()
+                end.record()
+                end.synchronize()
+                gpu_ms.append(start.elapsed_time(end))
+                host_ms.append((t1 - t0) * 1e3)
+            else:
+                t0 = time.perf_counter()
+                out = op.forward()
+                gpu_ms.append((time.perf_counter() - t0) * 1e3)
+            del out
+    return gpu_ms, host_ms
 
 
 def add_rates(real: dict[str, Any], estimated: dict[str, float], peak_tflops: float | None) -> dict[str, Any]:
