@@ -288,22 +288,25 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
             average_in_collective=False,
         )
     )
-    ddp_stream = contextlib.nullcontext()
+    # Megatron-LM builds DDP on a stream of its own (megatron/training/training.py, get_model): the full-iteration
+    # capture stream with full_iteration graphs, else a fresh one. DDP keeps each parameter's AccumulateGrad node,
+    # and torch runs a node's gradient on the stream it was created on: built on the legacy default stream, TE's
+    # per-layer graph capture of the backward makes the legacy stream wait on the capturing one, which invalidates
+    # the capture (cudaErrorStreamCaptureImplicit; the H100 lease's graphed training runs,
+    # benchmarks/results/validation_h100_x1/host_diagnostics/graphs).
     if layout.cuda_graph_impl == "full_iteration":
-        # Megatron-LM builds DDP on the full-iteration capture stream, so that the AccumulateGrad nodes it keeps
-        # do not point at another stream (megatron/training/training.py, get_model)
         from megatron.core.full_cuda_graph import get_shared_capture_stream
 
         stream = get_shared_capture_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        ddp_stream = torch.cuda.stream(stream)
-    with ddp_stream:
+    else:
+        stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
         model = [
             DistributedDataParallel(config=config, ddp_config=ddp_config, module=m, disable_bucketing=i > 0)
             for i, m in enumerate(model)
         ]
-    if layout.cuda_graph_impl == "full_iteration":
-        torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.current_stream().wait_stream(stream)
     opt_config = OptimizerConfig(
         **_fields_kwargs(
             OptimizerConfig,
