@@ -1057,16 +1057,7 @@ def specs_to_megatron_args(
             args["cuda_graph_modules"] = list(graphs.scope)
         if graphs.impl == "full_iteration":
             args["check_for_nan_in_loss_and_grad"] = False
-    offload = w.activation_offload
-    if offload.layer_level:
-        args["cpu_offloading_num_layers"] = offload.num_layers
-    elif offload.fine_grained:
-        args.update(
-            fine_grained_activation_offloading=True,
-            offload_modules=list(offload.modules),
-            min_offloaded_tensor_size=offload.min_tensor_elements,
-            activation_offload_fraction=offload.fraction,
-        )
+    args.update(activation_offload_args(w.activation_offload))
     if options is not None:
         args.update(
             overlap_grad_reduce=options.overlap_grad_reduce,
@@ -1078,6 +1069,23 @@ def specs_to_megatron_args(
         fusion = "bias_swiglu_fusion" if args["swiglu"] else "bias_gelu_fusion"
         args[fusion] = options.fused_bias_activation
     return args
+
+
+def activation_offload_args(offload: ActivationOffloadConfig) -> dict[str, Any]:
+    """The Megatron-LM argument values (dests of `FLAG_TABLE`) of an activation offloading: none when off,
+    --cpu-offloading-num-layers for layer-level, --fine-grained-activation-offloading and its options otherwise.
+    The dests are also megatron-core `TransformerConfig` fields (Megatron-LM builds those arguments from the
+    config's fields), which `validate.runner` sets from this same dict."""
+    if offload.layer_level:
+        return {"cpu_offloading_num_layers": offload.num_layers}
+    if offload.fine_grained:
+        return {
+            "fine_grained_activation_offloading": True,
+            "offload_modules": list(offload.modules),
+            "min_offloaded_tensor_size": offload.min_tensor_elements,
+            "activation_offload_fraction": offload.fraction,
+        }
+    return {}
 
 
 def _pattern_expression(pattern: tuple[int, ...]) -> str:

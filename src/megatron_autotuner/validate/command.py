@@ -355,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
         from ..launch.devices import require_cuda_gpus
 
         require_cuda_gpus(len(layouts), "layouts")
+        require_offload_environment(layouts)
     rep = batch.validate_layouts(
         layouts, out, gpu, device=args.device, layout_timeout_s=args.timeout_s, retry_failed=args.retry_failed,
         available_gpus=args.available_gpus, calibration=calibration, write_calibration_to=args.write_calibration,
@@ -369,6 +370,22 @@ def run(args: argparse.Namespace) -> int:
             print(f"calibration: {args.write_calibration}")
     require_measured(rep, len(layouts), "reported" if args.report_only else "ran")
     return 0
+
+
+def require_offload_environment(layouts, environ=None, te_version: str | None = None) -> None:
+    """ConfigError before anything runs when this environment cannot run a layout's activation offloading as
+    predicted (`runner.offload_env_problem`: NVTE_CPU_OFFLOAD_V1, which Transformer Engine reads once at import and
+    the workers inherit). `te_version` None: the installed one."""
+    import os
+
+    from .runner import NVTE_CPU_OFFLOAD_V1_ENV, installed_te_version, offload_env_problem
+
+    environ = os.environ if environ is None else environ
+    version = te_version or installed_te_version()
+    for lay in layouts:
+        problem = offload_env_problem(lay, version, environ)
+        if problem:
+            raise ConfigError(NVTE_CPU_OFFLOAD_V1_ENV, f"{lay.label}: {problem}")
 
 
 def require_measured(rep, total: int, verb: str) -> None:

@@ -24,6 +24,7 @@ from ..specs import (
     load_model_spec,
     validate_layout,
 )
+from ..specs.parallel import ActivationOffloadConfig
 from ..specs.pipeline import PipelineLayout
 
 
@@ -48,6 +49,7 @@ class Layout:
         "cuda_graph_impl",
         "cuda_graph_scope",
         "cuda_graph_warmup_steps",
+        "activation_offload",
     )
 
     model: str
@@ -108,12 +110,19 @@ class Layout:
     cuda_graph_impl: str = "none"
     cuda_graph_scope: tuple[str, ...] = ()
     cuda_graph_warmup_steps: int = 2
+    # activation offloading to pinned host memory (`specs.parallel.ActivationOffloadConfig`, the Workload's; in
+    # JSON an object of its fields): {"num_layers": N} is Megatron-LM's --cpu-offloading-num-layers N (Transformer
+    # Engine's layer-level offload), {"modules": [...]} its --fine-grained-activation-offloading --offload-modules
+    # (with "min_tensor_elements", "fraction"). None: off. Needs CUDA and Transformer Engine; fine-grained with
+    # TE >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1 in the environment, as Megatron-LM asks (`runner.offload_env_problem`).
+    activation_offload: ActivationOffloadConfig | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
         scope = (self.cuda_graph_scope,) if isinstance(self.cuda_graph_scope, str) else tuple(self.cuda_graph_scope)
         object.__setattr__(self, "cuda_graph_scope", scope)
+        self._normalise_offload()
         if self.sequence_parallel is None:
             object.__setattr__(self, "sequence_parallel", self.tp > 1)
         if self.tp == 1:
@@ -136,7 +145,32 @@ class Layout:
                 f"must exceed cuda_graph_warmup_steps={graphs.warmup_steps}: the timed steps replay the graphs "
                 "captured after those eager steps",
             )
+        self._check_offload_with_graphs()
         self._check_packing()
+
+    def _normalise_offload(self) -> None:
+        """`activation_offload` as an `ActivationOffloadConfig` (from its JSON object), None when off."""
+        value = self.activation_offload
+        if isinstance(value, dict):
+            reject_unknown_fields(ActivationOffloadConfig, value, "activation_offload")
+            value = ActivationOffloadConfig(**value)
+        if value is not None and not isinstance(value, ActivationOffloadConfig):
+            raise ConfigError(
+                "activation_offload", f"must be an object of {', '.join(ActivationOffloadConfig.__annotations__)}"
+            )
+        object.__setattr__(self, "activation_offload", value if value is not None and value.enabled else None)
+
+    def _check_offload_with_graphs(self) -> None:
+        offload = self.activation_offload
+        if offload is None or self.cuda_graph_impl == "none":
+            return
+        if offload.layer_level and self.cuda_graph_impl != "full_iteration":
+            # megatron-core TransformerConfig.__post_init__: "CUDA graphs not supported with CPU offloading."
+            raise ConfigError("cuda_graph_impl", "layer-level CPU offloading works only without CUDA graphs or "
+                              "with full_iteration graphs (megatron-core)")  # fmt: skip
+        # fine-grained offloading under graphs needs megatron-core's graph-replay hooks (delayed offload, its own
+        # stream and events), which this runner does not drive; layer-level under a full-iteration graph neither
+        raise ConfigError("activation_offload", "activation offloading with CUDA graphs is not run by mat validate")
 
     def _check_packing(self) -> None:
         for key in ("prompt_length", "response_length"):
@@ -201,6 +235,7 @@ class Layout:
             max_token_len=self.max_token_len,
             lengths=self.sequence_lengths(),
             cuda_graph=self.cuda_graph(),
+            activation_offload=self.activation_offload or ActivationOffloadConfig(),
         )
 
     def cuda_graph(self) -> CudaGraphConfig:
@@ -322,6 +357,8 @@ class Layout:
         if self.cuda_graph_impl != "none":
             graphs = self.cuda_graph()
             parts.append(f"graphs={graphs.impl}" + (f"[{'+'.join(graphs.scope)}]" if graphs.scope else ""))
+        if self.activation_offload is not None:
+            parts.append(f"offload[{self.activation_offload.label}]")
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Layout:
@@ -331,6 +368,8 @@ class Layout:
         data = dataclasses.asdict(self)
         data["recompute_modules"] = list(self.recompute_modules)
         data["cuda_graph_scope"] = list(self.cuda_graph_scope)
+        if self.activation_offload is not None:
+            data["activation_offload"]["modules"] = list(self.activation_offload.modules)
         for key in ("prompt_length", "response_length"):
             if data[key] is not None:
                 data[key] = list(data[key])
@@ -393,6 +432,7 @@ class Layout:
             # the graph warm-up count is the layout's own (it changes no prediction)
             cuda_graph_impl=workload.cuda_graph.impl,
             cuda_graph_scope=workload.cuda_graph.scope,
+            activation_offload=workload.activation_offload if workload.activation_offload.enabled else None,
             **{**packing, **extra},
         )
 

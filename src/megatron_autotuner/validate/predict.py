@@ -113,6 +113,11 @@ def predict(
     }
     if layout.packed:
         out["assumed"]["packing"] = packing_assumption(layout)
+    if layout.activation_offload is not None:
+        # the step's exposed copy time and what sits in pinned host memory at the peak (not in peak_memory_gib)
+        out["offload_s"] = (data.get("time_breakdown_s") or {}).get("offload")
+        out["offloaded_gib"] = (data.get("memory_breakdown_gib") or {}).get("offloaded_to_host", 0.0)
+        out["assumed"]["activation_offload"] = layout.to_dict()["activation_offload"]
     return out
 
 
@@ -204,6 +209,7 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
             "log_tail",
             "stand_in",
             "packing",
+            "activation_offload",
         ):
             if key in measured_row:
                 row[key] = measured_row[key]
@@ -243,4 +249,7 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
         else None,
         "mfu": _rel(predicted.get("mfu"), m.get("mfu")) if timed else None,
     }
+    if layout.activation_offload is not None:
+        # fine-grained: bytes in host memory at the peak, predicted vs megatron-core's own count after its warm-up
+        row["error_rel"]["offloaded_memory"] = _rel(predicted.get("offloaded_gib"), m.get("offloaded_gib"))
     return row

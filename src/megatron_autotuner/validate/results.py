@@ -152,6 +152,8 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
             row["env"] = r0.get("env")
             row["layer_spec"] = r0.get("layer_spec")
             row["gradient_accumulation_fusion"] = r0.get("gradient_accumulation_fusion")
+            if r0.get("activation_offload"):
+                row["activation_offload"] = r0["activation_offload"]
             packing = [rec["packing"] for _, rec in sorted(ranks.items()) if rec.get("packing")]
             if packing:
                 # one entry per DP rank (ranks of one DP rank pack the same micro-batches)
@@ -171,6 +173,7 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
                         "non_torch_gib": _non_torch_gib(rec),
                         "device_used_gib": m.get("device_used_gib"),
                         "loss": m.get("loss"),
+                        "offloaded_gib": m.get("offloaded_gib"),
                     }
                 )
             row["per_rank"] = per_rank
@@ -216,6 +219,8 @@ def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, An
         "peak_gib": max(peak) if peak and fresh else None,
         "peak_net_gib": max(peak) if peak and not fresh else None,
         "loss": next((p["loss"] for p in reversed(per_rank) if p["loss"] is not None), None),
+        # fine-grained activation offloading: what megatron-core's manager offloaded after its warm-up, largest rank
+        "offloaded_gib": _max([p.get("offloaded_gib") for p in per_rank]),
         # recording the allocator's history slowed these steps: their time is not compared with a prediction
         "memory_history": any(rec.get("measured", {}).get("memory_history") for rec in records),
         "stand_in": any(rec.get("stand_in") for rec in records),

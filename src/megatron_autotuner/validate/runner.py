@@ -21,6 +21,17 @@ pre-hooks off during the capture, then the manual hooks it sets); local: megatro
 own graphs after their warm-up (`create_cudagraphs`); full_iteration: the forward-backward is wrapped in
 `FullCudaGraphWrapper`, and DDP is built on its capture stream. Graphs are refused on CPU.
 
+Activation offloading (`Layout.activation_offload`), as Megatron-LM sets it up (megatron/training/arguments.py and
+training.py, megatron-core 0.19; the same hooks in 0.16): the TransformerConfig fields of the flag table
+(`specs.megatron_args.activation_offload_args`) plus `cpu_offloading` when --cpu-offloading-num-layers > 0.
+Nothing is called per step: megatron-core's GPTModel.forward starts each micro-batch's chunk handler
+(`preprocess_for_fine_grained_offloading`) and its schedules reset the fine-grained manager after each
+forward-backward (`off_interface.reset()`). A fine-grained layout starts with a fresh manager (a process-wide
+singleton: `reset_instance`, as megatron-core's own tests do) and, as Megatron-LM's `pretrain` does, with the
+process bound to the GPU's NUMA node's CPUs (`set_ideal_affinity_for_current_gpu`, recorded). Both mechanisms need
+CUDA and Transformer Engine: refused on CPU. What the manager offloaded after its warm-up iteration
+(`offload_summary_bytes`) is recorded as `offloaded_gib`.
+
 Per rank it returns the wall time of every step (CUDA-synchronised), peak allocated / reserved
 memory of the caching allocator, and device memory outside it (CUDA context, NCCL buffers).
 """
@@ -42,10 +53,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from ..testbench.measure import export_trace_gz
 from .layout import Layout
 
 GIB = 2**30
+# read by Transformer Engine once, at import (transformer_engine/pytorch/cpu_offload.py): 1 selects its legacy offload
+# code path, which megatron-core's fine-grained manager uses (megatron/core/extensions/transformer_engine.py imports
+# cpu_offload_v1 as cpu_offload)
+NVTE_CPU_OFFLOAD_V1_ENV = "NVTE_CPU_OFFLOAD_V1"
 FAULT_ENV = "MAT_VALIDATE_FAULT"  # "NAME_OR_ID:KIND[:RANK]", KIND in oom | nccl | error | hang | crash
 
 
@@ -121,6 +137,49 @@ def _call_kwargs(fn: Any, **kwargs: Any) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
+def installed_te_version() -> str | None:
+    """Transformer Engine's installed version from its distribution metadata (TE is not imported); None if absent."""
+    from importlib import metadata
+
+    for name in ("transformer_engine", "transformer-engine-torch", "transformer_engine_torch"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    import re
+
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def offload_env_problem(layout: Layout, te_version: str | None, environ: Any) -> str | None:
+    """Why this environment cannot run `layout`'s activation offloading as predicted; None when it can (or when it
+    offloads nothing, or Transformer Engine is absent: the run then refuses it itself).
+
+    Fine-grained with TE >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1: Megatron-LM refuses the launch otherwise
+    (megatron/training/arguments.py `validate_args`, "to avoid offloading weights"); it asks, it does not set it.
+    Layer-level is predicted on TE's default offload path (`costmodel.activation_offload`): the legacy path that
+    NVTE_CPU_OFFLOAD_V1=1 selects for it is not what the prediction models."""
+    offload = layout.activation_offload
+    if offload is None or te_version is None:
+        return None
+    v1 = environ.get(NVTE_CPU_OFFLOAD_V1_ENV, "0") == "1"
+    if offload.fine_grained and _version_tuple(te_version) >= (2, 10) and not v1:
+        return (
+            f"fine-grained activation offloading with Transformer Engine {te_version} (>= 2.10) needs "
+            f"{NVTE_CPU_OFFLOAD_V1_ENV}=1 in the environment (Megatron-LM validate_args)"
+        )
+    if offload.layer_level and v1:
+        return (
+            f"layer-level CPU offloading is predicted on Transformer Engine's default offload path; "
+            f"{NVTE_CPU_OFFLOAD_V1_ENV}=1 selects its legacy one: unset it for this layout"
+        )
+    return None
+
+
 def init_parallel(layout: Layout, device: str, timeout_s: float) -> None:
     from megatron.core import parallel_state
 
@@ -194,6 +253,32 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         out.update(recompute_granularity="selective", recompute_modules=list(layout.recompute_modules))
     if layout.cuda_graph_impl != "none":
         out.update(cuda_graph_config(layout))
+    if layout.activation_offload is not None:
+        out.update(activation_offload_config(layout))
+    return out
+
+
+def activation_offload_config(layout: Layout) -> dict[str, Any]:
+    """TransformerConfig activation-offloading fields of `layout`: the flag table's Megatron-LM arguments (whose
+    dests are TransformerConfig fields) and `cpu_offloading`, which Megatron-LM's validate_args turns on when
+    --cpu-offloading-num-layers > 0 (cpu_offloading_activations stays at its default, True, as Megatron-LM has no
+    flag for it). Raises ConfigError when the installed megatron-core lacks a field set away from its default
+    (activation_offload_fraction is new in 0.19)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from ..specs.megatron_args import activation_offload_args, megatron_default
+
+    offload = layout.activation_offload
+    if offload is None:
+        return {}
+    out = activation_offload_args(offload)
+    if offload.layer_level:
+        out["cpu_offloading"] = True
+    fields = TransformerConfig.__dataclass_fields__
+    for key in [k for k in out if k not in fields]:
+        if out[key] != megatron_default(key):
+            raise ConfigError(key, f"{out[key]!r} needs a megatron-core whose TransformerConfig has {key}")
+        del out[key]
     return out
 
 
@@ -560,6 +645,41 @@ class CudaGraphs:
             self._calculator = False
 
 
+def start_fine_grained_offloading() -> str:
+    """A fresh fine-grained offload manager for this layout (megatron-core keeps one per process), and the CPU
+    affinity Megatron-LM's `pretrain` sets for fine-grained offloading (megatron/training/training.py:
+    `set_ideal_affinity_for_current_gpu`, the CPUs of the GPU's NUMA node, near the pinned buffers' memory).
+    Returns what became of the affinity: "gpu numa node", or why it was left as it was."""
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
+        FineGrainedActivationOffloadingInterface as off_interface,
+    )
+
+    off_interface.reset_instance()
+    try:
+        from megatron.core.pipeline_parallel.utils import set_ideal_affinity_for_current_gpu
+
+        set_ideal_affinity_for_current_gpu()
+    except Exception as exc:  # noqa: BLE001 - the run goes on with the process's affinity; the record says so
+        return f"not set ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+    return "gpu numa node"
+
+
+def fine_grained_offloaded() -> dict[str, Any]:
+    """What megatron-core's fine-grained manager offloaded once its warm-up iteration ended (`post_warmup_callback`:
+    the offloaded groups of the chunks up to the first backward, i.e. what sits in host memory at the peak),
+    in GiB per module and in all; empty when the installed megatron-core does not keep the summary."""
+    from megatron.core.pipeline_parallel.fine_grained_activation_offload import PipelineOffloadManager
+
+    mgr = PipelineOffloadManager.get_instance()
+    by_module = getattr(mgr, "offload_summary_bytes", None)
+    if by_module is None:
+        return {}
+    return {
+        "offloaded_gib": sum(by_module.values()) / GIB,
+        "offloaded_gib_by_module": {k: v / GIB for k, v in by_module.items()},
+    }
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -708,6 +828,23 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             measured={},
         )
         return record
+    offload = layout.activation_offload
+    if offload is not None:
+        if device != "cuda" or not use_te:
+            why = "no CUDA device" if device != "cuda" else "Transformer Engine does not import"
+            problem = (
+                f"activation offloading ({offload.label}) needs CUDA and Transformer Engine ({why}): the copies run on "
+                "CUDA streams into pinned host memory, through Transformer Engine's cpu_offload"
+            )
+        else:
+            problem = offload_env_problem(layout, installed_te_version(), os.environ)
+        if problem:
+            record.update(status="failed", failure_kind="error", error=problem, measured={})
+            return record
+        record["activation_offload"] = {
+            **layout.to_dict()["activation_offload"],
+            NVTE_CPU_OFFLOAD_V1_ENV: os.environ.get(NVTE_CPU_OFFLOAD_V1_ENV),
+        }
     if layout.use_te and not use_te:
         record["note"] = "Transformer Engine not used (not importable or CPU): megatron-core local layer spec"
     if device == "cuda":
@@ -726,6 +863,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
     try:
         t0 = time.perf_counter()
         init_parallel(layout, device, timeout_s)
+        if offload is not None and offload.fine_grained:
+            record["activation_offload"]["cpu_affinity"] = start_fine_grained_offloading()
         config, chunks = build_model(layout, device, use_te)
         # on or off decides whether each micro-batch adds its weight gradients into main_grad in a separate
         # fp32 kernel; the prediction models the same (`CostOptions.gradient_accumulation_fusion`)
@@ -759,6 +898,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             if device == "cuda":
                 reserved_by_step.append(torch.cuda.max_memory_reserved() / GIB)
         measured.update(step_times_s=times, loss=loss, **_memory(device))
+        if offload is not None and offload.fine_grained:
+            measured.update(fine_grained_offloaded())
         # the running peak after each step (warm-up included): the step in which the reservation stopped growing
         measured["max_reserved_gib_by_step"] = reserved_by_step or None
         if graphs.record() is not None:
