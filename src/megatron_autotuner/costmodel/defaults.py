@@ -13,7 +13,8 @@ Measurements cited (all bf16 unless stated):
   proj, fc1, fc2) ran at 703-798 TFLOP/s, 753 on average (0.76 of peak); TE's RMSNorm kernels moved
   3.5-3.7 TB/s (0.73-0.77 of HBM); with attention dropout 0.1 cuDNN's flash attention took 2.33 ms
   forward and 3.89 ms backward; the TP=2 trace shows NCCL all-gather / reduce-scatter of a
-  67 MB tensor at ~210 GB/s bus bandwidth using the LL protocol (half of each 16-byte line is flags).
+  67 MB tensor at ~210 GB/s bus bandwidth with the Simple protocol (the kernels are named `..._RING_LL` for
+  every protocol; their 544-thread blocks are Simple's, see `costmodel.nccl_protocols`).
 - [M3] `python -m megatron_autotuner.costmodel.measure_defaults` on one H200 (torch 2.11.0+cu130,
   cuDNN 9.19, 132 SMs, random data), committed as
   benchmarks/results/testbench_h200_x2/defaults_h200.json: a sweep of 91 GEMM shapes per precision
