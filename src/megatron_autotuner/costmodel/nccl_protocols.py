@@ -32,13 +32,15 @@ enqueue.cc lines 1898-1903), LL uses at most 512, LL128 640. The sequence-parall
 reduce-scatters of the traces ran 544 threads: Simple, as this model selects; the small all-reduces
 (4 B - 151 kB) ran 512 or fewer: LL, as selected.
 
-NCCL's own estimate is the time it selects by, not the time a call takes. `achieved_time_s` adds what the
-2x H200 traces measured (defaults.NCCL_*): LL calls took what NCCL estimates, Simple calls a fixed
-overhead more and a fraction of the modelled bandwidth.
+NCCL's own estimate is the time it selects by, not the time a call takes. `achieved_time_s` adds what was
+measured (defaults.NCCL_*): LL calls took what NCCL estimates, Simple calls a fixed overhead more and a
+fraction of the modelled bandwidth that depends on the ring size (0.75 in the 2x H200 traces, 1.0 in published
+8x H100 nccl-tests plateaus; `chunked_bw_fraction`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -180,11 +182,24 @@ def nccl_choice(collective: str, n: int, nbytes: float, gpu: GPUSpec) -> tuple[s
     return a, p, t
 
 
+def chunked_bw_fraction(n: int) -> float:
+    """The fraction of NCCL's modelled bandwidth LL128 / Simple achieve on a ring of `n` ranks
+    (`defaults.NCCL_CHUNKED_BW_FRACTION`, measured or published at 2 and 8 ranks): linear in log2(n) between
+    measured ring sizes, the nearest measured value outside them."""
+    table = sorted(d.NCCL_CHUNKED_BW_FRACTION.items())
+    if n <= table[0][0]:
+        return table[0][1]
+    for (n0, f0), (n1, f1) in zip(table, table[1:], strict=False):
+        if n <= n1:
+            return f0 + (f1 - f0) * (math.log2(n) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+    return table[-1][1]
+
+
 def achieved_time_s(collective: str, n: int, nbytes: float, gpu: GPUSpec) -> float:
-    """Seconds one call takes with the algorithm / protocol NCCL picks, from NCCL's estimate and the 2x H200
-    measurements: LL as NCCL estimates; LL128 and Simple (which stream in chunks through the FIFO buffers)
-    with `defaults.NCCL_CHUNKED_EXTRA_LATENCY_S` more and `defaults.NCCL_CHUNKED_BW_FRACTION` of the
-    modelled bandwidth (LL128 is not measured here and shares Simple's correction)."""
+    """Seconds one call takes with the algorithm / protocol NCCL picks, from NCCL's estimate and measurements:
+    LL as NCCL estimates; LL128 and Simple (which stream in chunks through the FIFO buffers) with
+    `defaults.NCCL_CHUNKED_EXTRA_LATENCY_S` more and `chunked_bw_fraction(n)` of the modelled bandwidth (LL128
+    is not measured here and shares Simple's correction)."""
     if n <= 1 or nbytes <= 0:
         return 0.0
     algorithm, protocol, _ = nccl_choice(collective, n, nbytes, gpu)
@@ -195,7 +210,7 @@ def achieved_time_s(collective: str, n: int, nbytes: float, gpu: GPUSpec) -> flo
             bw *= TREE_CORRECTION[PROTOCOLS.index(protocol)][log_size]
     if protocol == "LL":
         return latency_us * 1e-6 + nbytes / (bw * 1e9)
-    return latency_us * 1e-6 + d.NCCL_CHUNKED_EXTRA_LATENCY_S + nbytes / (bw * 1e9 * d.NCCL_CHUNKED_BW_FRACTION)
+    return latency_us * 1e-6 + d.NCCL_CHUNKED_EXTRA_LATENCY_S + nbytes / (bw * 1e9 * chunked_bw_fraction(n))
 
 
 def crossover_bytes(collective: str, n: int, gpu: GPUSpec, lo: float = 64.0, hi: float = 2.0**33) -> list[tuple]:
