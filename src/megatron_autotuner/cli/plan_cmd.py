@@ -236,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"max_token_len of the best layout: {result.best.max_token_len_reason}")
     if comparison is not None:
         print_current_run(out, comparison)
+    out.print("TP scaling (the overlap tuner's check, predicted): " + result.tp_scaling().summary())
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:

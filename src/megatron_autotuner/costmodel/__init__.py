@@ -1,5 +1,6 @@
-"""Cost model: operator times from calibration tables or documented defaults, collectives by an
-alpha-beta model, and the pipeline schedule, giving step time, throughput, MFU and memory.
+"""Cost model: operator times from calibration tables or documented defaults, collectives by NCCL's
+protocol curves inside a node (`nccl_protocols`) and an alpha-beta model across nodes, and the pipeline
+schedule, giving step time, throughput, MFU and memory.
 
 Pure Python; no torch. `measure_defaults` (run on a GPU) re-measures the default tables.
 """

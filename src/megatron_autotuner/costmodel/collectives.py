@@ -1,4 +1,9 @@
-"""Collective time: an alpha-beta model per collective type, group size and link.
+"""Collective time per collective type, group size and link.
+
+Inside one NVLink domain, all-reduce / all-gather / reduce-scatter take the time of the algorithm and
+protocol NCCL picks for the message size (`nccl_protocols`: NCCL 2.28.9's tuning model, LL for small
+messages, LL128 / Simple above, corrected by what the 2x H200 traces measured). Everything else (groups
+that cross nodes, all-to-all, send/recv) uses an alpha-beta model:
 
     t = alpha + wire_bytes / (link_gbps * LINK_EFFICIENCY[link])
     alpha = COLLECTIVE_BASE_LATENCY_S + steps * HOP_LATENCY_S[link]
@@ -20,6 +25,7 @@ from functools import lru_cache
 from ..specs.hardware import ClusterSpec
 from ..theory.comm import wire_factor
 from . import defaults as d
+from .nccl_protocols import COLLECTIVES, achieved_time_s
 
 
 def _link(cluster: ClusterSpec, group_size: int, stride: int) -> str:
@@ -35,6 +41,8 @@ def collective_time_s(
     if n <= 1 or message_bytes <= 0:
         return 0.0
     link = _link(cluster, n, stride)
+    if link == "nvlink" and collective in COLLECTIVES:
+        return achieved_time_s(collective, n, float(message_bytes), cluster.gpu)
     bw = cluster.link_gbps(n, stride) * 1e9 * d.LINK_EFFICIENCY[link]
     steps = {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(collective, n - 1)
     alpha = d.COLLECTIVE_BASE_LATENCY_S + steps * d.HOP_LATENCY_S[link]
@@ -51,3 +59,29 @@ def collective_time_s(
 def p2p_time_s(message_bytes: float, cluster: ClusterSpec, stride: int) -> float:
     """One pipeline send/recv of `message_bytes` between ranks `stride` apart."""
     return collective_time_s("send_recv", 2, message_bytes, cluster, stride)
+
+
+UB_METHODS = ("ring_exchange", "pipeline", "bulk")
+
+
+def userbuffers_time_s(method: str, collective: str, group_size: int, message_bytes: float, chunks: int = 4) -> float:
+    """Seconds TE userbuffers take to all-gather / reduce-scatter `message_bytes` (the full tensor) over
+    `group_size` NVLink ranks, with no NCCL protocol latency (`defaults.UB_*`, measured on 2x H200).
+
+    ring_exchange: n-1 steps, each a copy-engine put of one n-th of the tensor to the next rank plus
+        the push-send / push-receive flag kernels: (n-1) x (UB_STEP_SYNC_S + (m/n) / UB_P2P_COPY_GBPS);
+    bulk: one userbuffers kernel on num_sm SMs: KERNEL_OVERHEAD_S + m(n-1)/n / UB_SM_KERNEL_GBPS;
+    pipeline (reduce-scatter of the GEMM's `chunks` output chunks): chunks x KERNEL_OVERHEAD_S +
+        m(n-1)/n / UB_SM_KERNEL_GBPS.
+    """
+    n = group_size
+    if n <= 1 or message_bytes <= 0:
+        return 0.0
+    if method == "ring_exchange":
+        return (n - 1) * (d.UB_STEP_SYNC_S + message_bytes / n / (d.UB_P2P_COPY_GBPS * 1e9))
+    key = (method, collective)
+    if key not in d.UB_SM_KERNEL_GBPS:
+        raise ValueError(f"userbuffers {method} does not run {collective}")
+    launches = chunks if method == "pipeline" else 1
+    wire = message_bytes * (n - 1) / n
+    return launches * d.KERNEL_OVERHEAD_S + wire / (d.UB_SM_KERNEL_GBPS[key] * 1e9)

@@ -13,7 +13,8 @@ Measurements cited (all bf16 unless stated):
   proj, fc1, fc2) ran at 703-798 TFLOP/s, 753 on average (0.76 of peak); TE's RMSNorm kernels moved
   3.5-3.7 TB/s (0.73-0.77 of HBM); with attention dropout 0.1 cuDNN's flash attention took 2.33 ms
   forward and 3.89 ms backward; the TP=2 trace shows NCCL all-gather / reduce-scatter of a
-  67 MB tensor at ~210 GB/s bus bandwidth using the LL protocol (half of each 16-byte line is flags).
+  67 MB tensor at ~210 GB/s bus bandwidth with the Simple protocol (the kernels are named `..._RING_LL` for
+  every protocol; their 544-thread blocks are Simple's, see `costmodel.nccl_protocols`).
 - [M3] `python -m megatron_autotuner.costmodel.measure_defaults` on one H200 (torch 2.11.0+cu130,
   cuDNN 9.19, 132 SMs, random data), committed as
   benchmarks/results/testbench_h200_x2/defaults_h200.json: a sweep of 91 GEMM shapes per precision
@@ -121,16 +122,55 @@ ATTENTION_EFFICIENCY: dict[tuple[bool, int], dict[str, tuple[tuple[int, float], 
 ATTENTION_DROPOUT_SLOWDOWN = {"fwd": 2.6, "bwd": 1.4}
 
 # ---- collectives ------------------------------------------------------------------------------
-# Achieved fraction of the per-direction link bandwidth for large messages with NCCL's ring
-# (LL128 / Simple protocols). NVLink 4: 18 links x 25 GB/s; LL128 carries 120 payload bytes per
-# 128-byte line (0.94) and NVLink packets carry ~0.94 payload, with synchronisation ~0.8 remains.
-# The LL protocol NCCL picked in [M2] (2 GPUs) reaches 0.47: LL is chosen for small messages.
-# Scale-out (InfiniBand / RoCE with GPUDirect RDMA, one NIC per GPU): ~0.9 of the NIC line rate.
+# Inside an NVLink domain, all-reduce / all-gather / reduce-scatter follow NCCL's own choice of algorithm and
+# protocol (`costmodel.nccl_protocols`, NCCL 2.28.9 tuning.cc) with the two corrections below; scale-out groups,
+# all-to-all and send/recv keep the alpha-beta model that follows them.
+# What NCCL's chunked protocols (Simple; LL128 assumed alike, not measured) take beyond NCCL's own estimate: a fixed
+# overhead per call and a fraction of NCCL's modelled bus bandwidth (12 x 30 = 360 GB/s on H100 / H200), by ring size.
+# - 2 ranks: the 2x H200 traces (NCCL 2.28.9, 24 channels; benchmarks/results/validation_h200_x2/traces,
+#   .../moe_gpu/traces, testbench_h200_x2/profile): the 244 Simple all-gathers / reduce-scatters that overlapped no
+#   other kernel (and were not their group's first call, which also waits for the other rank), 8 message sizes of
+#   16.8 MB - 1.24 GB sent per rank, fit t = NCCL latency (11.8 us) + 20 us + bytes / (0.75 x 360 GB/s); each size's
+#   median within 8% (`python benchmarks/nccl_curves.py` refits it; tests/costmodel/test_collectives.py holds these
+#   constants to that fit); the largest reduce-scatters (1.35 / 2.49 GB) plateau at 271 GB/s. The LL calls of the
+#   same traces (16 kB - 151 kB all-reduces) took NCCL's estimate within 7%, so LL gets no correction.
+# - 8 ranks: published nccl-tests plateaus of 8x H100 (NVLink 4, ring, no NVLS): reduce-scatter 360 and all-gather
+#   350 GB/s (NVIDIA/nccl#1281), all-reduce 330 with NCCL_NVLS_ENABLE=0 (NVIDIA/nccl#1221, NCCL 2.19.3), all-gather
+#   and all-reduce ~360 at 128 MB - 16 GB, "exactly what we'd expect on H100" per NCCL's maintainer
+#   (NVIDIA/nccl-tests#326; in NVIDIA/nccl-tests#212 the same maintainer gives ~370 GB/s as NCCL's effective NVLink
+#   bandwidth after ~20% protocol overhead on the 450 GB/s line rate). Median 360 / 360: 1.0.
+# The 2-rank deficit is what the 2x H200 machines measured; NCCL's model (same 24 channels, same per-link speed)
+# does not explain it, so it is not carried to 8 ranks, where published runs reach NCCL's own bandwidth. 4 ranks are
+# measured nowhere here: `nccl_protocols.chunked_bw_fraction` interpolates in log2(ranks) (0.875), and holds the 8-rank
+# value above 8 ranks; benchmarks/nccl_sweep.py measures TP 2 / 4 / 8 on one 8-GPU machine when one is lent.
+NCCL_CHUNKED_EXTRA_LATENCY_S = 20e-6
+NCCL_CHUNKED_BW_FRACTION = {2: 0.75, 8: 1.0}
+# Scale-out and NVLink all-to-all / send-recv: achieved fraction of the per-direction link bandwidth (NVLink 4:
+# 18 links x 25 GB/s, ~0.8 after packet headers and synchronisation; InfiniBand / RoCE with GPUDirect RDMA,
+# one NIC per GPU: ~0.9 of the line rate) and a per-call latency: a launch / synchronisation base plus one hop
+# per ring step (NCCL's tuning model uses ~1 us per NVLink hop and a few us per network hop).
 LINK_EFFICIENCY = {"nvlink": 0.8, "scale_out": 0.9}
-# Per-call latency alpha: a launch / synchronisation base plus one hop per ring step (NCCL's
-# tuning model uses ~1 us per NVLink hop and a few us per network hop).
 COLLECTIVE_BASE_LATENCY_S = 10e-6
 HOP_LATENCY_S = {"nvlink": 1e-6, "scale_out": 5e-6}
+# TE userbuffers (tp_comm_overlap) move the same bytes without NCCL (transformer_engine/common/comm_gemm_overlap:
+# ring-exchange copies each chunk to the next rank with cudaMemcpyAsync on the copy engines and flags the step
+# with one-thread push kernels; pipeline and bulk run userbuffers' own reduce-scatter / all-gather kernels on
+# num_sm SMs). Measured in /work/shared/reference/traces/h200_te_layer_tp2_userbuffers_rank0 (2x H200, TE 2.20.2,
+# TE's default ub config, 16 SMs; extracted in tests/fixtures/ub_h200_tp2_kernels.json), while GEMMs ran:
+# - `Memcpy PtoP` 33.5 MB in 87.5-88.9 us (4 copies): 379 GB/s over NVLink;
+# - `kuserbuffers_pushsend` 3.9 us + `kuserbuffers_pushrecv` 1.9 us (medians) per ring step;
+# - `userbuffers_fp16_sum_inplace_gpu_rw_ag` (bulk all-gather) 33.5 MB sent per rank in 104.6 us: 321 GB/s;
+# - `userbuffers_fp16_sum_inplace_gpu_rr_rs` (bulk reduce-scatter) 33.5 MB in 171.7 us: 195 GB/s;
+# - `userbuffers_fp16_sum_inplace_gpu_rr_rs_oop` on 16 SMs (pipeline reduce-scatter, one per chunk) 58.4 us per
+#   8.4 MB chunk: 144 GB/s.
+# NCCL took 158 us for the same all-gather (Simple, 212 GB/s bus bandwidth) in the NCCL trace of the same layer.
+UB_P2P_COPY_GBPS = 379.0
+UB_STEP_SYNC_S = 5.8e-6
+UB_SM_KERNEL_GBPS = {
+    ("bulk", "all_gather"): 321.0,
+    ("bulk", "reduce_scatter"): 195.0,
+    ("pipeline", "reduce_scatter"): 144.0,
+}
 
 # ---- host-bound MoE layers ----------------------------------------------------------------------
 # megatron-core's MoE layer run eagerly (alltoall token dispatcher without permute fusion, TE grouped

@@ -22,7 +22,8 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   the expert activation on R tokens. fp8 adds a cast of every TE GEMM input (fwd) and output grad
   (bwd): 4 bytes per element with delayed scaling (read bf16, write fp8 and its transpose), 6 with
   per-tensor current scaling (an amax pass first; `defaults.FP8_CAST_BYTES_PER_ELEMENT`).
-- exposed tensor-parallel communication (alpha-beta, `collectives`). With sequence parallelism
+- exposed tensor-parallel communication (NCCL's protocol curves inside a node, `collectives`; TE userbuffers
+  by their own copy-engine / SM-kernel curves, `collectives.userbuffers_time_s`). With sequence parallelism
   and no TP overlap: the forward all-gathers (qkv, fc1 inputs) and reduce-scatters (proj, fc2
   outputs) are exposed; backward, the all-gathers of the proj / fc2 output gradients are exposed,
   while TE overlaps the input re-gather with the qkv / fc1 dgrad GEMM and the dgrad
@@ -58,7 +59,7 @@ from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
-from .collectives import collective_time_s
+from .collectives import collective_time_s, userbuffers_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
 E_BF16 = 2
@@ -371,20 +372,23 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
             mlp_in = "fc1" if "fc1" in gemm else None
             mlp_out = "fc2" if "fc2" in gemm else None
             ub = ctx.tp_comm_overlap
+            # userbuffers move the same tensors without NCCL (own curves, `collectives.userbuffers_time_s`)
+            ag_ring = userbuffers_time_s("ring_exchange", "all_gather", tp, msg)
+            rs_pipe = userbuffers_time_s("pipeline", "reduce_scatter", tp, msg)
             # forward: AG -> attention input GEMM(s), RS after proj; AG -> fc1, RS after fc2
             pairs_fwd = [
-                ("qkv" if "qkv" in gemm else None, "fwd", ag, "ring_exchange"),
-                ("proj", "fwd", rs, "pipeline"),
-                (mlp_in, "fwd", ag, "ring_exchange"),
-                (mlp_out, "fwd", rs, "pipeline"),
+                ("qkv" if "qkv" in gemm else None, "fwd", ag, "ring_exchange", ag_ring),
+                ("proj", "fwd", rs, "pipeline", rs_pipe),
+                (mlp_in, "fwd", ag, "ring_exchange", ag_ring),
+                (mlp_out, "fwd", rs, "pipeline", rs_pipe),
             ]
-            for op, ph, c, method in pairs_fwd:
-                tp_fwd += _pair_exposed(gemm, shapes, op, ph, c, method, ctx) if (ub and op) else c
+            for op, ph, c, method, c_ub in pairs_fwd:
+                tp_fwd += _pair_exposed(gemm, shapes, op, ph, c, method, ctx, c_ub) if (ub and op) else c
             if ctx.training:
                 # row-parallel output-gradient gathers: exposed unless userbuffers ring-exchange
                 for op in ("proj", mlp_out):
                     if ub and op:
-                        tp_bwd += _pair_exposed(gemm, shapes, op, "dgrad", ag, "ring_exchange", ctx)
+                        tp_bwd += _pair_exposed(gemm, shapes, op, "dgrad", ag, "ring_exchange", ctx, ag_ring)
                     else:
                         tp_bwd += ag
                 # column-parallel input re-gather (under dgrad) and dgrad reduce-scatter (under wgrad)
@@ -397,7 +401,9 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                     base = max(0.0, ag - g_d) + max(0.0, rs - g_w)
                     if ub and len(ops) == 1 and ops[0] in ("qkv", "fc1"):
                         slow = _sm_slowdown(gpu, "bulk")
-                        ub_time = max(0.0, max(g_d * slow, ag) - g_d) + max(0.0, max(g_w * slow, rs) - g_w)
+                        ag_bulk = userbuffers_time_s("bulk", "all_gather", tp, msg)
+                        rs_bulk = userbuffers_time_s("bulk", "reduce_scatter", tp, msg)
+                        ub_time = max(0.0, max(g_d * slow, ag_bulk) - g_d) + max(0.0, max(g_w * slow, rs_bulk) - g_w)
                         base = min(base, ub_time)
                     tp_bwd += base
         else:
@@ -535,8 +541,9 @@ def _sm_slowdown(gpu, method: str) -> float:
     return sms / max(1, sms - d.UB_COMM_SMS[method])
 
 
-def _pair_exposed(gemm, shapes, op, phase, c, method, ctx: LayerContext) -> float:
-    """Exposed communication of collective `c` overlapped by userbuffers with `op`'s `phase` GEMM."""
+def _pair_exposed(gemm, shapes, op, phase, c, method, ctx: LayerContext, c_ub: float) -> float:
+    """Exposed communication when userbuffers run the collective (`c_ub` s) under `op`'s `phase` GEMM; never
+    more than NCCL's `c` s without overlap (the overlap tuner keeps the faster setting)."""
     g = gemm[op][phase]
     m, n, k, groups = shapes[op]
     if method == "ring_exchange":
@@ -547,5 +554,5 @@ def _pair_exposed(gemm, shapes, op, phase, c, method, ctx: LayerContext) -> floa
         sm = 1.0 / _sm_slowdown(ctx.cluster.gpu, method)
     chunk_shape = (m / chunks, n, k, groups)
     g_chunked = chunks * _gemm_phase_time(op, chunk_shape, phase, ctx, sm)
-    overlapped = _overlapped_pair(g, g_chunked, c, method, ctx.tp)
+    overlapped = _overlapped_pair(g, g_chunked, c_ub, method, ctx.tp)
     return max(0.0, min(g + c, overlapped) - g)

@@ -22,6 +22,7 @@ from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, estimate, padded_vocab, time_model
+from ..costmodel.tp_scaling import TPScaling, predicted_tp_scaling
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.lengths import SequenceLengths
@@ -128,6 +129,15 @@ class PlanResult:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
+    def tp_scaling(self) -> TPScaling:
+        """The overlap tuner's TP scaling check for this model, GPU and sequence, on the cost model's times
+        (`costmodel.tp_scaling`). It asks whether TP=n makes a layer's GEMMs n times faster; the ranking asks which
+        whole step is fastest on `num_gpus` GPUs, so a TP that fails the check can still rank first (when the
+        layouts without it do not fit or need recompute)."""
+        w = self.base_workload
+        tps = tuple(t for t in (2, 4, 8) if t <= min(self.num_gpus, self.gpu.gpus_per_node))
+        return predicted_tp_scaling(self.model, self.gpu, w.seq_length, w.seq_length, tps, w.precision)
+
     def to_dict(self, top_k: int | None = None, max_rejections: int | None = None) -> dict[str, Any]:
         cands = self.candidates if top_k is None else self.candidates[:top_k]
         return {
@@ -149,6 +159,7 @@ class PlanResult:
             "candidates": [c.to_dict() for c in cands],
             "rejections": [r.to_dict() for r in self.rejections[:max_rejections]],
             "notes": list(self.notes),
+            "tp_scaling": self.tp_scaling().to_dict(),
         }
 
 

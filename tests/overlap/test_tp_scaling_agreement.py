@@ -1,0 +1,68 @@
+"""`mat plan` and the overlap tuner report TP scaling with one definition (costmodel.tp_scaling) fed by the same
+collective curves, and the tuner's measured verdict is explained by what its op timings hold."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.costmodel.tp_scaling import TP_SCALING_TOLERANCE, predicted_tp_scaling
+from megatron_autotuner.overlap.config import OverlapTunerConfig
+from megatron_autotuner.overlap.scaling import predicted_scaling, scaling_check
+from megatron_autotuner.search.plan import plan
+from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = json.loads((ROOT / "benchmarks/results/overlap_h200_x2/tuning_report.json").read_text())
+
+
+def _measured(model, tp):
+    return next(s for s in REPORT["summaries"] if s["model"] == model and s["tp"] == tp)
+
+
+def test_one_tolerance():
+    assert (
+        OverlapTunerConfig(models=("Qwen3-8B",)).scaling_tolerance
+        == TP_SCALING_TOLERANCE
+        == REPORT["config"]["scaling_tolerance"]
+    )
+
+
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-8B"])
+def test_plan_reports_the_tuners_verdict(model):
+    """Plan's JSON carries the check the tuner applies (same rule, same times): they agree size by size."""
+    result = plan(load_model_spec(model), get_gpu_spec("H200"), 8, 8192, 64)
+    reported = result.to_dict(top_k=1)["tp_scaling"]
+    tuner, pred = predicted_scaling(model, "H200", 8192)
+    assert reported["largest_efficient_tp"] == tuner.largest_efficient_tp == pred.largest_efficient_tp
+    assert [(p["tp"], p["efficient"]) for p in reported["points"]] == [(p.tp, p.efficient) for p in tuner.points]
+    assert [p["time_ms"] for p in reported["points"]] == pytest.approx([p.time_ms for p in tuner.points])
+
+
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-8B"])
+def test_predicted_tp1_is_the_tuners_measured_tp1(model):
+    """The check prices the quantity the tuner measures: the four GEMM ops of a layer, fwd + bwd, at TP=1."""
+    measured = _measured(model, 1)["layer"]["nccl_ms"]
+    pred = predicted_tp_scaling(load_model_spec(model), get_gpu_spec("H200"), 8192, 8192, (2,))
+    assert pred.tp1_ms == pytest.approx(measured, rel=0.03)
+
+
+@pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-8B"])
+def test_measured_verdict_differs_by_the_per_op_fixed_cost(model):
+    """Measured on 2x H200 TP=2 is 24-26% over ideal (recommended TP 1); predicted 6-7% (TP 2 scales). The gap is
+    in the GEMM ops timed from an idle GPU, not in the collectives: the TP=2 ops took more than half their TP=1
+    time plus the predicted exposed communication, for every op."""
+    tp1, tp2 = _measured(model, 1), _measured(model, 2)
+    measured = REPORT["scaling"][model]
+    assert measured["recommended_tp"] == 1
+    tuner, pred = predicted_scaling(model, "H200", 8192, (2,))
+    assert tuner.largest_efficient_tp == 2 and pred.points[0].time_ms / pred.points[0].ideal_ms - 1 < 0.1
+    comm_ms = pred.points[0].exposed_comm_ms
+    assert comm_ms < 1.0
+    for op in ("qkv", "proj", "fc1", "fc2"):
+        assert tp2["ops"][op]["nccl_ms"] > tp1["ops"][op]["nccl_ms"] / 2
+    gap = tp2["layer"]["nccl_ms"] - tp1["layer"]["nccl_ms"] / 2
+    assert gap > 1.5 * comm_ms
+    # the same rule on the measured times gives the committed verdict
+    best = min(v for k, v in tp2["layer"].items() if v)
+    assert scaling_check("layer", tp1["layer"]["nccl_ms"], {2: (best, "tuned", None)}).largest_efficient_tp == 1
