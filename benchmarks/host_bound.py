@@ -1,13 +1,17 @@
 """Small dense models on one H100, eager and CUDA-graphed (#27): measured step times against the cost model.
 
-Reads benchmarks/results/validation_h100_x1/host_bound (made by benchmarks/validation/h100_x1_host_bound.sh; 19 of
-its 36 layouts finished inside the device call's 600 s) and writes comparison.json there. Per layout it keeps:
-- `pre_run_default`: the prediction written before the runs with the default floor of that day
-  (predictions_default.json: per-layer max of host and GPU, floor 3.93 / 2.88 ms);
-- `pre_run_measured`: the prediction `mat validate` wrote before each run, with the floor measured on the machine
-  just before (dense_host_floor.calibration.json, same per-layer model);
-- `now_default` / `now_measured`: the current model (the host runs ahead: a micro-batch takes the longer of its
-  GPU work and its host's issue time; floors from host-bound cases only), computed after the runs: not predictions.
+Three leases of nvidia-h100-x1, each a folder of benchmarks/results/validation_h100_x1 with a comparison.json
+written here:
+- host_bound (benchmarks/validation/h100_x1_host_bound.sh; 19 of its 36 layouts finished inside the device call's
+  600 s, its graphed training failed at capture): per layout
+  - `pre_run_default`: the prediction written before the runs with the default floor of that day
+    (predictions_default.json: per-layer max of host and GPU, floor 3.93 / 2.88 ms);
+  - `pre_run_measured`: the prediction `mat validate` wrote before each run, with the floor measured on the
+    machine just before (dense_host_floor.calibration.json, same per-layer model);
+  - `now_default` / `now_measured`: the current model, computed after the runs: not predictions.
+- graphed_training (h100_x1_graphed_training.sh: the training layouts again, graphed ones capturing) and
+  host_diagnostics/profile (h100_x1_host_diagnostics.sh profile): `pre_run_default` is the prediction `mat
+  validate` wrote before each run (default floor), `now_default` the current model.
 
     python benchmarks/host_bound.py [--check]
 """
@@ -21,7 +25,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks/results/validation_h100_x1/host_bound"
+VALIDATION = ROOT / "benchmarks/results/validation_h100_x1"
+RESULTS = VALIDATION / "host_bound"
+LATER_LEASES = ("graphed_training", "host_diagnostics/profile")
+ERROR_KEYS = ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
 
 
 def _pre_run_default() -> dict[str, float]:
@@ -79,29 +86,62 @@ def compare() -> dict:
     return {"schema_version": 1, "source": str(RESULTS.relative_to(ROOT)), "measured_floor_now": floors, "rows": rows}
 
 
+def compare_later(folder: str) -> dict:
+    """A later lease's layouts: the prediction written before each run beside today's model."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import predict
+
+    rows = []
+    for line in (VALIDATION / folder / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        lay = Layout.from_dict(r["layout"])
+        gaf = r.get("gradient_accumulation_fusion", False)
+        row = {
+            "label": r["label"],
+            "layout_id": r["layout_id"],
+            "status": r["status"],
+            "error": (r.get("error") or "")[:160] or None,
+            "pre_run_default_s": r["predicted"]["step_time_s"],
+            "now_default_s": predict(lay, "H100-SXM", None, gradient_accumulation_fusion=gaf)["step_time_s"],
+        }
+        if r["status"] == "ok":
+            meas = r["measured"]["step_time_s"]
+            row["measured_s"] = meas
+            for k in ("pre_run_default", "now_default"):
+                row[f"{k}_error"] = row[f"{k}_s"] / meas - 1
+            row["peak_memory_error"] = r["error_rel"]["peak_memory"]
+        rows.append(row)
+    return {"schema_version": 1, "source": str((VALIDATION / folder).relative_to(ROOT)), "rows": rows}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 when comparison.json is not what this makes now")
     args = parser.parse_args(argv)
-    doc = compare()
-    text = json.dumps(doc, indent=1, default=float) + "\n"
-    out = RESULTS / "comparison.json"
-    if args.check:
-        return 0 if out.is_file() and json.loads(out.read_text()) == json.loads(text) else 1
-    out.write_text(text)
-    for row in doc["rows"]:
-        if row["status"] != "ok":
-            print(f"{row['label']:34} {row['status']}: {row['error']}")
+    docs = {RESULTS: compare()} | {VALIDATION / f: compare_later(f) for f in LATER_LEASES}
+    stale = []
+    for folder, doc in docs.items():
+        text = json.dumps(doc, indent=1, default=float) + "\n"
+        out = folder / "comparison.json"
+        if args.check:
+            if not out.is_file() or json.loads(out.read_text()) != json.loads(text):
+                stale.append(str(out.relative_to(ROOT)))
             continue
-        errs = " ".join(
-            f"{k} {row[k + '_error']:+.1%}"
-            for k in ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
-        )
-        print(
-            f"{row['label']:34} measured {row['measured_s'] * 1e3:6.1f} ms  {errs}"
-            f"  peak {row['peak_memory_error']:+.1%}"
-        )
-    return 0
+        out.write_text(text)
+        print(f"== {doc['source']}")
+        for row in doc["rows"]:
+            if row["status"] != "ok":
+                print(f"{row['label']:34} {row['status']}: {row['error']}")
+                continue
+            errs = " ".join(f"{k} {row[k + '_error']:+.1%}" for k in ERROR_KEYS if k + "_error" in row)
+            print(
+                f"{row['label']:34} measured {row['measured_s'] * 1e3:6.1f} ms  {errs}"
+                f"  peak {row['peak_memory_error']:+.1%}"
+            )
+    for out in stale:
+        print(f"{out} is out of date: run python benchmarks/host_bound.py")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -147,6 +147,36 @@ def validation_step_time(root: Path) -> str:
     return "Source: `benchmarks/results/validation_*/**/summary.json`.\n\n" + table(head, rows)
 
 
+SMALL_MODEL_LEASES = (
+    "validation_h100_x1/host_bound",
+    "validation_h100_x1/graphed_training",
+    "validation_h100_x1/host_diagnostics/profile",
+)
+
+
+def small_models(root: Path) -> str:
+    """Host-bound small dense models on three H100 leases: before-the-run prediction and today's model."""
+    rows = []
+    for rel in SMALL_MODEL_LEASES:
+        doc = load(root, f"{rel}/comparison.json")
+        lease = rel.removeprefix("validation_h100_x1/")
+        for r in doc["rows"]:
+            if r["status"] != "ok":
+                continue
+            rows.append(
+                [
+                    f"`{lease}`",
+                    r["label"],
+                    num(r["measured_s"] * 1e3, ".1f"),
+                    pct(r.get("pre_run_default_error")),
+                    pct(r.get("now_default_error")),
+                    pct(r.get("peak_memory_error")),
+                ]
+            )
+    head = ["lease", "layout", "measured ms", "error before the run", "error now", "peak memory error"]
+    return source(*(f"{rel}/comparison.json" for rel in SMALL_MODEL_LEASES)) + table(head, rows)
+
+
 def validation_rank(root: Path) -> str:
     rows = []
     for rel, data in validation_sets(root):
@@ -583,6 +613,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "published": published,
     "validation_step_time": validation_step_time,
     "validation_rank": validation_rank,
+    "small_models": small_models,
     "validation_layouts_time": validation_layouts_time,
     "single_layers": single_layers,
     "search_speed": search_speed,

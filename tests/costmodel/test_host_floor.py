@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from megatron_autotuner.costmodel import CostOptions, calibration_from_dict, estimate
 from megatron_autotuner.costmodel import defaults as d
 from megatron_autotuner.costmodel.calibration import DenseHostFloor
+from megatron_autotuner.costmodel.estimate import host_issue_ramp_s
 from megatron_autotuner.costmodel.layer import LayerContext, captured_host_share, dense_host_s, layer_cost
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs import ParallelConfig, Workload, load_model_spec
@@ -29,6 +30,8 @@ def test_small_layer_carries_its_host_time_and_large_layers_the_same():
     assert (gpu_only.host_fwd_s, gpu_only.host_bwd_s) == (0.0, 0.0)
     forward = layer_cost(SMALL, 0, _ctx(training=False))
     assert forward.host_bwd_s == 0.0
+    assert forward.host_fwd_s == pytest.approx(d.DENSE_HOST_FLOOR_FWD_S * d.NO_GRAD_FWD_HOST_RATIO)
+    assert forward.host_fwd_s < d.DENSE_HOST_FLOOR_FWD_S
 
 
 def test_small_model_micro_batch_is_its_host_time_large_one_its_gpu_time():
@@ -63,7 +66,39 @@ def test_step_is_the_longer_of_host_and_gpu(mbs, tp, mode):
     host_fwd, host_bwd = dense_host_s(ctx)
     host = SMALL.num_layers * (host_fwd + (host_bwd if mode == "train" else 0.0))
     extra = gpu.time.breakdown["optimizer"] + gpu.time.breakdown["exposed_comm"]["dp"]
-    assert eager.step_time_s == pytest.approx(max(gpu.step_time_s, host + extra), rel=1e-9)
+    ramp = eager.time.stages[0].step_extra.get("host_ramp", 0.0)
+    assert eager.step_time_s == pytest.approx(max(gpu.step_time_s, host + extra) + ramp, rel=1e-9)
+    assert "host_ramp" not in gpu.time.stages[0].step_extra  # no host, no queue
+
+
+def _fifo_finish_s(items: list[tuple[float, float]]) -> float:
+    """When the GPU finishes `items` (host issue s, GPU s), issued in order by one host thread into a queue
+    that never fills and run in order by the GPU: each starts once issued and once the previous one is done."""
+    issued = gpu_free = 0.0
+    for host_s, gpu_s in items:
+        issued += host_s
+        gpu_free = max(gpu_free, issued) + gpu_s
+    return gpu_free
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layers=st.integers(1, 40),
+    h_f=st.floats(0.1, 5.0),
+    h_b=st.floats(0.1, 5.0),
+    g_f=st.floats(0.1, 5.0),
+    g_b=st.floats(0.1, 10.0),
+    head=st.floats(0.0, 20.0),
+)
+def test_ramp_is_what_a_launch_queue_adds_to_the_longer_of_host_and_gpu(layers, h_f, h_b, g_f, g_b, head):
+    """One micro-batch: `layers` forward items, the output layer and loss (GPU only), `layers` backward items.
+    The queue simulation finishes at max(host, GPU) + the ramp, within one layer's time (the ramp is computed at
+    layer granularity: where inside a layer the maximum falls is left out)."""
+    items = [(h_f, g_f)] * layers + [(0.0, head)] + [(h_b, g_b)] * layers
+    host, gpu = layers * (h_f + h_b), layers * (g_f + g_b) + head
+    ramp = host_issue_ramp_s(layers * h_f, layers * h_b, layers * g_f, gpu)
+    assert ramp >= 0.0
+    assert _fifo_finish_s(items) == pytest.approx(max(host, gpu) + ramp, abs=max(g_f, g_b, h_f, h_b) + 1e-9)
 
 
 def test_tp_adds_the_host_of_its_collectives():
@@ -125,13 +160,14 @@ def test_bad_dense_floor_entries_name_their_field(rows, field):
 
 def test_forward_only_passes_use_the_no_grad_forward_where_measured():
     """A forward-only pass runs the layer under torch.no_grad(): a calibration's `fwd_no_grad_s` is its floor, the
-    training forward's `fwd_s` stands in where it was not measured; training never reads it."""
+    training forward's `fwd_s` times the measured no-grad ratio stands in where it was not measured; training never
+    reads it."""
     doc = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
     row = {"precision": "bf16", "fwd_s": 3e-3, "bwd_s": 2e-3}
     plain = calibration_from_dict(doc | {"dense_host_floor": [row]})
     no_grad = calibration_from_dict(doc | {"dense_host_floor": [row | {"fwd_no_grad_s": 2e-3}]})
     assert dense_host_s(_ctx(training=False, calibration=no_grad))[0] == pytest.approx(2e-3)
-    assert dense_host_s(_ctx(training=False, calibration=plain))[0] == pytest.approx(3e-3)
+    assert dense_host_s(_ctx(training=False, calibration=plain))[0] == pytest.approx(3e-3 * d.NO_GRAD_FWD_HOST_RATIO)
     assert dense_host_s(_ctx(training=True, calibration=no_grad))[0] == pytest.approx(3e-3)
     assert no_grad.to_summary()["dense_host_floor"][0]["fwd_no_grad_s"] == 2e-3
     p, w = ParallelConfig(num_gpus=1), Workload(4096, 1, 8, mode="forward")

@@ -30,7 +30,7 @@ the testbench's `decoder` cases (`testbench.calibration.dense_host_floors_from_r
       "fwd_no_grad_s": 2.6e-3}, ...]
 A layer's phase never takes less (`DenseHostFloor`; other TP sizes add or remove the host of their TP
 collectives), then `defaults.DENSE_HOST_FLOOR_*`. `fwd_no_grad_s` (optional) is the forward under torch.no_grad()
-that forward-only passes run; without it they use `fwd_s`.
+that forward-only passes run; without it they use `fwd_s` x `defaults.NO_GRAD_FWD_HOST_RATIO`.
 
 `host_copy` (optional): host <-> device copy bandwidth measured by `mat profile --mode copy-bandwidth`
 (`testbench.copy_bandwidth`), one entry per row:
@@ -223,8 +223,9 @@ class DenseHostFloor:
     tp: int = 1
     sequence_parallel: bool = False
     tp_collective_s: float = d.TP_COLLECTIVE_HOST_S
-    # the forward under torch.no_grad() (forward-only passes); None: not measured, `fwd_s` stands in
-    fwd_no_grad_s: float | None = d.DENSE_HOST_FLOOR_FWD_NO_GRAD_S
+    # the forward under torch.no_grad() (forward-only passes); None: not measured, `fwd_s` x
+    # `defaults.NO_GRAD_FWD_HOST_RATIO` stands in
+    fwd_no_grad_s: float | None = None
 
     def at(self, tp: int, sequence_parallel: bool, training: bool = True) -> tuple[float, float]:
         """(forward_s, backward_s) at TP size `tp`: the measured times plus (or less) the host of the TP
@@ -232,7 +233,10 @@ class DenseHostFloor:
         forward where measured."""
         have = _tp_collectives_per_layer(self.tp, self.sequence_parallel)
         want = _tp_collectives_per_layer(tp, sequence_parallel)
-        fwd = self.fwd_s if training or self.fwd_no_grad_s is None else self.fwd_no_grad_s
+        if training:
+            fwd = self.fwd_s
+        else:
+            fwd = self.fwd_no_grad_s if self.fwd_no_grad_s is not None else self.fwd_s * d.NO_GRAD_FWD_HOST_RATIO
         return (
             max(0.0, fwd + (want[0] - have[0]) * self.tp_collective_s),
             max(0.0, self.bwd_s + (want[1] - have[1]) * self.tp_collective_s),

@@ -204,9 +204,15 @@ MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
 # host CPU's pace, not the GPU's.
 DENSE_HOST_FLOOR_FWD_S = 3.41e-3
 DENSE_HOST_FLOOR_BWD_S = 2.81e-3
-# The forward under torch.no_grad(), as forward-only passes (RLHF log-prob / reference) run it: not measured yet,
-# so the training forward's floor stands in (`DenseHostFloor.fwd_no_grad_s`).
-DENSE_HOST_FLOOR_FWD_NO_GRAD_S: float | None = None
+# The forward under torch.no_grad(), as forward-only passes (RLHF log-prob / reference) run it: autograd records
+# no graph and TE's functions save nothing for backward. The testbench times both forwards of the same layer in
+# one process (`testbench.measure`); on the H100 diagnostics lease
+# (benchmarks/results/validation_h100_x1/host_diagnostics/testbench) the no-grad / training ratio of the
+# host-bound bf16 decoder cases (Qwen3-0.6B micro-batch 1 / 2 / 4, Qwen3-1.7B micro-batch 1) was 0.917 / 0.847 /
+# 0.872 / 0.996, median 0.895; that lease's host was slower overall (4.44 ms training forward), so the ratio, not
+# its absolute times, scales a training forward's floor where the no-grad one was not measured
+# (`DenseHostFloor.fwd_no_grad_s`).
+NO_GRAD_FWD_HOST_RATIO = 0.895
 # Each TP collective a layer issues adds the host time of its torch.distributed call: the CPU span of
 # `nccl:_all_gather_base` / `nccl:_reduce_scatter_base` in the 2x H200 TP=2 decoder trace
 # (benchmarks/results/testbench_h200_x2/profile, 20 calls: median 70 us, 50-200 us; under the profiler, which

@@ -527,7 +527,7 @@ def stage_time(
     per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc if training else RecomputeConfig())
     # one layer of each kind (MoE or dense, fully recomputed or not): fwd and bwd (+ recompute) parts
     kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
-    kind_host: dict[tuple[bool, bool], float] = {}
+    kind_host: dict[tuple[bool, bool], tuple[float, float]] = {}
     for kinds in per_chunk_kinds:
         for moe, full, _n, i in kinds:
             key = (moe, full)
@@ -543,7 +543,7 @@ def stage_time(
             _merge(b, lc.bwd.parts)
             _merge(b, lc.recompute.parts, 1.0, _compute_to_recompute)
             kind_cost[key] = (f, b)
-            kind_host[key] = lc.host_fwd_s + lc.host_bwd_s
+            kind_host[key] = (lc.host_fwd_s, lc.host_bwd_s)
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     chunk_s = [0.0] * v  # one micro-batch of each model chunk, forward + backward
@@ -553,11 +553,15 @@ def stage_time(
         _merge(bwd, b, count)
         chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
 
-    host_issue_s = 0.0  # the host's issue time of the stage's layers for one micro-batch (eager megatron-core)
+    host_fwd_issue_s = host_bwd_issue_s = 0.0  # the host's issue time of the stage's layers, one micro-batch
+    layers_fwd_gpu_s = 0.0  # the GPU's forward work of those layers
     for c, kinds in enumerate(per_chunk_kinds):
         for moe, full, count, _layer in kinds:
             add(c, *kind_cost[(moe, full)], count)
-            host_issue_s += count * kind_host[(moe, full)]
+            host_fwd_issue_s += count * kind_host[(moe, full)][0]
+            host_bwd_issue_s += count * kind_host[(moe, full)][1]
+            layers_fwd_gpu_s += count * sum(kind_cost[(moe, full)][0].values())
+    host_issue_s = host_fwd_issue_s + host_bwd_issue_s
 
     h = model.hidden_size
     e = E_BF16
@@ -578,6 +582,7 @@ def stage_time(
                 add_t = memory_bound_time_s(accumulate_bytes * table, gpu, 1, d.GRAD_ACCUMULATION_HBM_EFFICIENCY)
                 emb_b["memory_bound"] += add_t
         add(0, emb_f, emb_b)
+        layers_fwd_gpu_s += sum(emb_f.values())  # issued before the layers
 
     def output_head() -> tuple[dict[str, float], dict[str, float]]:
         """One output head (final norm, logits GEMM, cross-entropy and their TP collectives), one micro-batch."""
@@ -645,6 +650,7 @@ def stage_time(
     # micro-batch takes the longer of its GPU work and its host's issue time, so the GPU-heavy output layer and loss
     # hide host-bound layers before the host falls behind.
     gpu_s = sum(fwd.values()) + sum(bwd.values())
+    host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)
     if host_issue_s > gpu_s:
         _merge(fwd, {"host": host_issue_s - gpu_s})
         for c in range(v):
@@ -700,7 +706,29 @@ def stage_time(
             exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
         extra["dp"] = exposed
         extra["optimizer"] = step_end_work_s(counts, parallel, workload, gpu)
+    if pp == 1 and host_ramp_s > 0.0:
+        # paid once per step: the optimizer step waits on the backward (its grad-norm and inf checks read the
+        # gradients on the host), so the host's lead does not carry over from one step to the next
+        extra["host_ramp"] = host_ramp_s
     return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s)), note
+
+
+def host_issue_ramp_s(host_fwd_s: float, host_bwd_s: float, gpu_fwd_before_s: float, gpu_s: float) -> float:
+    """Seconds a step's first micro-batch takes beyond max(host, GPU) when the host issues the forward slower than
+    the GPU runs it and the GPU runs the backward slower than the host issues it.
+
+    The host fills a FIFO launch queue that the GPU drains, starting together: the last kernel finishes at
+    max over k of (host time to issue items 1..k + GPU time of items k..n) (a queue that never fills: a layer is
+    a few hundred launches, the driver queues about a thousand). At layer granularity the maximum sits at one of
+    three points: the start (GPU total), the end of the forward layers (host forward + the GPU work after it:
+    output layer, loss, whole backward) or the end of the backward (host total + the little GPU work after it).
+    The middle one exceeds both ends when the forward is host-bound and the backward GPU-bound: the GPU idles
+    during the forward and cannot make that time up. Over m micro-batches without a synchronisation the backward's
+    slack lets the host run ahead into the next forward, so only the first micro-batch pays it:
+    step = (m - 1) max(H, G) + max(H, G, H_fwd + G_after_fwd). `gpu_fwd_before_s`: the GPU's work issued with the
+    forward layers (embedding, layers)."""
+    after_forward = host_fwd_s + (gpu_s - gpu_fwd_before_s)
+    return max(0.0, after_forward - max(host_fwd_s + host_bwd_s, gpu_s))
 
 
 def _offload_exposed_s(
@@ -837,6 +865,7 @@ def time_model(
                 comm[k] = comm.get(k, 0.0) + m * val
     comm["pp"] += m * crit.p2p_per_microbatch_s + p2p_fill
     comm["dp"] += stages[extra_stage].step_extra.get("dp", 0.0)
+    host += stages[extra_stage].step_extra.get("host_ramp", 0.0)
     breakdown = {
         "compute": compute,
         "exposed_comm": comm,
