@@ -213,6 +213,21 @@ DENSE_HOST_FLOOR_BWD_S = 2.81e-3
 # its absolute times, scales a training forward's floor where the no-grad one was not measured
 # (`DenseHostFloor.fwd_no_grad_s`).
 NO_GRAD_FWD_HOST_RATIO = 0.895
+# megatron-core's fine-grained activation offloading costs the host time per offloaded group (one module of one
+# layer, one micro-batch), all of it Python and launches, no host synchronisation (fine_grained_activation_offload.py,
+# megatron-core 0.19: forward `FineGrainedOffloadingGroupCommitFunction` -> `bulk_offload_group`, per saved tensor a
+# checker, a pinned pool buffer, `copy_(non_blocking=True)` on the D2H stream and `record_stream`, plus the
+# forced release; backward `FineGrainedOffloadingGroupStartFunction.backward` -> `bulk_reload_group`, per tensor an
+# empty GPU tensor and its H2D copy, and the stream / event waits). The torch-profiler step of Qwen3-0.6B (28 layers,
+# s4096, micro-batch 1, 4 micro-batches, core_attn + attn_proj offloaded: 2 groups of 4 and 1 tensors per layer,
+# 27 layers offloaded) on one H100 lease, megatron-core 0.19.2, TE 2.20.2, torch 2.11
+# (benchmarks/results/validation_h100_x1/activation_offload/profile): forward 78.5 ms (group commit + start),
+# backward 75.3 ms (their backward nodes) over 216 offloaded groups; under the profiler, which inflates host time
+# (the profiled step grew 187 ms with offloading, the 8 timed steps of the same run 122 ms by their medians). The
+# 4-tensor core_attn commit took 398 us, the 1-tensor attn_proj commit 221 us (medians): part of the cost grows
+# with the tensors, which one module pair cannot separate. Only the host pays it: hidden where the GPU sets the pace.
+FINE_GRAINED_OFFLOAD_HOST_FWD_S_PER_GROUP = 78.5e-3 / 216
+FINE_GRAINED_OFFLOAD_HOST_BWD_S_PER_GROUP = 75.3e-3 / 216
 # Each TP collective a layer issues adds the host time of its torch.distributed call: the CPU span of
 # `nccl:_all_gather_base` / `nccl:_reduce_scatter_base` in the 2x H200 TP=2 decoder trace
 # (benchmarks/results/testbench_h200_x2/profile, 20 calls: median 70 us, 50-200 us; under the profiler, which

@@ -649,19 +649,27 @@ def stage_time(
     # The host issues ahead of the GPU (asynchronous launches, no synchronisation inside a micro-batch): a
     # micro-batch takes the longer of its GPU work and its host's issue time, so the GPU-heavy output layer and loss
     # hide host-bound layers before the host falls behind.
+    # Activation offloading: the compute stream's waits for the copies are GPU time (stream waits, no host
+    # synchronisation in megatron-core's offload manager or TE's), and each offloaded group of the fine-grained
+    # mechanism costs the host its hooks and copy launches (`defaults.FINE_GRAINED_OFFLOAD_HOST_*`).
+    off_f = off_b = 0.0
+    off_chunks = [0.0] * v
+    if training and workload.activation_offload.enabled:
+        off_f, off_b, off_chunks, off_groups = _offload_exposed_s(
+            model, parallel, workload, stage, ctx, options, kind_cost, per_chunk_kinds, head_s
+        )
+        host_fwd_issue_s += off_groups * d.FINE_GRAINED_OFFLOAD_HOST_FWD_S_PER_GROUP
+        host_bwd_issue_s += off_groups * d.FINE_GRAINED_OFFLOAD_HOST_BWD_S_PER_GROUP
+        host_issue_s = host_fwd_issue_s + host_bwd_issue_s
+        _merge(fwd, {"offload": off_f})
+        _merge(bwd, {"offload": off_b})
+        chunk_s = [t + o for t, o in zip(chunk_s, off_chunks, strict=True)]
     gpu_s = sum(fwd.values()) + sum(bwd.values())
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)
     if host_issue_s > gpu_s:
         _merge(fwd, {"host": host_issue_s - gpu_s})
         for c in range(v):
             chunk_s[c] = max(chunk_s[c], host_issue_s * len(layout.chunk_layers(stage, c)) / max(len(layers), 1))
-    if training and workload.activation_offload.enabled:
-        off_f, off_b, off_chunks = _offload_exposed_s(
-            model, parallel, workload, stage, ctx, options, kind_cost, per_chunk_kinds, head_s
-        )
-        _merge(fwd, {"offload": off_f})
-        _merge(bwd, {"offload": off_b})
-        chunk_s = [t + o for t, o in zip(chunk_s, off_chunks, strict=True)]
 
     p2p_mb = p2p_fill = 0.0
     if pp > 1:
@@ -741,9 +749,10 @@ def _offload_exposed_s(
     kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]],
     per_chunk_kinds: tuple,
     head_s: float,
-) -> tuple[float, float, list[float]]:
+) -> tuple[float, float, list[float], float]:
     """(forward, backward, per-chunk) seconds of one micro-batch on rank `stage` spent waiting for activation
-    offloading copies (`costmodel.activation_offload`)."""
+    offloading copies (`costmodel.activation_offload`), and the number of fine-grained groups one micro-batch
+    offloads (0 for the layer-level mechanism, whose host cost is not measured)."""
     config = workload.activation_offload
     gpu, cal = ctx.cluster.gpu, options.calibration
     act = ActivationOptions(flash_attention=options.flash_attention)
@@ -768,20 +777,21 @@ def _offload_exposed_s(
             d2h_s.append(moved / (d2h_gbps * 1e9))
             h2d_s.append(moved / (h2d_gbps * 1e9))
         f_exp, b_exp = layer_level_exposed_s(fwd_s, bwd_s, d2h_s, h2d_s, config.num_layers, head_s)
-        return f_exp, b_exp, [f_exp + b_exp]
+        return f_exp, b_exp, [f_exp + b_exp], 0.0
 
     # fine-grained: a rank whose next backward is the micro-batch it just ran forward has only the forward as the
     # D2H window; elsewhere other micro-batches' backward runs before this one's and the backlog drains there
     immediate = v == 1 and stage == parallel.pp - 1
     offloaded, kept = offloaded_per_chunk(model, parallel, workload, stage, act)
-    f_total = b_total = 0.0
+    f_total = b_total = offloaded_groups = 0.0
     chunks = [0.0] * v
     for c, kinds in enumerate(per_chunk_kinds):
-        exp_f = exp_b = full = 0.0
+        exp_f = exp_b = full = count = 0.0
         for moe, full_rc, n, i in kinds:
             groups = offload_groups(model, parallel, workload, i, act)
             if not groups:
                 continue
+            count += n * len(groups)
             f, b = kind_cost[(moe, full_rc)]
             window = sum(f.values()) + (0.0 if immediate else sum(b.values()))
             units = backward_units_s(model, i, gemm_shapes(model, i, ctx), b)
@@ -796,8 +806,9 @@ def _offload_exposed_s(
         share = max(0.0, moved) / full
         f_total += share * exp_f
         b_total += share * exp_b
+        offloaded_groups += share * count  # by bytes: exact where the layers' groups are alike
         chunks[c] = share * (exp_f + exp_b)
-    return f_total, b_total, chunks
+    return f_total, b_total, chunks, offloaded_groups
 
 
 def pipeline_fill_drain_s(stages: tuple[StageTime, ...] | list[StageTime], critical: int) -> float:
