@@ -1,6 +1,6 @@
 """Small dense models on one H100, eager and CUDA-graphed (#27): measured step times against the cost model.
 
-Three leases of nvidia-h100-x1, each a folder of benchmarks/results/validation_h100_x1 with a comparison.json
+Four leases of nvidia-h100-x1, each a folder of benchmarks/results/validation_h100_x1 with a comparison.json
 written here:
 - host_bound (benchmarks/validation/h100_x1_host_bound.sh; 19 of its 36 layouts finished inside the device call's
   600 s, its graphed training failed at capture): per layout
@@ -9,9 +9,10 @@ written here:
   - `pre_run_measured`: the prediction `mat validate` wrote before each run, with the floor measured on the
     machine just before (dense_host_floor.calibration.json, same per-layer model);
   - `now_default` / `now_measured`: the current model, computed after the runs: not predictions.
-- graphed_training (h100_x1_graphed_training.sh: the training layouts again, graphed ones capturing) and
-  host_diagnostics/profile (h100_x1_host_diagnostics.sh profile): `pre_run_default` is the prediction `mat
-  validate` wrote before each run (default floor), `now_default` the current model.
+- graphed_training (h100_x1_graphed_training.sh: the training layouts again, graphed ones capturing),
+  host_diagnostics/profile (h100_x1_host_diagnostics.sh profile) and small_forward (h100_x1_small_forward.sh,
+  predicted with the launch-queue and no-grad host terms): `pre_run_default` is the prediction `mat validate` wrote
+  before each run (default floor), `now_default` the current model.
 
     python benchmarks/host_bound.py [--check]
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = ROOT / "benchmarks/results/validation_h100_x1"
 RESULTS = VALIDATION / "host_bound"
-LATER_LEASES = ("graphed_training", "host_diagnostics/profile")
+LATER_LEASES = ("graphed_training", "host_diagnostics/profile", "small_forward")
 ERROR_KEYS = ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
 
 

@@ -151,11 +151,12 @@ SMALL_MODEL_LEASES = (
     "validation_h100_x1/host_bound",
     "validation_h100_x1/graphed_training",
     "validation_h100_x1/host_diagnostics/profile",
+    "validation_h100_x1/small_forward",
 )
 
 
 def small_models(root: Path) -> str:
-    """Host-bound small dense models on three H100 leases: before-the-run prediction and today's model."""
+    """Host-bound small dense models on four H100 leases: before-the-run prediction and today's model."""
     rows = []
     for rel in SMALL_MODEL_LEASES:
         doc = load(root, f"{rel}/comparison.json")

@@ -66,7 +66,8 @@ def test_gpu_bound_llama_steps_within_10pct(rows):
     for label, (row, now) in rows.items():
         if label.startswith("L3-8B.L4"):
             assert _err(now, row) == pytest.approx(0, abs=0.10)
-            assert now["step_time_s"] == pytest.approx(row["predicted"]["step_time_s"], rel=0.005)
+            # the launch-queue ramp (`estimate.host_issue_ramp_s`) adds under 1% here: the GPU sets the pace
+            assert now["step_time_s"] == pytest.approx(row["predicted"]["step_time_s"], rel=0.015)
     base, fine = rows["L3-8B.L4 baseline"], rows["L3-8B.L4 offload core_attn+attn_proj"]
     assert fine[1]["offload_s"] > 5 * (fine[0]["measured"]["step_time_s"] - base[0]["measured"]["step_time_s"])
 
