@@ -9,10 +9,11 @@ written here:
   - `pre_run_measured`: the prediction `mat validate` wrote before each run, with the floor measured on the
     machine just before (dense_host_floor.calibration.json, same per-layer model);
   - `now_default` / `now_measured`: the current model, computed after the runs: not predictions.
-- graphed_training (h100_x1_graphed_training.sh: the training layouts again, graphed ones capturing),
-  host_diagnostics/profile (h100_x1_host_diagnostics.sh profile) and small_forward (h100_x1_small_forward.sh,
-  predicted with the launch-queue and no-grad host terms): `pre_run_default` is the prediction `mat validate` wrote
-  before each run (default floor), `now_default` the current model.
+- graphed_training (h100_x1_small_models.sh graphed_training: the training layouts again, graphed ones
+  capturing), host_diagnostics/profile (h100_x1_host_diagnostics.sh profile) and small_forward
+  (h100_x1_small_models.sh small_forward, predicted with the launch-queue and no-grad host terms):
+  `pre_run_default` is the prediction `mat validate` wrote before each run (default floor), `now_default` the
+  current model.
 
     python benchmarks/host_bound.py [--check]
 """
@@ -42,12 +43,48 @@ def _pre_run_default() -> dict[str, float]:
     return out
 
 
+def _rows(folder: Path, predictions: dict) -> list[dict]:
+    """One row per layout of `folder`'s results.jsonl: status, measured step, and each named prediction
+    (`name -> f(result row) -> seconds or None`) with its error."""
+    rows = []
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        row = {
+            "label": r["label"],
+            "layout_id": r["layout_id"],
+            "status": r["status"],
+            "error": (r.get("error") or "")[:160] or None,
+        }
+        row |= {f"{name}_s": f(r) for name, f in predictions.items()}
+        if r["status"] == "ok":
+            meas = r["measured"]["step_time_s"]
+            row["measured_s"] = meas
+            for name in predictions:
+                if row[f"{name}_s"] is not None:
+                    row[f"{name}_error"] = row[f"{name}_s"] / meas - 1
+            row["peak_memory_error"] = r["error_rel"]["peak_memory"]
+        rows.append(row)
+    return rows
+
+
+def _today(calibration=None):
+    """f(result row) -> today's predicted step time, with `calibration`."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import predict
+
+    def step_s(r: dict) -> float:
+        gaf = r.get("gradient_accumulation_fusion", False)
+        lay = Layout.from_dict(r["layout"])
+        return predict(lay, "H100-SXM", calibration, gradient_accumulation_fusion=gaf)["step_time_s"]
+
+    return step_s
+
+
 def compare() -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from megatron_autotuner.costmodel.calibration import calibration_from_dict
     from megatron_autotuner.testbench.calibration import dense_host_floors_from_records
-    from megatron_autotuner.validate.layout import Layout
-    from megatron_autotuner.validate.predict import predict
 
     measured_doc = json.loads((RESULTS / "dense_host_floor.calibration.json").read_text())
     records = [
@@ -61,59 +98,26 @@ def compare() -> dict:
         {k: v for k, v in measured_doc.items() if k != "dense_host_floor"} | {"dense_host_floor": floors}
     )
     default_pre = _pre_run_default()
-    rows = []
-    for line in (RESULTS / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        lay = Layout.from_dict(r["layout"])
-        gaf = r.get("gradient_accumulation_fusion", False)
-        row = {
-            "label": r["label"],
-            "layout_id": r["layout_id"],
-            "status": r["status"],
-            "error": (r.get("error") or "")[:160] or None,
-            "pre_run_default_s": default_pre.get(r["layout_id"]),
-            "pre_run_measured_s": r["predicted"]["step_time_s"],
-            "now_default_s": predict(lay, "H100-SXM", None, gradient_accumulation_fusion=gaf)["step_time_s"],
-            "now_measured_s": predict(lay, "H100-SXM", measured_now, gradient_accumulation_fusion=gaf)["step_time_s"],
-        }
-        if r["status"] == "ok":
-            meas = r["measured"]["step_time_s"]
-            row["measured_s"] = meas
-            for k in ("pre_run_default", "pre_run_measured", "now_default", "now_measured"):
-                if row[f"{k}_s"] is not None:
-                    row[f"{k}_error"] = row[f"{k}_s"] / meas - 1
-            row["peak_memory_error"] = r["error_rel"]["peak_memory"]
-        rows.append(row)
+    rows = _rows(
+        RESULTS,
+        {
+            "pre_run_default": lambda r: default_pre.get(r["layout_id"]),
+            "pre_run_measured": lambda r: r["predicted"]["step_time_s"],
+            "now_default": _today(),
+            "now_measured": _today(measured_now),
+        },
+    )
     return {"schema_version": 1, "source": str(RESULTS.relative_to(ROOT)), "measured_floor_now": floors, "rows": rows}
 
 
 def compare_later(folder: str) -> dict:
     """A later lease's layouts: the prediction written before each run beside today's model."""
-    sys.path.insert(0, str(ROOT / "src"))
-    from megatron_autotuner.validate.layout import Layout
-    from megatron_autotuner.validate.predict import predict
-
-    rows = []
-    for line in (VALIDATION / folder / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        lay = Layout.from_dict(r["layout"])
-        gaf = r.get("gradient_accumulation_fusion", False)
-        row = {
-            "label": r["label"],
-            "layout_id": r["layout_id"],
-            "status": r["status"],
-            "error": (r.get("error") or "")[:160] or None,
-            "pre_run_default_s": r["predicted"]["step_time_s"],
-            "now_default_s": predict(lay, "H100-SXM", None, gradient_accumulation_fusion=gaf)["step_time_s"],
-        }
-        if r["status"] == "ok":
-            meas = r["measured"]["step_time_s"]
-            row["measured_s"] = meas
-            for k in ("pre_run_default", "now_default"):
-                row[f"{k}_error"] = row[f"{k}_s"] / meas - 1
-            row["peak_memory_error"] = r["error_rel"]["peak_memory"]
-        rows.append(row)
-    return {"schema_version": 1, "source": str((VALIDATION / folder).relative_to(ROOT)), "rows": rows}
+    predictions = {"pre_run_default": lambda r: r["predicted"]["step_time_s"], "now_default": _today()}
+    return {
+        "schema_version": 1,
+        "source": str((VALIDATION / folder).relative_to(ROOT)),
+        "rows": _rows(VALIDATION / folder, predictions),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,10 +5,7 @@ the prediction it carries, the refusal on CPU and the GPU check's layouts and sc
 from __future__ import annotations
 
 import json
-import os
-import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -166,8 +163,10 @@ def test_prediction_carries_the_offload():
     for pred in (fine, layer):
         assert pred["offload_s"] > 0 and pred["offloaded_gib"] > 0
         assert pred["peak_memory_gib"] < base["peak_memory_gib"]
-        # the exposed copies lengthen the step by their time (nothing else changes)
-        assert pred["step_time_s"] == pytest.approx(base["step_time_s"] + pred["offload_s"])
+    # the exposed copies lengthen the step by their time; the fine-grained hooks' host time only shows through the
+    # launch-queue ramp of this GPU-bound layout (under 1% of the step); layer-level offloading has no host term
+    assert layer["step_time_s"] == pytest.approx(base["step_time_s"] + layer["offload_s"])
+    assert 0 <= fine["step_time_s"] - (base["step_time_s"] + fine["offload_s"]) < 0.01 * base["step_time_s"]
 
 
 def test_comparison_row_compares_offloaded_memory():
@@ -210,25 +209,11 @@ def test_benchmark_layouts_are_valid_and_fit_the_gpu():
 
 
 @pytest.mark.mcore
-def test_benchmark_script_dry_run(tmp_path):
+def test_benchmark_script_dry_run(tmp_path, fake_gpu_env):
     """The GPU script on CPU with --dry-run: it splits the layouts by the NVTE_CPU_OFFLOAD_V1 they need, and
     `mat validate` predicts every layout (nothing runs)."""
     pytest.importorskip("megatron.core")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_smi = bin_dir / "nvidia-smi"
-    fake_smi.write_text("#!/bin/sh\necho 'Fake GPU, 1 MiB'\n")
-    fake_smi.chmod(fake_smi.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "env.sh").write_text("export MAT_TEST_ENV_SOURCED=1\n")
-    env = {
-        **os.environ,
-        "GPU_ENV": str(tmp_path / "env.sh"),
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PY": sys.executable,
-        "OUT": str(tmp_path / "result"),
-        "RUN_DIR": str(tmp_path / "run"),
-        "CUDA_VISIBLE_DEVICES": "",
-    }
+    env = fake_gpu_env | {"OUT": str(tmp_path / "result"), "RUN_DIR": str(tmp_path / "run")}
     script = BENCH / "h100_x1_activation_offload.sh"
     done = subprocess.run(["bash", str(script), "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=600)  # fmt: skip

@@ -4,10 +4,7 @@ gathers it with `collect_batch` and ends with `finish`; the evidence folder then
 committed evidence read."""
 
 import json
-import os
-import stat
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -21,7 +18,7 @@ pytestmark = pytest.mark.mcore
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_validate_batch_collect_batch_finish(tmp_path):
+def test_validate_batch_collect_batch_finish(tmp_path, fake_gpu_env):
     model = tmp_path / "tiny.json"
     ModelSpec(name="tiny", hidden_size=64, num_layers=2, num_attention_heads=4, num_query_groups=2,
               ffn_hidden_size=128, vocab_size=256, max_position_embeddings=128).save_json(model)  # fmt: skip
@@ -33,12 +30,6 @@ def test_validate_batch_collect_batch_finish(tmp_path):
         ],
     }  # fmt: skip
     (tmp_path / "layouts.json").write_text(json.dumps(layouts))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_smi = bin_dir / "nvidia-smi"
-    fake_smi.write_text("#!/bin/sh\necho 'Fake GPU, 1 MiB'\n")
-    fake_smi.chmod(fake_smi.stat().st_mode | stat.S_IEXEC)
-    (tmp_path / "env.sh").write_text("export MAT_TEST_ENV_SOURCED=1\n")
     script = tmp_path / "script.sh"
     script.write_text(
         f'OUT="{tmp_path}/out"\nsource "{ROOT}/benchmarks/validation/common.sh"\n'
@@ -49,14 +40,7 @@ def test_validate_batch_collect_batch_finish(tmp_path):
         'copy_memory_histories run "$OUT/evidence"\n'
         'finish "$OUT/evidence"\n'
     )
-    env = {
-        **os.environ,
-        "GPU_ENV": str(tmp_path / "env.sh"),
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PY": sys.executable,
-        "CUDA_VISIBLE_DEVICES": "",
-        "OMP_NUM_THREADS": "1",
-    }
+    env = fake_gpu_env | {"OMP_NUM_THREADS": "1"}
     done = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "env: 1" in done.stdout and "wall time:" in done.stdout
