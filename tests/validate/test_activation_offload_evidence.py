@@ -86,6 +86,7 @@ def test_megatron_core_counts_the_attention_output_twice(rows, repeat):
         copied_mib = layers * (qkv_mib + out_mib + out_mib)  # core_attn: q, k, v, output; attn_proj: the output
         freed_mib = layers * (qkv_mib + out_mib)
         assert counted_gib * 1024 == pytest.approx(copied_mib)
+        assert now["offload_copied_gib"] == pytest.approx(counted_gib)  # the model's copied bytes are the counter
         assert now["offloaded_gib"] * 1024 == pytest.approx(freed_mib)  # the model's bytes off the GPU
         drop_gib = base["measured"]["max_allocated_gib"] - row["measured"]["max_allocated_gib"]
         assert drop_gib * 1024 == pytest.approx(freed_mib, rel=0.01)

@@ -159,6 +159,8 @@ def test_prediction_carries_the_offload():
     layer = predict(Layout(**LLAMA_L4, activation_offload={"num_layers": 2}), "H100-SXM")
     assert "offload_s" not in base and "offloaded_gib" not in base
     assert fine["offloaded_gib"] == pytest.approx(240 / 1024)
+    # megatron-core's counter: core_attn's output is attn_proj's input, copied by both (3 x 112 MiB)
+    assert fine["offload_copied_gib"] == pytest.approx(336 / 1024) and layer["offload_copied_gib"] is None
     assert fine["assumed"]["activation_offload"]["modules"] == ["core_attn", "attn_proj"]
     for pred in (fine, layer):
         assert pred["offload_s"] > 0 and pred["offloaded_gib"] > 0
@@ -173,8 +175,9 @@ def test_comparison_row_compares_offloaded_memory():
     from megatron_autotuner.validate.predict import compare
 
     lay = Layout(**LLAMA_L4, activation_offload=FINE)
+    # megatron-core's counter (copied bytes) against the predicted copied bytes, not the bytes freed on the GPU
     row = compare(lay, {"status": "ok", "measured": {"step_time_s": 1.0, "offloaded_gib": 0.25}},
-                  {"step_time_s": 1.1, "offloaded_gib": 0.2}, None)  # fmt: skip
+                  {"step_time_s": 1.1, "offloaded_gib": 0.1, "offload_copied_gib": 0.2}, None)  # fmt: skip
     assert row["error_rel"]["offloaded_memory"] == pytest.approx(-0.2)
     assert "offloaded_memory" not in compare(Layout(**LLAMA_L4), None, {}, None)["error_rel"]
 

@@ -580,9 +580,11 @@ def offloaded_per_chunk(
     workload: Workload,
     stage: int,
     options: ActivationOptions = ActivationOptions(),
+    copied: bool = False,
 ) -> tuple[tuple[float, ...], float]:
     """(bytes one micro-batch of each model chunk of rank `stage` has off the GPU once its forward is done, bytes the
-    first chunk to run backward keeps on the GPU besides).
+    first chunk to run backward keeps on the GPU besides). `copied`: the bytes copied to host memory instead of those
+    freed on the GPU (`OffloadGroup`): what megatron-core's `offload_summary_bytes` counts.
 
     Layer-level (Transformer Engine `DefaultOffloadSynchronizer`, transformer_engine/pytorch/cpu_offload.py): the
     model's first `num_layers` layers; layer i is released before layer L - num_layers + i runs forward, so all of
@@ -606,20 +608,20 @@ def offloaded_per_chunk(
             if moe not in by_kind:
                 by_kind[moe] = offload_groups(model, parallel, workload, layer, options)
             groups.extend(by_kind[moe])
-        freed = _offloaded_after_fraction(groups, config.fraction)
+        freed = _offloaded_after_fraction(groups, config.fraction, copied)
         per_chunk.append(freed)
         if config.fine_grained and chunk == layout.vpp - 1:
             last_of_module = {g.module: i for i, g in enumerate(groups)}
             rest = [g for i, g in enumerate(groups) if i not in set(last_of_module.values())]
-            kept = freed - _offloaded_after_fraction(rest, config.fraction)
+            kept = freed - _offloaded_after_fraction(rest, config.fraction, copied)
     return tuple(per_chunk), kept
 
 
-def _offloaded_after_fraction(groups: list[OffloadGroup], fraction: float) -> float:
-    """Freed bytes of the first n - int(n x (1 - fraction)) groups (the later ones stay on the GPU)."""
+def _offloaded_after_fraction(groups: list[OffloadGroup], fraction: float, copied: bool = False) -> float:
+    """Freed (or copied) bytes of the first n - int(n x (1 - fraction)) groups (the later ones stay on the GPU)."""
     n = len(groups)
     keep_on_gpu = int(n * (1.0 - fraction))
-    return sum(g.freed_bytes for g in groups[: n - keep_on_gpu])
+    return sum(g.copied_bytes if copied else g.freed_bytes for g in groups[: n - keep_on_gpu])
 
 
 def in_flight_microbatches(parallel: ParallelConfig, workload: Workload, stage: int) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..errors import AutotunerError, ConfigError
 from ..specs import get_gpu_spec
-from ..specs.hardware import GPUSpec
+from ..specs.hardware import GIB, GPUSpec
 from .layout import Layout
 
 PREDICTED_KEYS = (
@@ -117,8 +117,23 @@ def predict(
         # the step's exposed copy time and what sits in pinned host memory at the peak (not in peak_memory_gib)
         out["offload_s"] = (data.get("time_breakdown_s") or {}).get("offload")
         out["offloaded_gib"] = (data.get("memory_breakdown_gib") or {}).get("offloaded_to_host", 0.0)
+        out["offload_copied_gib"] = offload_copied_gib(layout)
         out["assumed"]["activation_offload"] = layout.to_dict()["activation_offload"]
     return out
+
+
+def offload_copied_gib(layout: Layout) -> float | None:
+    """GiB one micro-batch copies to host memory on rank 0 once the offload margin stays on the GPU: what
+    megatron-core's fine-grained `offload_summary_bytes` counts (every saved tensor of an offloaded group, so a tensor
+    two groups save, like core_attn's output that is attn_proj's input, twice); None for layer-level offloading,
+    which has no such counter."""
+    workload = layout.workload()
+    if not workload.activation_offload.fine_grained:
+        return None
+    from ..theory.memory import offloaded_per_chunk
+
+    per_chunk, kept = offloaded_per_chunk(layout.model_spec(), layout.parallel(), workload, 0, copied=True)
+    return (sum(per_chunk) - kept) / GIB
 
 
 def packing_assumption(layout: Layout) -> dict[str, Any]:
@@ -250,6 +265,7 @@ def compare(layout: Layout, measured_row: dict[str, Any] | None, predicted: dict
         "mfu": _rel(predicted.get("mfu"), m.get("mfu")) if timed else None,
     }
     if layout.activation_offload is not None:
-        # fine-grained: bytes in host memory at the peak, predicted vs megatron-core's own count after its warm-up
-        row["error_rel"]["offloaded_memory"] = _rel(predicted.get("offloaded_gib"), m.get("offloaded_gib"))
+        # fine-grained: bytes copied to host memory by one micro-batch, predicted vs megatron-core's own count after
+        # its warm-up (`offload_copied_gib`)
+        row["error_rel"]["offloaded_memory"] = _rel(predicted.get("offload_copied_gib"), m.get("offloaded_gib"))
     return row
