@@ -11,7 +11,7 @@ from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, estimate
 from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded
 from ..report import output_dir_for, write_plan_report
-from ..search import plan
+from ..search import GRAPH_MODES, plan_with_graphs
 from ..search.current import CurrentRun, compare_with_best
 from ..validate.command import add_stand_in_argument
 from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
@@ -86,6 +86,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="a tuned TE userbuffers yaml (mat overlap writes one) to export with TP-overlap layouts (default: TE's "
         "own userbuffers settings)",
     )
+    p.add_argument(
+        "--cuda-graphs",
+        choices=GRAPH_MODES,
+        default="auto",
+        help="Transformer Engine per-layer CUDA graphs: auto tries them for every layout when the fastest eager one "
+        "waits on the host (small models, small micro-batches), try always, off never (default auto; a launch's "
+        "own graphs are kept as given)",
+    )
     p.add_argument("--top", type=positive_int, default=5, help="layouts to show and export (default 5)")
     p.add_argument("--output-dir", type=non_empty_path, help="report directory (default outputs/<UTC timestamp>-plan/)")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
@@ -159,12 +167,13 @@ def run(args: argparse.Namespace) -> int:
         if value < 1:
             raise ConfigError(name, f"must be a positive integer, got {value}")
     options = cost_options_from_args(args)
-    result = plan(
+    result = plan_with_graphs(
         model,
         gpu,
         num_gpus,
         seq,
         gbs,
+        cuda_graphs=args.cuda_graphs,
         mode=args.mode,
         precision=precision,
         max_token_len=args.max_token_len,
@@ -232,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
             rows,
         )
     )
+    for note in result.notes:
+        out.print(note)
     if result.best.max_token_len_reason:
         out.print(f"max_token_len of the best layout: {result.best.max_token_len_reason}")
     if comparison is not None:

@@ -12,12 +12,16 @@ Variable lengths (`lengths`, verl's dynamic batching) without a given `max_token
 micro-batch is searched like the micro-batch size (`space.token_budget_choices`, smallest first; a budget that
 does not fit rejects the larger ones), and each layout keeps its fastest budget that fits, with the reason
 (`Candidate.max_token_len_reason`).
+
+CUDA graphs (`plan_with_graphs`): eager layouts first; where the fastest one's predicted step includes time the
+GPU waits on the host (`Estimate.time.breakdown["host_bound"]`), the search runs again with Transformer Engine's
+per-layer graphs as a choice for every layout (`space.cuda_graph_choices`), since that is where they pay.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
@@ -32,6 +36,7 @@ from ..theory.memory import GIB, ActivationOptions, memory_per_stage
 from .space import (
     RECOMPUTE_CHOICES,
     SearchSpace,
+    cuda_graph_choices,
     iter_model_parallel,
     layout_choices,
     micro_batch_choices,
@@ -443,6 +448,45 @@ def plan(
         elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
     )
+
+
+GRAPH_MODES = ("auto", "try", "off")
+
+
+def plan_with_graphs(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_length: int, global_batch_size: int,
+                     *, cuda_graphs: str = "auto", **kwargs: Any) -> PlanResult:  # fmt: skip
+    """`plan`, with CUDA graphs tried where they matter. `cuda_graphs`: "auto" tries eager and per-layer graphs for
+    every layout when the fastest eager layout waits on the host; "try" always; "off" never. A workload that already
+    has graphs (`cuda_graph=`, a launch's own) or a search space that names its graph choices is planned as given."""
+    if cuda_graphs not in GRAPH_MODES:
+        raise ConfigError("cuda_graphs", f"must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")
+    space = kwargs.pop("space", None) or SearchSpace()
+    given = kwargs.get("cuda_graph") is not None and kwargs["cuda_graph"].enabled
+    result = None
+    if cuda_graphs != "try" or given or space.cuda_graphs is not None:
+        result = plan(model, gpu, num_gpus, seq_length, global_batch_size, space=space, **kwargs)
+        if cuda_graphs == "off" or given or space.cuda_graphs is not None:
+            return result
+        best = result.best.estimate
+        host_s = best.time.breakdown.get("host_bound", 0.0)
+        if host_s <= 0.0:
+            return result
+        why = (
+            f"CUDA graphs tried: the fastest eager layout waits {host_s / best.step_time_s:.0%} of its step on the "
+            "host, which per-layer graphs take off"
+        )
+    else:
+        why = "CUDA graphs tried for every layout (--cuda-graphs try)"
+    graphed = plan(
+        model,
+        gpu,
+        num_gpus,
+        seq_length,
+        global_batch_size,
+        space=replace(space, cuda_graphs=cuda_graph_choices(model)),
+        **kwargs,
+    )
+    return replace(graphed, notes=(*graphed.notes, why))
 
 
 def _fastest_budget_per_layout(
