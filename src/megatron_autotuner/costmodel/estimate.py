@@ -561,7 +561,6 @@ def stage_time(
             host_fwd_issue_s += count * kind_host[(moe, full)][0]
             host_bwd_issue_s += count * kind_host[(moe, full)][1]
             layers_fwd_gpu_s += count * sum(kind_cost[(moe, full)][0].values())
-    host_issue_s = host_fwd_issue_s + host_bwd_issue_s
 
     h = model.hidden_size
     e = E_BF16
@@ -660,11 +659,11 @@ def stage_time(
         )
         host_fwd_issue_s += off_groups * d.FINE_GRAINED_OFFLOAD_HOST_FWD_S_PER_GROUP
         host_bwd_issue_s += off_groups * d.FINE_GRAINED_OFFLOAD_HOST_BWD_S_PER_GROUP
-        host_issue_s = host_fwd_issue_s + host_bwd_issue_s
         _merge(fwd, {"offload": off_f})
         _merge(bwd, {"offload": off_b})
         chunk_s = [t + o for t, o in zip(chunk_s, off_chunks, strict=True)]
     gpu_s = sum(fwd.values()) + sum(bwd.values())
+    host_issue_s = host_fwd_issue_s + host_bwd_issue_s
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)
     if host_issue_s > gpu_s:
         _merge(fwd, {"host": host_issue_s - gpu_s})

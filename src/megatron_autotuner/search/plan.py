@@ -461,22 +461,21 @@ def plan_with_graphs(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_length: 
     if cuda_graphs not in GRAPH_MODES:
         raise ConfigError("cuda_graphs", f"must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")
     space = kwargs.pop("space", None) or SearchSpace()
-    given = kwargs.get("cuda_graph") is not None and kwargs["cuda_graph"].enabled
-    result = None
-    if cuda_graphs != "try" or given or space.cuda_graphs is not None:
-        result = plan(model, gpu, num_gpus, seq_length, global_batch_size, space=space, **kwargs)
-        if cuda_graphs == "off" or given or space.cuda_graphs is not None:
-            return result
-        best = result.best.estimate
+    as_given = (kwargs.get("cuda_graph") is not None and kwargs["cuda_graph"].enabled) or space.cuda_graphs is not None
+    if cuda_graphs == "off" or as_given:
+        return plan(model, gpu, num_gpus, seq_length, global_batch_size, space=space, **kwargs)
+    if cuda_graphs == "try":
+        why = "CUDA graphs tried for every layout (--cuda-graphs try)"
+    else:
+        eager = plan(model, gpu, num_gpus, seq_length, global_batch_size, space=space, **kwargs)
+        best = eager.best.estimate
         host_s = best.time.breakdown.get("host_bound", 0.0)
         if host_s <= 0.0:
-            return result
+            return eager
         why = (
             f"CUDA graphs tried: the fastest eager layout waits {host_s / best.step_time_s:.0%} of its step on the "
             "host, which per-layer graphs take off"
         )
-    else:
-        why = "CUDA graphs tried for every layout (--cuda-graphs try)"
     graphed = plan(
         model,
         gpu,
