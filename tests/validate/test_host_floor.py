@@ -3,6 +3,8 @@
 import shutil
 from pathlib import Path
 
+import pytest
+
 from megatron_autotuner.costmodel import calibration_from_dict
 from megatron_autotuner.specs import load_model_spec
 from megatron_autotuner.validate import host_floor
@@ -19,12 +21,9 @@ def test_cases_cover_each_local_expert_count_precision_and_recipe(tmp_path):
     layouts = [
         Layout(num_gpus=2, ep=2, precision="fp8", fp8_recipe="tensorwise", **MOE),
         Layout(num_gpus=1, **MOE),
-        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8),  # dense: a decoder
-        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8, micro_batch_size=2),
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8),  # dense: probed in the model
     ]
     cases = host_floor.host_floor_cases(layouts, tmp_path / "models")
-    (decoder,) = [c for c in cases if c.op == "decoder"]
-    assert (decoder.model, decoder.tp, decoder.micro_batch_size, decoder.dtype) == ("Qwen3-8B", 1, 1, "bf16")
     cases = [c for c in cases if c.op == "moe"]
     got = {
         (c.dtype, c.fp8_recipe if c.dtype == "fp8" else None, load_model_spec(c.model).num_moe_experts) for c in cases
@@ -66,28 +65,73 @@ def test_measured_floor_reaches_the_predictions(tmp_path, monkeypatch):
     assert merged.memory == given.memory and merged.moe_host_floors == measured.moe_host_floors
 
 
-
-def test_measured_dense_floor_reaches_the_predictions(tmp_path, monkeypatch):
-    """The H100 lease's decoder records (host wall times of the forward / backward calls) become the dense floor of
-    the predictions, and the testbench's cold single-layer GPU times do not calibrate the model."""
-
-    def committed_records(cases, out_dir, **_):
-        shutil.copytree(DENSE_LEASE / "collect", Path(out_dir) / "collect")
-
-    monkeypatch.setattr("megatron_autotuner.testbench.launcher.run_cases", committed_records)
-    lay = Layout(model="Qwen3-0.6B", seq_length=4096, global_batch_size=8)
-    measured = host_floor.measure_host_floor([lay], "H100-SXM", tmp_path, log=lambda *_: None)
-    bf16 = measured.dense_host_floor("bf16", "delayed", 1)
-    assert 2e-3 < bf16.fwd_s < 6e-3 and 2e-3 < bf16.bwd_s < 6e-3
-    assert measured.dense_host_floor("fp8", "tensorwise", 1).fp8_recipe == "tensorwise"
-    assert not measured.layers and not measured.ops
-    slower = calibration_from_dict(
-        {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
-        | {"dense_host_floor": [{"precision": "bf16", "fwd_s": 2 * bf16.fwd_s, "bwd_s": 2 * bf16.bwd_s}]}
+def test_dense_probes_per_model_precision_and_mode():
+    layouts = [
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8),
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8, micro_batch_size=2),
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8, precision="fp8"),
+        Layout(model="Qwen3-0.6B", seq_length=4096, global_batch_size=8, mode="forward"),
+        Layout(model="Qwen3-0.6B", seq_length=4096, global_batch_size=8, use_te=False),  # local layers: no probe
+        Layout(num_gpus=1, **MOE),  # MoE: the testbench's block
+    ]
+    probes = host_floor.host_probe_layouts(layouts)
+    got = sorted((p.model, p.model_spec().num_layers, p.precision, p.mode) for p in probes)
+    assert got == sorted(
+        [("Qwen3-8B", 2, prec, mode) for prec in ("bf16", "fp8") for mode in ("train", "forward")]
+        + [("Qwen3-0.6B", 28, "bf16", mode) for mode in ("train", "forward")]
     )
+    assert all(
+        (p.tp, p.micro_batch_size, p.seq_length, p.cuda_graph_impl, p.host_timing)
+        == (1, 1, host_floor.HOST_PROBE_SEQ_LENGTH, "none", True)
+        for p in probes
+    )
+
+
+def _probe_row(model, precision, mode, fwd_ms, bwd_ms, recipe="delayed", status="ok"):
+    timing = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms if mode == "train" else None}
+    layout = {"model": model, "num_layers": None, "precision": precision, "fp8_recipe": recipe, "mode": mode}
+    return {"status": status, "layout": layout, "measured": {"host_timing": timing}}
+
+
+def test_dense_floor_is_the_median_over_probed_models():
+    rows = [
+        _probe_row("a", "bf16", "train", 3.0, 6.0),
+        _probe_row("b", "bf16", "train", 4.0, 7.0),
+        _probe_row("c", "bf16", "train", 9.0, 9.0),
+        _probe_row("a", "bf16", "forward", 2.5, None),
+        _probe_row("d", "bf16", "train", 1.0, 1.0, status="failed"),
+        _probe_row("a", "fp8", "train", 5.0, 8.0, recipe="tensorwise"),
+    ]
+    floors = {(f["precision"], f.get("fp8_recipe")): f for f in host_floor.dense_floors_from_probes(rows)}
+    bf16 = floors[("bf16", None)]
+    assert (bf16["fwd_s"], bf16["bwd_s"], bf16["fwd_no_grad_s"]) == pytest.approx((4e-3, 7e-3, 2.5e-3))
+    assert len(bf16["probes"]) == 4
+    fp8 = floors[("fp8", "tensorwise")]
+    assert (fp8["fwd_s"], fp8["bwd_s"]) == pytest.approx((5e-3, 8e-3)) and "fwd_no_grad_s" not in fp8
+
+
+@pytest.mark.mcore
+def test_probes_run_in_the_model_and_reach_the_predictions(tmp_path, monkeypatch):
+    """The probes run the real megatron-core model (CPU, local layers here) with host timing, and the floor they
+    measure is the one the predictions use: a CPU host issues these layers far slower than the H100 default."""
+    pytest.importorskip("torch")
+    pytest.importorskip("megatron.core")
+    from tests.proc_helpers import cpu_job_env, write_tiny_model
+
+    for name, value in cpu_job_env({}).items():
+        monkeypatch.setenv(name, value)
+    tiny = write_tiny_model(tmp_path / "tiny.json")
+    lay = Layout(model=tiny, seq_length=64, global_batch_size=2)
+    measured = host_floor.measure_host_floor([lay], "H100-SXM", tmp_path / "hf", log=lambda *_: None, device="cpu")
+    assert (tmp_path / "hf" / "host_floor.calibration.json").is_file()
+    floor = measured.dense_host_floor("bf16", "delayed", 1)
+    assert floor.fwd_s > 0 and floor.bwd_s > 0 and floor.fwd_no_grad_s > 0
+    assert not measured.ops and not measured.layers
+    default = predict(lay, "H100-SXM", gradient_accumulation_fusion=False)
     own = predict(lay, "H100-SXM", measured, gradient_accumulation_fusion=False)
-    doubled = predict(lay, "H100-SXM", slower, gradient_accumulation_fusion=False)
-    assert doubled["step_time_s"] > 1.3 * own["step_time_s"]  # Qwen3-0.6B at micro-batch 1 is host-bound
+    stage_host = 2 * (floor.fwd_s + floor.bwd_s)  # two layers, one micro-batch per step
+    assert own["step_time_s"] >= stage_host > 0
+    assert own["step_time_s"] != default["step_time_s"]
 
 
 def test_no_host_bound_case_leaves_the_default(tmp_path, monkeypatch):

@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--measure-host-floor",
         action="store_true",
-        help="with --validate: first time the eager MoE block on this machine and predict MoE layouts with it",
+        help="with --validate: first measure this machine's dense and MoE host floors and predict with them",
     )
     add_stand_in_argument(p, prefix="with --validate: ")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

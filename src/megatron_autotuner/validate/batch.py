@@ -125,8 +125,8 @@ def validate_layouts(
     stand_in: str | None = None,
 ) -> ValidationReport:
     """Predict, run (unless `run` is False: report only), compare. Failures never abort the batch. With
-    `measure_host_floor` (and a run on CUDA) this machine's eager MoE host floor is measured first and the
-    predictions use it (`host_floor.measure_host_floor`). With `stand_in` ("stages": the first rank of each
+    `measure_host_floor` (and a run on CUDA) this machine's eager dense and MoE host floors are measured first and
+    the predictions use them (`host_floor.measure_host_floor`). With `stand_in` ("stages": the first rank of each
     pipeline stage, "all": every rank) those ranks run alone on one device (memory only:
     `launcher.stand_in_command`)."""
     if stand_in not in (None, "stages", "all"):

@@ -198,8 +198,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--measure-host-floor",
         action="store_true",
-        help="first time the eager MoE block on this machine (testbench moe cases, one GPU) and predict MoE layouts "
-        "with that host floor (written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
+        help="first measure this machine's host floors on one GPU: dense models issue a few short steps in the model "
+        "with each layer's host time recorded, MoE blocks run the testbench moe cases; then predict with them "
+        "(written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
     )
     add_stand_in_argument(p)
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
@@ -333,8 +334,10 @@ def run(args: argparse.Namespace) -> int:
 
         calibration = load_calibration(args.calibration)
     if args.dry_run and args.measure_host_floor:
-        from .host_floor import host_floor_cases
+        from .host_floor import host_floor_cases, host_probe_layouts
 
+        for probe in host_probe_layouts(layouts):
+            print(f"host floor probe: {probe.label} ({probe.layout_id})")
         for case in host_floor_cases(layouts, out / "host_floor" / "models"):
             recipe = f" {case.fp8_recipe}" if case.dtype == "fp8" else ""
             print(f"host floor case: {case.case_id} ({case.model}, {case.dtype}{recipe})")

@@ -1,9 +1,13 @@
 """Measure the host floors of eager layers on this machine before validating layouts (`--measure-host-floor`).
 
-Dense layers: the testbench `decoder` of each dense model in the batch, at TP 1 on one GPU, in each precision and
-fp8 recipe the layouts use; `dense_host_floor` is the median wall time of its forward and backward calls where
-they were host-bound (`testbench.calibration.dense_host_floors_from_records`; other TP sizes add their collectives'
-host time, `costmodel.DenseHostFloor.at`).
+Dense layers, in the model: each dense model of the batch (at the layouts' layer count) runs a few real steps at TP 1,
+micro-batch 1 and `HOST_PROBE_SEQ_LENGTH` tokens, eager, training and forward-only, with its layers' host issue
+times recorded (`Layout.host_timing`, `host_timing.LayerHostTimer`). At that length the GPU finishes each kernel
+before the host issues the next, so the times are the host's. `dense_host_floor` per precision and fp8 recipe is the
+median over the probed models (`dense_floors_from_probes`; other TP sizes add their collectives' host time,
+`costmodel.DenseHostFloor.at`). The testbench's single layer, timed from an empty launch queue, is not used here: on
+one H100 lease it took 4.44 ms to issue the Qwen3-0.6B training forward where the model's layers took 2.86 ms
+(benchmarks/results/validation_h100_x1/host_diagnostics).
 
 MoE blocks:
 
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,11 +33,76 @@ from ..errors import ConfigError
 from .layout import Layout
 
 HOST_FLOOR_SEQ_LENGTH = 4096  # 4k tokens, micro-batch 1: host-bound for 128-expert Qwen3-30B-A3B shapes on H100 / H200
+# 512 tokens at micro-batch 1: an 8B dense layer's forward is ~0.2 ms of H100 GEMMs (2 x 512 x 218M FLOPs at
+# ~600 TFLOP/s) against ~3 ms of host issue (`defaults.DENSE_HOST_FLOOR_FWD_S`), so the host sets the pace
+HOST_PROBE_SEQ_LENGTH = 512
+HOST_PROBE_STEPS = 5
+HOST_PROBE_WARMUP_STEPS = 3
+
+
+def host_probe_layouts(layouts: list[Layout]) -> list[Layout]:
+    """The dense probes: per dense model (and layer count), precision and fp8 recipe of the batch's Transformer
+    Engine layouts, the model at TP 1, micro-batch 1, `HOST_PROBE_SEQ_LENGTH` tokens, eager, in training and
+    forward-only, with host timing."""
+    probes: dict[str, Layout] = {}
+    for lay in layouts:
+        if not lay.use_te or lay.model_spec().is_moe:
+            continue
+        short = Path(lay.model).name.removesuffix(".json")
+        for mode in ("train", "forward"):
+            probe = Layout(
+                model=lay.model,
+                num_layers=lay.num_layers,
+                seq_length=HOST_PROBE_SEQ_LENGTH,
+                mode=mode,
+                precision=lay.precision,
+                fp8_recipe=lay.fp8_recipe,
+                warmup_steps=HOST_PROBE_WARMUP_STEPS,
+                steps=HOST_PROBE_STEPS,
+                host_timing=True,
+                name=f"host probe {short} L{lay.model_spec().num_layers} {lay.precision} {mode}",
+            )
+            probes.setdefault(probe.layout_id, probe)
+    return list(probes.values())
+
+
+def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`dense_host_floor` entries (calibration JSON) from the probes' report rows: per precision and fp8 recipe, the
+    median over the probed models of their layers' median host times, training forward / backward and forward-only
+    (`fwd_no_grad_s`). Rows that failed or were not timed are left out; `probes` keeps what each model gave."""
+    from ..costmodel.calibration import precision_fields
+
+    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    for row in rows:
+        timing = (row.get("measured") or {}).get("host_timing") if row.get("status") == "ok" else None
+        if not timing:
+            continue
+        lay = row["layout"]
+        recipe = lay.get("fp8_recipe", "delayed") if lay["precision"] == "fp8" else None
+        groups.setdefault((lay["precision"], recipe), []).append(
+            {"model": lay["model"], "num_layers": lay.get("num_layers"), "mode": lay["mode"]}
+            | {"fwd_ms": timing["fwd_ms"], "bwd_ms": timing.get("bwd_ms")}
+        )
+    floors = []
+    for (precision, recipe), probes in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        train = [p for p in probes if p["mode"] == "train" and p["bwd_ms"] is not None]
+        if not train:
+            continue
+        entry = precision_fields(precision, recipe) | {
+            "tp": 1,
+            "sequence_parallel": False,
+            "fwd_s": statistics.median(p["fwd_ms"] for p in train) * 1e-3,
+            "bwd_s": statistics.median(p["bwd_ms"] for p in train) * 1e-3,
+        }
+        forward = [p["fwd_ms"] for p in probes if p["mode"] != "train"]
+        if forward:
+            entry["fwd_no_grad_s"] = statistics.median(forward) * 1e-3
+        floors.append(entry | {"probes": probes})
+    return floors
 
 
 def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
-    """Testbench cases: a `decoder` (tp 1, micro-batch 1, the layout's sequence length) per dense model, precision
-    and fp8 recipe; `moe` cases (tp = ep = 1) for the MoE layouts: per model, precision and fp8 recipe, one case per
+    """Testbench cases for the MoE layouts (tp = ep = 1): per model, precision and fp8 recipe, one `moe` case per
     local-expert count the layouts use and one with all the experts. A count other than the model's own runs a
     native ModelSpec copy with that many experts, written under `models_dir`."""
     from ..testbench.cases import Case
@@ -40,14 +110,7 @@ def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
     cases: dict[str, Any] = {}
     for lay in layouts:
         spec = lay.model_spec()
-        if not lay.use_te:
-            continue
-        recipe = lay.fp8_recipe if lay.precision == "fp8" else "delayed"
-        if not spec.is_moe:
-            case = Case(
-                model=lay.model, op="decoder", seq_length=lay.seq_length, dtype=lay.precision, fp8_recipe=recipe
-            )
-            cases.setdefault(case.case_id, case)
+        if not lay.use_te or not spec.is_moe:
             continue
         recipe = lay.fp8_recipe if lay.precision == "fp8" else "delayed"
         for experts in sorted({spec.num_moe_experts, spec.num_moe_experts // lay.ep}):
@@ -78,27 +141,26 @@ def measure_host_floor(
     calibration: Any = None,
     num_gpus: int | None = None,
     log: Callable[[str], None] = print,
+    device: str = "cuda",
 ) -> Any:
-    """Run `host_floor_cases` into `out_dir` (resumable: finished cases are kept), write
-    `out_dir/host_floor.calibration.json` and return `calibration` with this machine's `moe_host_floor` (a new
-    calibration for `gpu` when none was given). Without MoE layouts, returns `calibration` unchanged."""
+    """Run the dense probes (`host_probe_layouts`, into `out_dir/probes`) and the MoE testbench cases
+    (`host_floor_cases`, into `out_dir`), both resumable, write `out_dir/host_floor.calibration.json` and return
+    `calibration` with this machine's `dense_host_floor` / `moe_host_floor` (a new calibration for `gpu` when none
+    was given). With neither dense nor MoE Transformer Engine layouts, returns `calibration` unchanged."""
     from ..costmodel.calibration import Calibration, calibration_from_dict
-    from ..testbench.calibration import calibration_from_records
-    from ..testbench.launcher import run_cases
-    from ..testbench.results import all_records
 
-    cases = host_floor_cases(layouts, Path(out_dir) / "models")
-    if not cases:
+    out_dir = Path(out_dir)
+    probes = host_probe_layouts(layouts)
+    cases = host_floor_cases(layouts, out_dir / "models")
+    if not probes and not cases:
         return calibration
-    log(f"host floor: {len(cases)} testbench case(s) on one GPU -> {out_dir}")
-    # medians of 20 repeats after 5 warm-ups, as the committed leases ran: the host's pace is noisy
-    run_cases(cases, out_dir, warmup=5, repeats=20, available_gpus=num_gpus, progress=False)
-    try:
-        doc = calibration_from_records(all_records(Path(out_dir)))
-    except ConfigError as exc:
-        raise ConfigError("measure_host_floor", f"the testbench cases gave no result ({exc})") from exc
-    (Path(out_dir) / "host_floor.calibration.json").write_text(json.dumps(doc, indent=1) + "\n")
-    measured = calibration_from_dict(doc, source=str(Path(out_dir) / "host_floor.calibration.json"))
+    doc: dict[str, Any] = {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": gpu, "ops": []}
+    if cases:
+        doc["moe_host_floor"] = _moe_floors(cases, out_dir, num_gpus, log)
+    if probes:
+        doc["dense_host_floor"] = _dense_floors(probes, out_dir / "probes", num_gpus, log, device)
+    (out_dir / "host_floor.calibration.json").write_text(json.dumps(doc, indent=1) + "\n")
+    measured = calibration_from_dict(doc, source=str(out_dir / "host_floor.calibration.json"))
     if not measured.moe_host_floors and not measured.dense_host_floors:
         log("host floor: no case gave a host floor here; the default floors stay")
         return calibration
@@ -110,6 +172,35 @@ def measure_host_floor(
     if measured.dense_host_floors:
         floors["dense_host_floors"] = measured.dense_host_floors
     if calibration is None:
-        # only the floors: the testbench's decoder GPU times are cold single layers, not a calibration of the model
+        # only the floors: the testbench's and the probes' GPU times are not a calibration of the model's kernels
         return Calibration(gpu=gpu, source=measured.source, **floors)
     return dataclasses.replace(calibration, **floors)
+
+
+def _moe_floors(cases: list[Any], out_dir: Path, num_gpus: int | None, log: Callable[[str], None]) -> list[Any]:
+    from ..testbench.calibration import calibration_from_records
+    from ..testbench.launcher import run_cases
+    from ..testbench.results import all_records
+
+    log(f"host floor: {len(cases)} testbench case(s) on one GPU -> {out_dir}")
+    # medians of 20 repeats after 5 warm-ups, as the committed leases ran: the host's pace is noisy
+    run_cases(cases, out_dir, warmup=5, repeats=20, available_gpus=num_gpus, progress=False)
+    try:
+        return calibration_from_records(all_records(out_dir)).get("moe_host_floor", [])
+    except ConfigError as exc:
+        raise ConfigError("measure_host_floor", f"the testbench cases gave no result ({exc})") from exc
+
+
+def _dense_floors(
+    probes: list[Layout], out_dir: Path, num_gpus: int | None, log: Callable[[str], None], device: str
+) -> list[Any]:
+    from .launcher import run_layouts
+    from .results import aggregate
+
+    log(f"host floor: {len(probes)} in-model probe(s) at {HOST_PROBE_SEQ_LENGTH} tokens on one GPU -> {out_dir}")
+    run_layouts(probes, out_dir, device=device, available_gpus=num_gpus, log=log)
+    rows = [row for lid, row in aggregate(out_dir).items() if lid in {p.layout_id for p in probes}]
+    failed = [row for row in rows if row.get("status") != "ok"]
+    for row in failed:
+        log(f"host floor: probe {row['layout_id']} {row.get('status')}: {row.get('error')}")
+    return dense_floors_from_probes(rows)

@@ -50,6 +50,7 @@ class Layout:
         "cuda_graph_scope",
         "cuda_graph_warmup_steps",
         "activation_offload",
+        "host_timing",
     )
 
     model: str
@@ -116,6 +117,9 @@ class Layout:
     # (with "min_tensor_elements", "fraction"). None: off. Needs CUDA and Transformer Engine; fine-grained with
     # TE >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1 in the environment, as Megatron-LM asks (`runner.offload_env_problem`).
     activation_offload: ActivationOffloadConfig | None = None
+    # time each decoder layer's host issue in the timed steps (`host_timing.LayerHostTimer`, measured["host_timing"]);
+    # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer).
+    host_timing: bool = False
     name: str = ""
 
     def __post_init__(self) -> None:

@@ -858,7 +858,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         record["note"] = "; ".join(filter(None, [record.get("note"), "memory history needs CUDA: not recorded"]))
     if device != "cuda":
         patch_schedules_for_cpu()
-    model = optimizer = config = graphs = None
+    model = optimizer = config = graphs = host_timer = None
     measured: dict[str, Any] = {}
     try:
         t0 = time.perf_counter()
@@ -885,10 +885,16 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         measured["weights_allocated_gib"] = torch.cuda.memory_allocated() / GIB if device == "cuda" else None
         fault = injected_fault(layout, rank)
         times, loss, reserved_by_step = [], None, []
+        if layout.host_timing and layout.cuda_graph_impl == "none":
+            from .host_timing import LayerHostTimer, decoder_layers
+
+            host_timer = LayerHostTimer(decoder_layers(model))
         for step in range(layout.warmup_steps + layout.steps):
             if fault and step == min(1, layout.warmup_steps + layout.steps - 1):
                 _raise_fault(fault)
             graphs.maybe_capture(step)
+            if host_timer is not None and step == layout.warmup_steps:
+                host_timer.start()
             _sync(device)
             t = time.perf_counter()
             loss = _train_step(layout, model, optimizer, iterators, device, graphs.fwd_bwd)
@@ -898,6 +904,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             if device == "cuda":
                 reserved_by_step.append(torch.cuda.max_memory_reserved() / GIB)
         measured.update(step_times_s=times, loss=loss, **_memory(device))
+        if host_timer is not None:
+            measured["host_timing"] = host_timer.summary()
         if offload is not None and offload.fine_grained:
             measured.update(fine_grained_offloaded())
         # the running peak after each step (warm-up included): the step in which the reservation stopped growing
@@ -931,6 +939,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             # the history up to the failure (an OOM's `oom` event included) is what explains it
             _record_memory_history(record, out_dir / "memory" / layout.layout_id, rank)
     finally:
+        if host_timer is not None:
+            host_timer.remove()
         if graphs is not None:
             with contextlib.suppress(Exception):  # teardown must not mask the layout's own result
                 graphs.close()
@@ -938,7 +948,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             for hook in ("no_sync_func", "grad_sync_func", "param_sync_func", "grad_scale_func"):
                 if hasattr(config, hook):
                     setattr(config, hook, None)
-        model = optimizer = config = graphs = None
+        model = optimizer = config = graphs = host_timer = None
         gc.collect()
         if device == "cuda":
             torch.cuda.synchronize()

@@ -1,0 +1,51 @@
+"""Per-layer host timing inside a real megatron-core step (`Layout.host_timing`, `validate.host_timing`): on CPU
+with megatron-core 0.16's local layers, through the real forward-backward schedule."""
+
+import pytest
+
+from megatron_autotuner.validate.layout import Layout
+from tests.proc_helpers import cpu_job_env, write_tiny_model
+
+pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.mcore
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    for name, value in cpu_job_env({}).items():
+        monkeypatch.setenv(name, value)
+    return write_tiny_model(tmp_path / "tiny.json")
+
+
+def _run(tiny, tmp_path, **kw):
+    from megatron_autotuner.validate import validate_layouts
+
+    lay = Layout(model=tiny, seq_length=32, warmup_steps=1, steps=3, use_te=False, host_timing=True, **kw)
+    rep = validate_layouts([lay], tmp_path / "out", "H200", device="cpu", layout_timeout_s=120, log=lambda *a: 0)
+    (row,) = rep.rows
+    assert row["status"] == "ok", row.get("error")
+    return lay, row["measured"]["host_timing"]
+
+
+def test_training_times_every_layer_forward_and_backward(tiny, tmp_path):
+    lay, timing = _run(tiny, tmp_path)
+    layers = lay.model_spec().num_layers
+    assert timing["layers"] == layers
+    # one forward and one backward per layer per timed step (the warm-up step is not recorded)
+    assert timing["samples"] == layers * 3
+    assert len(timing["fwd_ms_by_layer"]) == len(timing["bwd_ms_by_layer"]) == layers
+    assert all(v is not None and v > 0 for v in timing["fwd_ms_by_layer"] + timing["bwd_ms_by_layer"])
+    assert timing["fwd_ms"] > 0 and timing["bwd_ms"] > 0
+
+
+def test_forward_only_has_no_backward(tiny, tmp_path):
+    lay, timing = _run(tiny, tmp_path, mode="forward")
+    assert timing["bwd_ms"] is None and timing["fwd_ms"] > 0
+    assert timing["samples"] == lay.model_spec().num_layers * 3
+
+
+def test_off_by_default_and_out_of_the_id(tiny):
+    plain = Layout(model=tiny, seq_length=32, use_te=False)
+    assert plain.host_timing is False
+    assert Layout(model=tiny, seq_length=32, use_te=False, host_timing=True).layout_id != plain.layout_id
