@@ -7,8 +7,11 @@
 #   run records its own layers' host times too (`Layout.host_timing`).
 # Part "after" (~4 min): the same probes again into after/ (did the host's pace move during the lease?), and the
 #   testbench's single decoder layers (h100_x1_host_no_grad_cases.json) for the floor the testbench would give.
+# Part "pin" (~6 min): is the host's pace a property of the process? The Qwen3-0.6B probe (train and forward,
+#   h100_x1_host_pinning_layouts.json) in six fresh processes, alternately free and pinned to four cores
+#   (taskset -c 4-7, which its threads inherit), into pin/free_N and pin/pinned_N.
 # Resumable: runs live in $RUNS, outside $OUT.
-#     bash benchmarks/validation/h100_x1_host_probe.sh run|after
+#     bash benchmarks/validation/h100_x1_host_probe.sh run|after|pin
 # Unpack "$OUT"/evidence.tgz to benchmarks/results/validation_h100_x1/host_probe.
 OUT="${OUT:-$PWD/outputs/h100_x1_host_probe}"
 source "$(dirname "$0")/common.sh"
@@ -17,7 +20,7 @@ record_gpus
 EV="$OUT/evidence"
 mkdir -p "$EV" "$RUNS"
 LAYOUTS="$HERE/h100_x1_host_probe_layouts.json"
-case "${1:?run|after}" in
+case "${1:?run|after|pin}" in
   run)
     $VALIDATE --layouts "$LAYOUTS" --output-dir "$RUNS/run" --timeout-s 240 --measure-host-floor \
       2>&1 | tee -a "$RUNS/run.log"
@@ -32,10 +35,21 @@ measure_host_floor(layouts, extra['gpu'], Path('$RUNS/after/host_floor'))
 " 2>&1 | tee -a "$RUNS/after.log"
     $MAT profile --case-file "$HERE/../testbench/h100_x1_host_no_grad_cases.json" --warmup 5 --repeats 20 \
       --case-timeout 240 --output-dir "$RUNS/testbench" --calibration-out "$RUNS/testbench/host_floor.calibration.json" \
-      --json > "$RUNS/testbench/summary.json" 2>>"$RUNS/after.log"
+      --json > "$RUNS/testbench-summary.json" 2>>"$RUNS/after.log"
     echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/after.log"
     ;;
+  pin)
+    for n in 1 2 3; do
+      $VALIDATE --layouts "$HERE/h100_x1_host_pinning_layouts.json" --output-dir "$RUNS/pin/free_$n" \
+        --timeout-s 120 2>&1 | tee -a "$RUNS/pin.log"
+      taskset -c 4-7 $VALIDATE --layouts "$HERE/h100_x1_host_pinning_layouts.json" \
+        --output-dir "$RUNS/pin/pinned_$n" --timeout-s 120 2>&1 | tee -a "$RUNS/pin.log"
+    done
+    ;;
 esac
+for dir in "$RUNS"/pin/*/; do
+  [ -d "$dir" ] && copy_runs "$dir" "$EV/pin/$(basename "$dir")"
+done
 # whatever exists so far, both parts
 copy_runs "$RUNS/run" "$EV/run"
 for part in run after; do
@@ -47,7 +61,7 @@ done
 cp "$RUNS"/*.log "$EV/" 2>/dev/null
 if [ -d "$RUNS/testbench" ]; then
   mkdir -p "$EV/testbench/collect"
-  cp "$RUNS/testbench"/cases.json "$RUNS/testbench"/summary.json "$RUNS/testbench"/host_floor.calibration.json \
+  cp "$RUNS/testbench"/cases.json "$RUNS/testbench-summary.json" "$RUNS/testbench"/host_floor.calibration.json \
     "$EV/testbench/" 2>/dev/null
   cp "$RUNS/testbench"/collect/*.jsonl "$EV/testbench/collect/" 2>/dev/null
 fi

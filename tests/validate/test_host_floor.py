@@ -87,10 +87,11 @@ def test_dense_probes_per_model_precision_and_mode():
     )
 
 
-def _probe_row(model, precision, mode, fwd_ms, bwd_ms, recipe="delayed", status="ok"):
-    timing = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms if mode == "train" else None}
+def _probe_row(model, precision, mode, fwd_ms, bwd_ms, recipe="delayed", status="ok", step_ms=None, layers=2):
+    timing = {"fwd_ms": fwd_ms, "bwd_ms": bwd_ms if mode == "train" else None, "layers": layers}
     layout = {"model": model, "num_layers": None, "precision": precision, "fp8_recipe": recipe, "mode": mode}
-    return {"status": status, "layout": layout, "measured": {"host_timing": timing}}
+    step_ms = step_ms if step_ms is not None else layers * (fwd_ms + (bwd_ms or 0.0)) + 1.0
+    return {"status": status, "layout": layout, "measured": {"host_timing": timing, "step_time_s": step_ms * 1e-3}}
 
 
 def test_dense_floor_is_the_median_over_probed_models():
@@ -108,6 +109,26 @@ def test_dense_floor_is_the_median_over_probed_models():
     assert len(bf16["probes"]) == 4
     fp8 = floors[("fp8", "tensorwise")]
     assert (fp8["fwd_s"], fp8["bwd_s"]) == pytest.approx((5e-3, 8e-3)) and "fwd_no_grad_s" not in fp8
+    assert "microbatch_s" not in fp8 and "step_s" not in fp8  # no forward-only probe to split them
+
+
+def test_host_outside_the_layers_is_split_per_micro_batch_and_per_step():
+    """A probe's step less its layers' host time: forward-only gives the per-micro-batch work (embedding, output
+    layer, loss), training less that gives the optimizer step's, model by model."""
+    rows = [
+        _probe_row("a", "bf16", "train", 3.0, 6.0, step_ms=2 * 9.0 + 40.0),
+        _probe_row("a", "bf16", "forward", 2.5, None, step_ms=2 * 2.5 + 6.0),
+        _probe_row("b", "bf16", "train", 3.0, 6.0, layers=4, step_ms=4 * 9.0 + 30.0),
+        _probe_row("b", "bf16", "forward", 2.5, None, layers=4, step_ms=4 * 2.5 + 4.0),
+    ]
+    (floor,) = host_floor.dense_floors_from_probes(rows)
+    assert floor["microbatch_s"] == pytest.approx(5e-3)  # median of 6 and 4 ms
+    assert floor["step_s"] == pytest.approx(30e-3)  # median of 40 - 6 and 30 - 4 ms
+    parsed = calibration_from_dict(
+        {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
+        | {"dense_host_floor": [{k: v for k, v in floor.items() if k != "probes"}]}
+    ).dense_host_floor("bf16", "delayed", 1)
+    assert (parsed.microbatch_s, parsed.step_s) == pytest.approx((5e-3, 30e-3))
 
 
 @pytest.mark.mcore

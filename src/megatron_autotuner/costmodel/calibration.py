@@ -30,7 +30,10 @@ the testbench's `decoder` cases (`testbench.calibration.dense_host_floors_from_r
       "fwd_no_grad_s": 2.6e-3}, ...]
 A layer's phase never takes less (`DenseHostFloor`; other TP sizes add or remove the host of their TP
 collectives), then `defaults.DENSE_HOST_FLOOR_*`. `fwd_no_grad_s` (optional) is the forward under torch.no_grad()
-that forward-only passes run; without it they use `fwd_s` x `defaults.NO_GRAD_FWD_HOST_RATIO`.
+that forward-only passes run; without it they use `fwd_s` x `defaults.NO_GRAD_FWD_HOST_RATIO`. `microbatch_s` and
+`step_s` (optional) are the host's work outside the layers, per micro-batch and per training step
+(`defaults.DENSE_HOST_MICROBATCH_S` / `DENSE_HOST_STEP_S` where absent); `mat validate --measure-host-floor`
+measures all of them in the model (`validate.host_floor`).
 
 `host_copy` (optional): host <-> device copy bandwidth measured by `mat profile --mode copy-bandwidth`
 (`testbench.copy_bandwidth`), one entry per row:
@@ -226,6 +229,10 @@ class DenseHostFloor:
     # the forward under torch.no_grad() (forward-only passes); None: not measured, `fwd_s` x
     # `defaults.NO_GRAD_FWD_HOST_RATIO` stands in
     fwd_no_grad_s: float | None = None
+    # the host outside the decoder layers: per micro-batch (embedding, output layer, loss, schedule) and per training
+    # step (optimizer step, zero-grad); `defaults.DENSE_HOST_MICROBATCH_S` / `DENSE_HOST_STEP_S` where not measured
+    microbatch_s: float = d.DENSE_HOST_MICROBATCH_S
+    step_s: float = d.DENSE_HOST_STEP_S
 
     def at(self, tp: int, sequence_parallel: bool, training: bool = True) -> tuple[float, float]:
         """(forward_s, backward_s) at TP size `tp`: the measured times plus (or less) the host of the TP
@@ -251,7 +258,7 @@ class DenseHostFloor:
         }
         if self.fwd_no_grad_s is not None:
             out["fwd_no_grad_s"] = self.fwd_no_grad_s
-        return out
+        return out | {"microbatch_s": self.microbatch_s, "step_s": self.step_s}
 
 
 DEFAULT_DENSE_HOST_FLOOR = DenseHostFloor()
@@ -593,6 +600,11 @@ def _parse_dense_host_floors(source: str, raw: Any) -> tuple[DenseHostFloor, ...
                     if row.get("fwd_no_grad_s") is None
                     else _number(f"{where}.fwd_no_grad_s", row["fwd_no_grad_s"], allow_zero=True)
                 ),
+                **{
+                    key: _number(f"{where}.{key}", row[key], allow_zero=True)
+                    for key in ("microbatch_s", "step_s")
+                    if row.get(key) is not None
+                },
             )
         )
     keys = [(f.precision, f.fp8_recipe, f.tp) for f in floors]

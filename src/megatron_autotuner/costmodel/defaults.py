@@ -213,6 +213,18 @@ DENSE_HOST_FLOOR_BWD_S = 2.81e-3
 # its absolute times, scales a training forward's floor where the no-grad one was not measured
 # (`DenseHostFloor.fwd_no_grad_s`).
 NO_GRAD_FWD_HOST_RATIO = 0.895
+# The host's work outside the decoder layers, from the in-model probes of `mat validate --measure-host-floor`
+# (`validate.host_floor`: Qwen3-0.6B / 1.7B.L14 / 4B.L8 at 512 tokens, TP 1, micro-batch 1, eager, 3 + 5 steps, where
+# the GPU waits on the host): a probe's median step less its layers' host times (`Layout.host_timing`). One H100
+# lease, two rounds (benchmarks/results/validation_h100_x1/host_probe, run / after), megatron-core 0.19.2, TE 2.20.2.
+# - per micro-batch (embedding, final norm, output layer, loss, the schedule's own work): the forward-only probes'
+#   rest, 5.2 / 5.1 / 3.5 and 8.8 / 4.4 / 3.2 ms, median 4.75 ms;
+# - per training step (the optimizer step: grad finalize, grad-norm, Adam and the main -> model parameter copies;
+#   zero-grad; the backward of the embedding and output layer): the training probes' rest less the forward's, 36.9 /
+#   28.9 / 25.9 and 28.1 / 29.6 / 29.0 ms, median 28.95 ms.
+# A step never takes less than its host's issue time, these included (`costmodel.estimate.step_time_from_stages`).
+DENSE_HOST_MICROBATCH_S = 4.75e-3
+DENSE_HOST_STEP_S = 28.95e-3
 # megatron-core's fine-grained activation offloading costs the host time per offloaded group (one module of one
 # layer, one micro-batch), all of it Python and launches, no host synchronisation (fine_grained_activation_offload.py,
 # megatron-core 0.19: forward `FineGrainedOffloadingGroupCommitFunction` -> `bulk_offload_group`, per saved tensor a

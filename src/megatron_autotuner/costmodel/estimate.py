@@ -88,7 +88,7 @@ from .activation_offload import (
 from .calibration import Calibration
 from .collectives import collective_time_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
-from .layer import E_BF16, LayerContext, LayerCost, gemm_shapes, layer_cost
+from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
 
 COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
 COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
@@ -176,6 +176,10 @@ class StageTime:
     step_extra: dict[str, float]
     # one micro-batch of each model chunk (forward + backward, with its p2p when exposed): the fill and drain
     chunk_s: tuple[float, ...] = ()
+    # the host's issue time of one micro-batch (its layers and the work around them) and its work once per step
+    # outside the micro-batches (the optimizer step): the step never takes less than m x the one plus the other
+    host_issue_s: float = 0.0
+    host_step_s: float = 0.0
 
     @property
     def per_microbatch_s(self) -> float:
@@ -662,6 +666,14 @@ def stage_time(
         _merge(fwd, {"offload": off_f})
         _merge(bwd, {"offload": off_b})
         chunk_s = [t + o for t, o in zip(chunk_s, off_chunks, strict=True)]
+    host_step_s = 0.0
+    if options.host_floor:
+        # the host's work outside the layers (`DenseHostFloor.microbatch_s` / `step_s`): embedding, output layer,
+        # loss and the schedule per micro-batch (inside a full-iteration graph, replayed), the optimizer step per step
+        outside = dense_host_floor_of(ctx)
+        if workload.cuda_graph.impl != "full_iteration":
+            host_fwd_issue_s += outside.microbatch_s
+        host_step_s = outside.step_s if training else 0.0
     gpu_s = sum(fwd.values()) + sum(bwd.values())
     host_issue_s = host_fwd_issue_s + host_bwd_issue_s
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)
@@ -717,7 +729,7 @@ def stage_time(
         # paid once per step: the optimizer step waits on the backward (its grad-norm and inf checks read the
         # gradients on the host), so the host's lead does not carry over from one step to the next
         extra["host_ramp"] = host_ramp_s
-    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s)), note
+    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s), host_issue_s, host_step_s), note
 
 
 def host_issue_ramp_s(host_fwd_s: float, host_bwd_s: float, gpu_fwd_before_s: float, gpu_s: float) -> float:
@@ -859,6 +871,10 @@ def time_model(
     extras = [s.step_extra_s for s in stages]
     extra_stage = extras.index(max(extras))
     step = pipeline + extras[extra_stage]
+    # a rank's step never takes less than its host's issue time: every micro-batch, then the optimizer step
+    host_path = max(m * s.host_issue_s + s.host_step_s for s in stages)
+    host_step = max(0.0, host_path - step)
+    step += host_step
     crit = stages[critical]
     compute = dict.fromkeys(COMPUTE_CLASSES, 0.0)
     comm = dict.fromkeys(COMM_DIMENSIONS, 0.0)
@@ -875,7 +891,7 @@ def time_model(
                 comm[k] = comm.get(k, 0.0) + m * val
     comm["pp"] += m * crit.p2p_per_microbatch_s + p2p_fill
     comm["dp"] += stages[extra_stage].step_extra.get("dp", 0.0)
-    host += stages[extra_stage].step_extra.get("host_ramp", 0.0)
+    host += stages[extra_stage].step_extra.get("host_ramp", 0.0) + host_step
     breakdown = {
         "compute": compute,
         "exposed_comm": comm,

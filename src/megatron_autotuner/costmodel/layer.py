@@ -58,7 +58,7 @@ from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
-from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
+from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
 from .collectives import collective_time_s, userbuffers_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
@@ -520,13 +520,19 @@ def captured_host_share(ctx: LayerContext, is_moe: bool = False) -> float:
     return share
 
 
+def dense_host_floor_of(ctx: LayerContext) -> DenseHostFloor:
+    """The dense host floor of the context: measured on the machine (`Calibration.dense_host_floor`) or the
+    default."""
+    cal = ctx.calibration
+    floor = cal.dense_host_floor(ctx.precision, ctx.fp8_recipe, ctx.tp) if cal is not None else None
+    return floor or DEFAULT_DENSE_HOST_FLOOR
+
+
 def dense_host_s(ctx: LayerContext) -> tuple[float, float]:
     """(forward_s, backward_s) the host needs to issue one dense layer for one micro-batch: the floor measured on
     the machine (`Calibration.dense_host_floor`) or the default, at this TP size, with the captured share replaced
     by one CUDA-graph launch per phase."""
-    cal = ctx.calibration
-    floor = cal.dense_host_floor(ctx.precision, ctx.fp8_recipe, ctx.tp) if cal is not None else None
-    fwd, bwd = (floor or DEFAULT_DENSE_HOST_FLOOR).at(ctx.tp, ctx.sequence_parallel, ctx.training)
+    fwd, bwd = dense_host_floor_of(ctx).at(ctx.tp, ctx.sequence_parallel, ctx.training)
     share = captured_host_share(ctx)
     if share:
         fwd = (1.0 - share) * fwd + d.CUDA_GRAPH_REPLAY_HOST_FWD_S

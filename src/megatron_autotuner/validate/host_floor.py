@@ -69,7 +69,10 @@ def host_probe_layouts(layouts: list[Layout]) -> list[Layout]:
 def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """`dense_host_floor` entries (calibration JSON) from the probes' report rows: per precision and fp8 recipe, the
     median over the probed models of their layers' median host times, training forward / backward and forward-only
-    (`fwd_no_grad_s`). Rows that failed or were not timed are left out; `probes` keeps what each model gave."""
+    (`fwd_no_grad_s`), and of the host time outside the layers (a probe's median step less its layers' host time,
+    layers x their median): per micro-batch the forward-only probe's (`microbatch_s`), per step the training
+    probe's less that (`step_s`). Rows that failed or were not timed are left out; `probes` keeps what each model
+    gave."""
     from ..costmodel.calibration import precision_fields
 
     groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
@@ -79,9 +82,12 @@ def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
             continue
         lay = row["layout"]
         recipe = lay.get("fp8_recipe", "delayed") if lay["precision"] == "fp8" else None
+        layers_ms = timing["layers"] * (timing["fwd_ms"] + (timing.get("bwd_ms") or 0.0))
+        step_ms = row["measured"]["step_time_s"] * 1e3
         groups.setdefault((lay["precision"], recipe), []).append(
             {"model": lay["model"], "num_layers": lay.get("num_layers"), "mode": lay["mode"]}
             | {"fwd_ms": timing["fwd_ms"], "bwd_ms": timing.get("bwd_ms")}
+            | {"step_ms": step_ms, "outside_layers_ms": max(0.0, step_ms - layers_ms)}
         )
     floors = []
     for (precision, recipe), probes in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
@@ -94,9 +100,19 @@ def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
             "fwd_s": statistics.median(p["fwd_ms"] for p in train) * 1e-3,
             "bwd_s": statistics.median(p["bwd_ms"] for p in train) * 1e-3,
         }
-        forward = [p["fwd_ms"] for p in probes if p["mode"] != "train"]
+        forward = [p for p in probes if p["mode"] != "train"]
         if forward:
-            entry["fwd_no_grad_s"] = statistics.median(forward) * 1e-3
+            entry["fwd_no_grad_s"] = statistics.median(p["fwd_ms"] for p in forward) * 1e-3
+            outside = {(p["model"], p["num_layers"]): p["outside_layers_ms"] for p in forward}
+            entry["microbatch_s"] = statistics.median(outside.values()) * 1e-3
+            # per model: its training probe's host outside the layers less its forward-only probe's
+            per_step = [
+                max(0.0, p["outside_layers_ms"] - outside[(p["model"], p["num_layers"])])
+                for p in train
+                if (p["model"], p["num_layers"]) in outside
+            ]
+            if per_step:
+                entry["step_s"] = statistics.median(per_step) * 1e-3
         floors.append(entry | {"probes": probes})
     return floors
 
