@@ -14,10 +14,11 @@ written here:
   (h100_x1_small_models.sh small_forward, predicted with the launch-queue and no-grad host terms):
   `pre_run_default` is the prediction `mat validate` wrote before each run (default floor), `now_default` the
   current model.
-- host_probe (h100_x1_host_probe.sh run / after: `mat validate --measure-host-floor` with the floor measured in the
-  model): `pre_run_default` from predicted_default_floor.json (`mat validate --dry-run` before the lease),
-  `pre_run_measured` what `mat validate` wrote before each run with the probes' floor, and per layout the host
-  time its own layers took to issue (`host_fwd_ms` / `host_bwd_ms`, `Layout.host_timing`) beside the probes'.
+- host_probe and host_probe_2 (h100_x1_host_probe.sh run / after / pin: `mat validate --measure-host-floor` with
+  the floor measured in the model): `pre_run_default` from predicted_default_floor.json (`mat validate --dry-run`
+  before the lease), `pre_run_measured` what `mat validate` wrote before each run with the probes' floor, and per
+  layout the host time its own layers took to issue (`host_fwd_ms` / `host_bwd_ms`, `Layout.host_timing`) beside
+  the probes'.
 
     python benchmarks/host_bound.py [--check]
 """
@@ -34,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = ROOT / "benchmarks/results/validation_h100_x1"
 RESULTS = VALIDATION / "host_bound"
 LATER_LEASES = ("graphed_training", "host_diagnostics/profile", "small_forward")
-PROBE_LEASE = VALIDATION / "host_probe"
+PROBE_LEASES = ("host_probe", "host_probe_2")
 ERROR_KEYS = ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
 
 
@@ -128,20 +129,22 @@ def compare_later(folder: str) -> dict:
 def _floor_ms(doc: dict) -> dict:
     """The bf16 dense floor of a host-floor calibration file, in ms."""
     (floor,) = [f for f in doc["dense_host_floor"] if f["precision"] == "bf16"]
-    return {k.removesuffix("_s") + "_ms": floor[k] * 1e3 for k in ("fwd_s", "bwd_s", "fwd_no_grad_s") if k in floor}
+    keys = ("fwd_s", "bwd_s", "fwd_no_grad_s", "microbatch_s", "step_s")
+    return {k.removesuffix("_s") + "_ms": floor[k] * 1e3 for k in keys if k in floor}
 
 
-def compare_probe() -> dict:
-    """The host_probe lease: both pre-run predictions, today's model with the probes' floor, and the in-model host
-    times of every layout beside the probes'."""
+def compare_probe(folder: str) -> dict:
+    """A probe lease: both pre-run predictions, today's model with the probes' floor, and the in-model host times of
+    every layout beside the probes'."""
     sys.path.insert(0, str(ROOT / "src"))
     from megatron_autotuner.costmodel.calibration import calibration_from_dict
 
-    run = PROBE_LEASE / "run"
+    lease = VALIDATION / folder
+    run = lease / "run"
     floor_doc = json.loads((run / "host_floor/host_floor.calibration.json").read_text())
     default_pre = {
         e["layout_id"]: e["predicted"]["step_time_s"]
-        for e in json.loads((PROBE_LEASE / "predicted_default_floor.json").read_text())["layouts"]
+        for e in json.loads((lease / "predicted_default_floor.json").read_text())["layouts"]
     }
     rows = _rows(
         run,
@@ -161,13 +164,13 @@ def compare_probe() -> dict:
     for row in rows:
         row |= timing.get(row["layout_id"], {})
     floors = {"run": _floor_ms(floor_doc)}
-    after = PROBE_LEASE / "after/host_floor/host_floor.calibration.json"
+    after = lease / "after/host_floor/host_floor.calibration.json"
     if after.is_file():
         floors["after"] = _floor_ms(json.loads(after.read_text()))
-    testbench = PROBE_LEASE / "testbench/host_floor.calibration.json"
+    testbench = lease / "testbench/host_floor.calibration.json"
     if testbench.is_file():
         floors["testbench"] = _floor_ms(json.loads(testbench.read_text()))
-    return {"schema_version": 1, "source": str(PROBE_LEASE.relative_to(ROOT)), "floors_ms": floors, "rows": rows}
+    return {"schema_version": 1, "source": str(lease.relative_to(ROOT)), "floors_ms": floors, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -175,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when comparison.json is not what this makes now")
     args = parser.parse_args(argv)
     docs = {RESULTS: compare()} | {VALIDATION / f: compare_later(f) for f in LATER_LEASES}
-    if (PROBE_LEASE / "run/results.jsonl").is_file():
-        docs[PROBE_LEASE] = compare_probe()
+    docs |= {VALIDATION / f: compare_probe(f) for f in PROBE_LEASES}
     stale = []
     for folder, doc in docs.items():
         text = json.dumps(doc, indent=1, default=float) + "\n"

@@ -39,7 +39,7 @@ measure_host_floor(layouts, extra['gpu'], Path('$RUNS/after/host_floor'))
     echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/after.log"
     ;;
   pin)
-    for n in 1 2 3; do
+    for n in 1 2; do
       $VALIDATE --layouts "$HERE/h100_x1_host_pinning_layouts.json" --output-dir "$RUNS/pin/free_$n" \
         --timeout-s 120 2>&1 | tee -a "$RUNS/pin.log"
       taskset -c 4-7 $VALIDATE --layouts "$HERE/h100_x1_host_pinning_layouts.json" \

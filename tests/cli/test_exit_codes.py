@@ -28,8 +28,24 @@ def _run(argv, capsys):
         (["profile", "--model", "Llama-3.1-8B", "--ops", "mlp", "--seq-len", "1024"], "cases"),
         (["profile", "--model", "Llama-3.1-8B", "--ops", "mlp", "--num-gpus", "1"], "cases"),
         (["overlap", "tune", "--model", "Qwen3-8B", "--tp-sizes", "2"], "tuning jobs"),
-        (["plan", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "4", "--seq-len", "4096",
-          "--global-batch-size", "32", "--validate", "2"], "layouts to validate"),  # fmt: skip
+        (
+            [
+                "plan",
+                "--model",
+                "Qwen3-8B",
+                "--gpu",
+                "H200",
+                "--num-gpus",
+                "4",
+                "--seq-len",
+                "4096",
+                "--global-batch-size",
+                "32",
+                "--validate",
+                "2",
+            ],
+            "layouts to validate",
+        ),  # fmt: skip
     ],
 )
 def test_measuring_commands_without_a_gpu_exit_1_with_one_line(argv, what, tmp_path, capsys):

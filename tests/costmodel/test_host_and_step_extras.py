@@ -124,8 +124,9 @@ def test_bad_host_floor_names_the_field(floors, field):
 def test_host_floor_bounds_moe_layers_only(ep, seq):
     p = ParallelConfig(8, ep=ep)
     w = Workload(seq, 1, 16)
-    eager = _step(MOE, p, w, moe_host_bound=True)
-    tuned = _step(MOE, p, w, moe_host_bound=False)
+    # the MoE floor alone: no dense floor, no host work outside the layers (`host_floor`)
+    eager = _step(MOE, p, w, moe_host_bound=True, host_floor=False)
+    tuned = _step(MOE, p, w, moe_host_bound=False, host_floor=False)
     assert eager.step_time_s >= tuned.step_time_s
     assert tuned.time.breakdown["host_bound"] == 0.0
     # the step grows by the reported host-bound time, less DP communication the longer backward now hides
@@ -138,6 +139,9 @@ def test_host_floor_bounds_moe_layers_only(ep, seq):
     # dense models are not affected
     dense = ParallelConfig(8)
     assert _step(DENSE, dense, w, moe_host_bound=True).step_time_s == _step(DENSE, dense, w).step_time_s
+    assert _step(DENSE, dense, w, moe_host_bound=True, host_floor=False).step_time_s == pytest.approx(
+        _step(DENSE, dense, w, host_floor=False).step_time_s
+    )
 
 
 def test_fewer_local_experts_lower_the_floor():

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from megatron_autotuner.costmodel import CostOptions, calibration_from_dict, estimate
 from megatron_autotuner.costmodel import defaults as d
-from megatron_autotuner.costmodel.calibration import DenseHostFloor
+from megatron_autotuner.costmodel.calibration import DEFAULT_DENSE_HOST_FLOOR, DenseHostFloor
 from megatron_autotuner.costmodel.estimate import host_issue_ramp_s
 from megatron_autotuner.costmodel.layer import LayerContext, captured_host_share, dense_host_s, layer_cost
 from megatron_autotuner.errors import ConfigError
@@ -36,7 +36,8 @@ def test_small_layer_carries_its_host_time_and_large_layers_the_same():
 
 def test_small_model_micro_batch_is_its_host_time_large_one_its_gpu_time():
     """Qwen3-0.6B at micro-batch 1: 28 layers of host time exceed the micro-batch's GPU work (output layer and loss
-    included), which the host runs ahead of; Llama-3.1-8B at 8k tokens stays GPU-bound."""
+    included), which the host runs ahead of, and the step is its host's issue time: the layers, the work around
+    them, then the optimizer step's; Llama-3.1-8B at 8k tokens stays GPU-bound."""
     p = ParallelConfig(num_gpus=1)
     w = Workload(4096, 1, 1)
     eager = estimate(SMALL, p, w, H100, CostOptions())
@@ -44,7 +45,10 @@ def test_small_model_micro_batch_is_its_host_time_large_one_its_gpu_time():
     host = SMALL.num_layers * (d.DENSE_HOST_FLOOR_FWD_S + d.DENSE_HOST_FLOOR_BWD_S)
     optimizer = gpu.time.breakdown["optimizer"]
     assert gpu.step_time_s - optimizer < host
-    assert eager.step_time_s == pytest.approx(host + optimizer)
+    microbatch, step = DEFAULT_DENSE_HOST_FLOOR.outside_layers_s()
+    assert step > optimizer  # the optimizer's host work outlasts its kernels here
+    assert eager.step_time_s == pytest.approx(host + microbatch + step)
+    assert eager.time.breakdown["host_bound"] == pytest.approx(eager.step_time_s - gpu.step_time_s)
     large = Workload(8192, 1, 1)
     assert estimate(LARGE, p, large, H100, CostOptions()).step_time_s == pytest.approx(
         estimate(LARGE, p, large, H100, CostOptions(host_floor=False)).step_time_s
@@ -64,10 +68,15 @@ def test_step_is_the_longer_of_host_and_gpu(mbs, tp, mode):
     gpu = estimate(SMALL, p, w, H100, CostOptions(host_floor=False))
     ctx = _ctx(tp=tp, sequence_parallel=tp > 1, training=mode == "train")
     host_fwd, host_bwd = dense_host_s(ctx)
-    host = SMALL.num_layers * (host_fwd + (host_bwd if mode == "train" else 0.0))
+    train = mode == "train"
+    # one micro-batch's host: its layers and the work around them; then, training, the optimizer step's
+    microbatch, step = DEFAULT_DENSE_HOST_FLOOR.outside_layers_s()
+    host = SMALL.num_layers * (host_fwd + (host_bwd if train else 0.0)) + microbatch
     extra = gpu.time.breakdown["optimizer"] + gpu.time.breakdown["exposed_comm"]["dp"]
     ramp = eager.time.stages[0].step_extra.get("host_ramp", 0.0)
-    assert eager.step_time_s == pytest.approx(max(gpu.step_time_s, host + extra) + ramp, rel=1e-9)
+    gpu_path = max(gpu.step_time_s, host + extra) + ramp
+    host_path = host + (step if train else 0.0)
+    assert eager.step_time_s == pytest.approx(max(gpu_path, host_path), rel=1e-9)
     assert "host_ramp" not in gpu.time.stages[0].step_extra  # no host, no queue
 
 

@@ -411,8 +411,6 @@ def _engine_worker_configs(cfg, omega_conf_to_dataclass):
     return actor, ref
 
 
-
-
 @pytest.mark.parametrize(
     "args,max_token_len",
     [(EXAMPLE, 16384), (EXAMPLE, None), (layout_args(), 32768), (mla_args(), None)],

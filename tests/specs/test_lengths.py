@@ -57,7 +57,7 @@ def test_bad_mean_max(text, rule):
 
 def test_histogram_files(tmp_path):
     js = tmp_path / "h.json"
-    js.write_text('[[100, 3], [200, 1], [100, 1]]')
+    js.write_text("[[100, 3], [200, 1], [100, 1]]")
     lengths = read_length_histogram(js)
     assert lengths.max_tokens == 200 and lengths.mean_tokens == pytest.approx(120)
     assert set(lengths.sample(200)) == {100, 200}

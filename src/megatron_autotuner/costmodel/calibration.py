@@ -31,9 +31,9 @@ the testbench's `decoder` cases (`testbench.calibration.dense_host_floors_from_r
 A layer's phase never takes less (`DenseHostFloor`; other TP sizes add or remove the host of their TP
 collectives), then `defaults.DENSE_HOST_FLOOR_*`. `fwd_no_grad_s` (optional) is the forward under torch.no_grad()
 that forward-only passes run; without it they use `fwd_s` x `defaults.NO_GRAD_FWD_HOST_RATIO`. `microbatch_s` and
-`step_s` (optional) are the host's work outside the layers, per micro-batch and per training step
-(`defaults.DENSE_HOST_MICROBATCH_S` / `DENSE_HOST_STEP_S` where absent); `mat validate --measure-host-floor`
-measures all of them in the model (`validate.host_floor`).
+`step_s` (optional) are the host's work outside the layers, per micro-batch and per training step (where absent,
+`fwd_s` x `defaults.DENSE_HOST_MICROBATCH_PER_LAYER_FWD` and (`fwd_s` + `bwd_s`) x `DENSE_HOST_STEP_PER_LAYER`);
+`mat validate --measure-host-floor` measures all of them in the model (`validate.host_floor`).
 
 `host_copy` (optional): host <-> device copy bandwidth measured by `mat profile --mode copy-bandwidth`
 (`testbench.copy_bandwidth`), one entry per row:
@@ -230,9 +230,18 @@ class DenseHostFloor:
     # `defaults.NO_GRAD_FWD_HOST_RATIO` stands in
     fwd_no_grad_s: float | None = None
     # the host outside the decoder layers: per micro-batch (embedding, output layer, loss, schedule) and per training
-    # step (optimizer step, zero-grad); `defaults.DENSE_HOST_MICROBATCH_S` / `DENSE_HOST_STEP_S` where not measured
-    microbatch_s: float = d.DENSE_HOST_MICROBATCH_S
-    step_s: float = d.DENSE_HOST_STEP_S
+    # step (optimizer step, zero-grad); None: not measured, `outside_layers_s` scales the layer floor
+    # (`defaults.DENSE_HOST_MICROBATCH_PER_LAYER_FWD` / `DENSE_HOST_STEP_PER_LAYER`)
+    microbatch_s: float | None = None
+    step_s: float | None = None
+
+    def outside_layers_s(self) -> tuple[float, float]:
+        """(per micro-batch s, per training step s) of host work outside the layers, at the measured TP size."""
+        microbatch = self.microbatch_s
+        if microbatch is None:
+            microbatch = self.fwd_s * d.DENSE_HOST_MICROBATCH_PER_LAYER_FWD
+        step = self.step_s if self.step_s is not None else (self.fwd_s + self.bwd_s) * d.DENSE_HOST_STEP_PER_LAYER
+        return microbatch, step
 
     def at(self, tp: int, sequence_parallel: bool, training: bool = True) -> tuple[float, float]:
         """(forward_s, backward_s) at TP size `tp`: the measured times plus (or less) the host of the TP
@@ -258,7 +267,10 @@ class DenseHostFloor:
         }
         if self.fwd_no_grad_s is not None:
             out["fwd_no_grad_s"] = self.fwd_no_grad_s
-        return out | {"microbatch_s": self.microbatch_s, "step_s": self.step_s}
+        for key in ("microbatch_s", "step_s"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
 
 DEFAULT_DENSE_HOST_FLOOR = DenseHostFloor()

@@ -213,18 +213,24 @@ DENSE_HOST_FLOOR_BWD_S = 2.81e-3
 # its absolute times, scales a training forward's floor where the no-grad one was not measured
 # (`DenseHostFloor.fwd_no_grad_s`).
 NO_GRAD_FWD_HOST_RATIO = 0.895
-# The host's work outside the decoder layers, from the in-model probes of `mat validate --measure-host-floor`
-# (`validate.host_floor`: Qwen3-0.6B / 1.7B.L14 / 4B.L8 at 512 tokens, TP 1, micro-batch 1, eager, 3 + 5 steps, where
-# the GPU waits on the host): a probe's median step less its layers' host times (`Layout.host_timing`). One H100
-# lease, two rounds (benchmarks/results/validation_h100_x1/host_probe, run / after), megatron-core 0.19.2, TE 2.20.2.
-# - per micro-batch (embedding, final norm, output layer, loss, the schedule's own work): the forward-only probes'
-#   rest, 5.2 / 5.1 / 3.5 and 8.8 / 4.4 / 3.2 ms, median 4.75 ms;
+# The host's work outside the decoder layers, in units of the layer floor (the host's pace scales all it does):
+# measured by the in-model probes of `mat validate --measure-host-floor` (`validate.host_floor`: Qwen3-0.6B /
+# 1.7B.L14 / 4B.L8 at 512 tokens, TP 1, micro-batch 1, eager, 3 + 5 steps, where the GPU waits on the host): a
+# probe's median step less its layers' host times (`Layout.host_timing`), over its own training-forward layer time.
+# One H100 lease, two rounds (benchmarks/results/validation_h100_x1/host_probe, run / after), megatron-core 0.19.2,
+# TE 2.20.2:
+# - per micro-batch (embedding, final norm, output layer, loss, the schedule's own work): the forward-only probe's
+#   5.2 / 5.1 / 3.5 and 8.8 / 4.4 / 3.2 ms over 4.83 / 4.45 / 3.44 and 4.18 / 3.88 / 4.26 ms, median 1.105 layer
+#   forwards;
 # - per training step (the optimizer step: grad finalize, grad-norm, Adam and the main -> model parameter copies;
-#   zero-grad; the backward of the embedding and output layer): the training probes' rest less the forward's, 36.9 /
-#   28.9 / 25.9 and 28.1 / 29.6 / 29.0 ms, median 28.95 ms.
-# A step never takes less than its host's issue time, these included (`costmodel.estimate.step_time_from_stages`).
-DENSE_HOST_MICROBATCH_S = 4.75e-3
-DENSE_HOST_STEP_S = 28.95e-3
+#   zero-grad; the backward of the embedding and output layer): the training probe's less the forward-only probe's,
+#   36.9 / 28.9 / 25.9 and 28.1 / 29.6 / 29.0 ms over the layer's forward + backward, 8.42 / 8.11 / 7.31 and 6.66 /
+#   7.48 / 8.92 ms, median 3.76 layer forward + backwards (it grows slowly with the layer count: more parameters
+#   for the optimizer to walk).
+# `DenseHostFloor.microbatch_s` / `step_s` where the probes measured them; a step never takes less than its
+# host's issue time, these included (`costmodel.estimate.time_model`).
+DENSE_HOST_MICROBATCH_PER_LAYER_FWD = 1.105
+DENSE_HOST_STEP_PER_LAYER = 3.76
 # megatron-core's fine-grained activation offloading costs the host time per offloaded group (one module of one
 # layer, one micro-batch), all of it Python and launches, no host synchronisation (fine_grained_activation_offload.py,
 # megatron-core 0.19: forward `FineGrainedOffloadingGroupCommitFunction` -> `bulk_offload_group`, per saved tensor a

@@ -671,10 +671,10 @@ def stage_time(
         # the host's work outside the layers (`DenseHostFloor.microbatch_s` / `step_s`): embedding, output layer,
         # loss and the schedule per micro-batch (inside a full-iteration graph, replayed), the optimizer step per step.
         # Not in the launch-queue ramp, whose split point is the end of the forward layers on both sides.
-        outside = dense_host_floor_of(ctx)
+        microbatch_s, step_s = dense_host_floor_of(ctx).outside_layers_s()
         if workload.cuda_graph.impl != "full_iteration":
-            host_outside_s = outside.microbatch_s
-        host_step_s = outside.step_s if training else 0.0
+            host_outside_s = microbatch_s
+        host_step_s = step_s if training else 0.0
     gpu_s = sum(fwd.values()) + sum(bwd.values())
     host_issue_s = host_fwd_issue_s + host_bwd_issue_s + host_outside_s
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)

@@ -210,13 +210,24 @@ class MemoryAllowance:
         `activation_detail` when given."""
         fragments = 0.0
         detail = activation_detail or {}
+        fragmentation = self.fragmentation_fraction * activation_bytes
+        layer_ws, logits_ws = detail.get("layer_working_set", 0.0), detail.get("logits_working_set", 0.0)
+        dense = "moe_layer_working_set" not in detail
+        if not training and not self.expandable_segments and dense and logits_ws >= layer_ws > 0:
+            # a dense forward-only pass peaks at its logits, in segments of their own: what stays reserved beside
+            # them is the layers' working set, freed to the cache and too small for the logits, not a fraction of
+            # the logits (a CUDA-graph pool is counted whole in the activations already). 1x H100, Qwen3-0.6B /
+            # 1.7B / 4B at micro-batch 1-4 (benchmarks/results/validation_h100_x1/host_probe*, small_forward):
+            # eager 0.17-1.50 GiB reserved unallocated, where 0.18x the logits said 0.63-2.50 GiB (peaks +1.5..+10%
+            # over, now -4.0..-2.3%); TE-graphed peaks +9..+15% over, now -3.2..+1.3%.
+            fragmentation = layer_ws
         if self.expandable_segments:
             fragments = forward_moe_fragment_bytes(detail) + interleaved_logits_fragment_bytes(detail, parallel)
         else:
             # variable-size packed micro-batches: logits segments the next, larger micro-batch cannot reuse
             # (`packed_logits_fragment`); an expandable segment grows in place instead
             fragments = detail.get("packed_logits_fragment", 0.0)
-        return self.non_torch_for(parallel, training) * GIB + self.fragmentation_fraction * activation_bytes + fragments
+        return self.non_torch_for(parallel, training) * GIB + fragmentation + fragments
 
 
 @dataclass(frozen=True)
