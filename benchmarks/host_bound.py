@@ -87,6 +87,19 @@ def _today(calibration=None):
     return step_s
 
 
+def _today_peak():
+    """f(result row) -> today's predicted peak memory (GiB)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import predict
+
+    def peak_gib(r: dict) -> float:
+        gaf = r.get("gradient_accumulation_fusion", False)
+        return predict(Layout.from_dict(r["layout"]), "H100-SXM", gradient_accumulation_fusion=gaf)["peak_memory_gib"]
+
+    return peak_gib
+
+
 def compare() -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from megatron_autotuner.costmodel.calibration import calibration_from_dict
@@ -161,6 +174,11 @@ def compare_probe(folder: str) -> dict:
         host = (r.get("measured") or {}).get("host_timing")
         if host:
             timing[r["layout_id"]] = {"host_fwd_ms": host["fwd_ms"], "host_bwd_ms": host["bwd_ms"]}
+    peak_now = _today_peak()
+    for line in (run / "results.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if r["status"] == "ok" and r["measured"].get("peak_gib"):
+            timing.setdefault(r["layout_id"], {})["peak_memory_error_now"] = peak_now(r) / r["measured"]["peak_gib"] - 1
     for row in rows:
         row |= timing.get(row["layout_id"], {})
     floors = {"run": _floor_ms(floor_doc)}

@@ -178,6 +178,42 @@ def small_models(root: Path) -> str:
     return source(*(f"{rel}/comparison.json" for rel in SMALL_MODEL_LEASES)) + table(head, rows)
 
 
+HOST_PROBE_LEASES = ("validation_h100_x1/host_probe", "validation_h100_x1/host_probe_2")
+
+
+def host_probe(root: Path) -> str:
+    """The leases predicted with the floor measured in the model: per lease how many layouts each prediction held
+    within 10%, then every layout with its own layers' host times."""
+    errors = ("pre_run_default", "pre_run_measured", "now_measured")
+    summary, rows = [], []
+    for rel in HOST_PROBE_LEASES:
+        doc = load(root, f"{rel}/comparison.json")
+        lease = rel.removeprefix("validation_h100_x1/")
+        ok = [r for r in doc["rows"] if r["status"] == "ok"]
+        line = [f"`{lease}`", str(len(ok))]
+        for key in errors:
+            errs = [r[f"{key}_error"] for r in ok if f"{key}_error" in r]
+            med, lo, hi = abs_stats(errs)
+            line.append(f"{sum(abs(e) <= 0.10 for e in errs)} / {len(errs)}, median {med}, {lo} .. {hi}")
+        summary.append(line)
+        for r in ok:
+            rows.append(
+                [
+                    f"`{lease}`",
+                    r["label"].removesuffix(" timed"),
+                    num(r["measured_s"] * 1e3, ".1f"),
+                    *(pct(r.get(f"{key}_error")) for key in errors),
+                    f"{r['host_fwd_ms']:.2f} / {r['host_bwd_ms']:.2f}" if r.get("host_bwd_ms") else num(r["host_fwd_ms"]),
+                    pct(r.get("peak_memory_error_now")),
+                ]
+            )
+    head = ["lease", "layouts", "default floor, before the run", "measured floor, before the run", "measured, now"]
+    detail = ["lease", "layout", "measured ms", "default, before", "measured, before", "measured, now"]
+    detail += ["own layers' host ms (fwd / bwd)", "peak memory error now"]
+    sources = source(*(f"{rel}/comparison.json" for rel in HOST_PROBE_LEASES))
+    return sources + table(head, summary) + "\n" + table(detail, rows)
+
+
 def validation_rank(root: Path) -> str:
     rows = []
     for rel, data in validation_sets(root):
@@ -615,6 +651,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "validation_step_time": validation_step_time,
     "validation_rank": validation_rank,
     "small_models": small_models,
+    "host_probe": host_probe,
     "validation_layouts_time": validation_layouts_time,
     "single_layers": single_layers,
     "search_speed": search_speed,

@@ -111,8 +111,10 @@ def test_host_bound_offload_host_term(rows, repeat):
     per_group = d.FINE_GRAINED_OFFLOAD_HOST_FWD_S_PER_GROUP + d.FINE_GRAINED_OFFLOAD_HOST_BWD_S_PER_GROUP
     assert fine[1]["step_time_s"] - base[1]["step_time_s"] == pytest.approx(groups * per_group, rel=0.02)
     first_base, first_fine = rows["Q3-0.6B baseline"], rows["Q3-0.6B offload core_attn+attn_proj"]
-    assert _err(first_base[1], first_base[0]) == pytest.approx(-0.125, abs=0.01)
-    assert _err(first_fine[1], first_fine[0]) < -0.25  # the known miss of the first lease
+    # the baseline is under by the host's work outside the layers (`DenseHostFloor.step_s` / `microbatch_s`) less
+    # what the default still misses on this lease's slow host
+    assert _err(first_base[1], first_base[0]) == pytest.approx(-0.09, abs=0.01)
+    assert _err(first_fine[1], first_fine[0]) < -0.20  # the known miss of the first lease
 
 
 def test_the_constant_is_what_the_trace_shows():

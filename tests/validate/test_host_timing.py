@@ -49,3 +49,14 @@ def test_off_by_default_and_out_of_the_id(tiny):
     plain = Layout(model=tiny, seq_length=32, use_te=False)
     assert plain.host_timing is False
     assert Layout(model=tiny, seq_length=32, use_te=False, host_timing=True).layout_id != plain.layout_id
+
+
+def test_cli_flag_sets_it_on_every_layout(tmp_path, capsys):
+    import json
+
+    from megatron_autotuner.cli import main
+
+    argv = ["validate", "--model", "Qwen3-0.6B", "--seq-len", "512", "--gpu", "H100-SXM", "--host-timing"]
+    assert main([*argv, "--dry-run", "--output-dir", str(tmp_path)]) == 0
+    (entry,) = json.loads((tmp_path / "layouts.json").read_text())["layouts"]
+    assert entry["layout"]["host_timing"] is True

@@ -163,6 +163,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "default: off, or what each layout says)",
     )
     p.add_argument(
+        "--host-timing",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="record each decoder layer's host issue time in the timed steps (measured.host_timing in results.jsonl; "
+        "a few microseconds per layer; with --layouts: every layout; default: off, or what each layout says)",
+    )
+    p.add_argument(
         "--output-dir", type=non_empty_path, help="results directory (default outputs/<UTC timestamp>-validate/)"
     )
     p.add_argument(
@@ -254,7 +261,7 @@ def _layouts(args: argparse.Namespace, out: Path):
                 raise ConfigError("gpu", f"--num-layers {edge} needs --gpu")
             layout = layout.replace(num_layers=edge_num_layers(layout, gpu, edge), name=f"{edge}")
         layouts = [layout]
-    for key in ("expandable_segments", "memory_history"):
+    for key in ("expandable_segments", "memory_history", "host_timing"):
         if getattr(args, key) is not None:
             layouts = [lay.replace(**{key: getattr(args, key)}) for lay in layouts]
     for lay in layouts:
