@@ -197,13 +197,16 @@ def host_probe(root: Path) -> str:
             line.append(f"{sum(abs(e) <= 0.10 for e in errs)} / {len(errs)}, median {med}, {lo} .. {hi}")
         summary.append(line)
         for r in ok:
+            host = num(r["host_fwd_ms"])
+            if r.get("host_bwd_ms"):
+                host = f"{r['host_fwd_ms']:.2f} / {r['host_bwd_ms']:.2f}"
             rows.append(
                 [
                     f"`{lease}`",
                     r["label"].removesuffix(" timed"),
                     num(r["measured_s"] * 1e3, ".1f"),
                     *(pct(r.get(f"{key}_error")) for key in errors),
-                    f"{r['host_fwd_ms']:.2f} / {r['host_bwd_ms']:.2f}" if r.get("host_bwd_ms") else num(r["host_fwd_ms"]),
+                    host,
                     pct(r.get("peak_memory_error_now")),
                 ]
             )
