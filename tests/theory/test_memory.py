@@ -387,3 +387,39 @@ def test_interleaved_last_stage_reserves_one_bf16_logits_with_expandable_segment
     longer = stage(vpp2, 1, expandable, Workload(8192, 1, 8))
     assert interleaved_logits_fragment_bytes(longer.activation_detail, vpp2) == 2 * logits
     assert last.non_torch_bytes == default_non_torch_gib(vpp2, True) * GIB
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    model=st.sampled_from(["Qwen3-0.6B", "Qwen3-4B", "Llama-3.1-8B"]),
+    mbs=st.sampled_from([1, 2, 4]),
+    graphs=st.booleans(),
+)
+def test_forward_only_keeps_the_layers_working_set_beside_its_logits(model, mbs, graphs):
+    """A dense forward-only pass whose peak is its logits: reserved beside them is the layers' working set (the
+    cache's freed blocks the logits cannot reuse), eager or with TE-graphed layers; training keeps the fraction of
+    the activations, and expandable segments their own rule."""
+    from megatron_autotuner.specs.parallel import CudaGraphConfig
+    from megatron_autotuner.theory.memory import MemoryAllowance, memory_per_stage
+
+    spec = load_model_spec(model).with_num_layers(4)
+    parallel = ParallelConfig(num_gpus=1)
+    cuda_graph = CudaGraphConfig("transformer_engine", ("attn", "mlp")) if graphs else CudaGraphConfig()
+    forward = Workload(4096, mbs, mbs, mode="forward", cuda_graph=cuda_graph)
+    (stage,) = memory_per_stage(spec, parallel, forward)
+    detail = stage.activation_detail
+    assert detail["logits_working_set"] >= detail["layer_working_set"] > 0
+    default = MemoryAllowance()
+    non_torch = default.non_torch_for(parallel, False) * 2**30
+    assert stage.allowance_bytes == pytest.approx(non_torch + detail["layer_working_set"])
+    assert stage.allowance_bytes < non_torch + default.fragmentation_fraction * stage.activations_bytes
+    (train,) = memory_per_stage(spec, parallel, Workload(4096, mbs, mbs, cuda_graph=cuda_graph))
+    train_non_torch = default.non_torch_for(parallel, True) * 2**30
+    assert train.allowance_bytes == pytest.approx(
+        train_non_torch + default.fragmentation_fraction * train.activations_bytes
+    )
+    expandable = MemoryAllowance.for_allocator(True)
+    (grown,) = memory_per_stage(spec, parallel, forward, allowance=expandable)
+    assert grown.allowance_bytes == pytest.approx(
+        non_torch + expandable.fragmentation_fraction * grown.activations_bytes
+    )

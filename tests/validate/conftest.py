@@ -28,3 +28,13 @@ def fake_gpu_env(tmp_path: Path) -> dict[str, str]:
         "PY": sys.executable,
         "CUDA_VISIBLE_DEVICES": "",
     }
+
+
+@pytest.fixture
+def tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A tiny model's JSON path, with the environment a CPU validate job needs (gloo, no CUDA)."""
+    from tests.proc_helpers import cpu_job_env, write_tiny_model
+
+    for name, value in cpu_job_env({}).items():
+        monkeypatch.setenv(name, value)
+    return write_tiny_model(tmp_path / "tiny.json")

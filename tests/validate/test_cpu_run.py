@@ -13,18 +13,12 @@ from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.validate import validate_layouts
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.results import rank_file, read_records
-from tests.proc_helpers import cpu_job_env, processes_mentioning, write_tiny_model
+from tests.proc_helpers import processes_mentioning
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
-
-@pytest.fixture()
-def tiny(tmp_path, monkeypatch):
-    for name, value in cpu_job_env({}).items():
-        monkeypatch.setenv(name, value)
-    return write_tiny_model(tmp_path / "tiny.json")
 
 
 def _lay(model, name, **kw):

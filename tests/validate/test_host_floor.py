@@ -132,16 +132,11 @@ def test_host_outside_the_layers_is_split_per_micro_batch_and_per_step():
 
 
 @pytest.mark.mcore
-def test_probes_run_in_the_model_and_reach_the_predictions(tmp_path, monkeypatch):
+def test_probes_run_in_the_model_and_reach_the_predictions(tmp_path, tiny):
     """The probes run the real megatron-core model (CPU, local layers here) with host timing, and the floor they
     measure is the one the predictions use: a CPU host issues these layers far slower than the H100 default."""
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
-    from tests.proc_helpers import cpu_job_env, write_tiny_model
-
-    for name, value in cpu_job_env({}).items():
-        monkeypatch.setenv(name, value)
-    tiny = write_tiny_model(tmp_path / "tiny.json")
     lay = Layout(model=tiny, seq_length=64, global_batch_size=2)
     measured = host_floor.measure_host_floor([lay], "H100-SXM", tmp_path / "hf", log=lambda *_: None, device="cpu")
     assert (tmp_path / "hf" / "host_floor.calibration.json").is_file()

@@ -4,18 +4,11 @@ with megatron-core 0.16's local layers, through the real forward-backward schedu
 import pytest
 
 from megatron_autotuner.validate.layout import Layout
-from tests.proc_helpers import cpu_job_env, write_tiny_model
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
-
-@pytest.fixture()
-def tiny(tmp_path, monkeypatch):
-    for name, value in cpu_job_env({}).items():
-        monkeypatch.setenv(name, value)
-    return write_tiny_model(tmp_path / "tiny.json")
 
 
 def _run(tiny, tmp_path, **kw):
