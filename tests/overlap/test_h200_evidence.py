@@ -293,3 +293,11 @@ def test_layer_check_keeps_partial_times_and_frees_userbuffers_on_error():
         measure_setups(te.build, te.init, te.destroy, time, {}, passes=2, ms=ms)
     assert ms == {"nccl": [11.0], "te_default": [10.0], "tuned": []}
     assert not te.live
+
+
+def test_layer_check_at_tp1_times_the_plain_layer_only():
+    """On one GPU the layer check is the scaling baseline: the plain layer, no userbuffers set up."""
+    te = _FakeTE()
+    ms = measure_setups(te.build, te.init, te.destroy, te.time, None, passes=2, setups=("nccl",))
+    assert ms == {"nccl": [11.0, 11.0]}
+    assert te.events == [("build", False)] and not te.live

@@ -66,3 +66,54 @@ def test_measured_verdict_differs_by_the_per_op_fixed_cost(model):
     # the same rule on the measured times gives the committed verdict
     best = min(v for k, v in tp2["layer"].items() if v)
     assert scaling_check("layer", tp1["layer"]["nccl_ms"], {2: (best, "tuned", None)}).largest_efficient_tp == 1
+
+
+def _tp1_layer_check() -> dict:
+    """The whole TE layer at TP 1, seq 8192, fwd + bwd, in the layer check's format: the testbench `decoder` of the
+    same 2x H200 machine kind (benchmarks/results/testbench_h200_x2/rerun/dense_fused; the layer check builds its
+    layer with the same `testbench.operators` functions). The committed layer check ran at TP 2 only."""
+    path = ROOT / "benchmarks/results/testbench_h200_x2/rerun/dense_fused/collect/rank_0.jsonl"
+    models = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        case = rec.get("case", {})
+        if rec.get("status") == "ok" and case.get("op") == "decoder" and case["tp"] == 1 and case["seq_length"] == 8192:
+            models[case["model"]] = {"status": "ok", "median_ms": {"nccl": rec["real"]["fwd_bwd_ms"]["median"]}}
+    return {"tp": 1, "seq_len": 8192, "models": models}
+
+
+@pytest.mark.parametrize(("model", "over_ideal"), [("Llama-3.1-8B", 0.058), ("Qwen3-8B", 0.122)])
+def test_whole_layers_scale_to_tp2_as_plan_predicts(model, over_ideal):
+    """Timed as whole layers, where the host issues the GEMMs ahead of the GPU as in a step, TP=2 with the tuned
+    userbuffers is 6% (Llama-3.1-8B) and 12% (Qwen3-8B) over ideal: efficient, as `mat plan` predicts (6-7%), where
+    the GEMMs timed one at a time were 24-26% over."""
+    from megatron_autotuner.overlap.scaling import whole_layer_scaling
+
+    tp2 = json.loads((ROOT / "benchmarks/results/overlap_h200_x2/layer_check.json").read_text())
+    whole = whole_layer_scaling([_tp1_layer_check(), tp2], model)
+    (point,) = whole.points
+    assert point.tp == 2 and point.setup == "tuned"
+    assert point.time_ms / point.ideal_ms - 1 == pytest.approx(over_ideal, abs=0.005)
+    tuner, pred = predicted_scaling(model, "H200", 8192, (2,))
+    assert whole.largest_efficient_tp == tuner.largest_efficient_tp == pred.largest_efficient_tp == 2
+    assert REPORT["scaling"][model]["recommended_tp"] == 1  # the GEMM-level verdict the committed report gave
+
+
+def test_the_report_recommends_by_the_whole_layer_when_it_has_it():
+    from megatron_autotuner.overlap import analyze_run
+    from megatron_autotuner.overlap.report import build_report
+
+    ev = ROOT / "benchmarks/results/overlap_h200_x2"
+    config = json.loads((ev / "config.json").read_text())
+    tp2 = json.loads((ev / "layer_check.json").read_text())
+    report = build_report(analyze_run(ev, with_traces=False), config, config["noise_frac"], [_tp1_layer_check(), tp2])
+    for model in ("Llama-3.1-8B", "Qwen3-8B"):
+        sc = report["scaling"][model]
+        assert sc["recommended_tp"] == 2
+        assert sc["reason"].startswith("whole layer scales to TP=2") and "one at a time said TP=1" in sc["reason"]
+        assert [r["name"] for r in sc["results"]][-2:] == ["layer", "whole layer"]
+    # without a TP 1 layer check (the committed folder has TP 2 only), the GEMMs decide, as before
+    plain = build_report(analyze_run(ev, with_traces=False), config, config["noise_frac"])["scaling"]
+    for model, sc in plain.items():
+        assert sc["recommended_tp"] == REPORT["scaling"][model]["recommended_tp"] == 1
+        assert "whole layer" not in [r["name"] for r in sc["results"]]

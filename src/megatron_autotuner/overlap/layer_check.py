@@ -7,7 +7,9 @@ One layer from the TE spec (megatron-core `get_gpt_layer_with_transformer_engine
 size, sequence parallel, bf16, micro-batch 1, no RoPE. Setups, in this order, `--passes` times:
 `nccl` (tp_comm_overlap=False), `te_default` (tp_comm_overlap=True, initialize_ub without ub_cfgs),
 `tuned` (initialize_ub with the yaml). Userbuffers are re-initialised between setups (destroy_ub).
-Rank 0 writes medians (CUDA events) and the speedup tuned / te_default to `--out`.
+Rank 0 writes medians (CUDA events) and the speedup tuned / te_default to `--out`. On one GPU (TP 1) only the
+plain layer runs (`nccl`; no userbuffers, no yaml): the baseline of the whole-layer TP scaling check
+(`scaling.whole_layer_scaling`, which the tuning report reads from `layer_check*.json` in its folder).
 
 Order (`measure_setups`): TE asserts at construction that userbuffers exist for a module with
 overlap flags ("initialize_ub() must be called before layer construction", TE 2.x), so the overlap
@@ -64,6 +66,7 @@ def measure_setups(
     tuned_cfg: dict,
     passes: int,
     ms: dict[str, list[float]] | None = None,
+    setups: tuple[str, ...] = SETUPS,
 ) -> dict[str, list[float]]:
     """Median ms per pass of each setup, appended to `ms` (what was measured stays there after an error).
 
@@ -71,12 +74,12 @@ def measure_setups(
     userbuffers (cfg None: TE default); `time_layer(layer)` times fwd+bwd. The overlap layer is built
     after the first init_ub (TE refuses it before); userbuffers left initialised are destroyed on the
     way out, also after an error."""
-    ms = {s: [] for s in SETUPS} if ms is None else ms
+    ms = {s: [] for s in setups} if ms is None else ms
     layers = {False: build_layer(False)}
     live = False
     try:
         for _ in range(passes):
-            for setup in SETUPS:
+            for setup in setups:
                 overlap = setup != "nccl"
                 if overlap:
                     if live:
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", action="append", required=True)
     ap.add_argument("--seq-len", type=int, default=8192)
-    ap.add_argument("--yaml", action="append", required=True, help="tuned yaml per --model (same order)")
+    ap.add_argument("--yaml", action="append", default=[], help="tuned yaml per --model (same order; not at TP 1)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--passes", type=int, default=2)
@@ -123,12 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=world)
     model_parallel_cuda_manual_seed(1234)
     results = {"env": environment("cuda"), "tp": world, "seq_len": args.seq_len, "models": {}}
-    for name, ypath in zip(args.model, args.yaml, strict=True):
-        res: dict = {"yaml": ypath, "ms": {s: [] for s in SETUPS}}
+    setups = SETUPS if world > 1 else ("nccl",)  # TP 1: the plain layer, the scaling baseline
+    yamls = args.yaml if world > 1 else [None] * len(args.model)
+    if len(yamls) != len(args.model):
+        ap.error("give one --yaml per --model at TP > 1")
+    for name, ypath in zip(args.model, yamls, strict=True):
+        res: dict = {"yaml": ypath, "ms": {s: [] for s in setups}}
         try:
             case = Case(model=name, op="decoder", seq_length=args.seq_len, tp=world)
             spec = case.model_spec()
-            tuned = yaml.safe_load(Path(ypath).read_text())
+            tuned = yaml.safe_load(Path(ypath).read_text()) if ypath else None
             x = torch.randn(
                 args.seq_len // world, 1, spec.hidden_size, device="cuda", dtype=torch.bfloat16, requires_grad=True
             )
@@ -158,11 +165,12 @@ def main(argv: list[str] | None = None) -> int:
             def time_layer(layer, x=x, dy=dy) -> float:
                 return statistics.median(_time(layer, x, dy, args.warmup, args.repeats))
 
-            measure_setups(build_layer, init_ub, destroy_ub, time_layer, tuned, args.passes, res["ms"])
+            measure_setups(build_layer, init_ub, destroy_ub, time_layer, tuned, args.passes, res["ms"], setups)
             med = {k: statistics.median(v) for k, v in res["ms"].items()}
             res["median_ms"] = med
-            res["speedup_tuned_vs_te_default"] = med["te_default"] / med["tuned"]
-            res["speedup_tuned_vs_nccl"] = med["nccl"] / med["tuned"]
+            if "tuned" in med:
+                res["speedup_tuned_vs_te_default"] = med["te_default"] / med["tuned"]
+                res["speedup_tuned_vs_nccl"] = med["nccl"] / med["tuned"]
             res["status"] = "ok"
         except Exception as exc:  # noqa: BLE001
             res["status"] = "failed"

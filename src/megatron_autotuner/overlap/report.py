@@ -16,7 +16,7 @@ from typing import Any
 from .. import SCHEMA_VERSION, __version__
 from .analysis import Candidate, RunAnalysis, best_candidate
 from .rules import cfg_from_dict, cfg_violations
-from .scaling import scaling_check
+from .scaling import scaling_check, whole_layer_scaling
 from .yamlcfg import dump_ub_yaml
 
 SETUPS = ("nccl", "te_default", "tuned", "symm_mem")
@@ -82,7 +82,25 @@ def model_tp_summary(an: RunAnalysis, model: str, tp: int, tie_frac: float, thre
     }
 
 
-def scaling_summary(an: RunAnalysis, summaries: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
+def layer_check_results(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The `overlap.layer_check` results saved in a tuning output folder (`layer_check*.json`, one per TP size)."""
+    docs = []
+    for path in sorted(Path(out_dir).glob("layer_check*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("tp"), int) and isinstance(doc.get("models"), dict):
+            docs.append(doc)
+    return docs
+
+
+def scaling_summary(
+    an: RunAnalysis, summaries: list[dict[str, Any]], tolerance: float, layer_checks: list[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """Per model, the check on each GEMM op and on their sum ("layer"), and where the whole-layer check has TP 1 and
+    a larger size (`scaling.whole_layer_scaling`), that one: it decides the recommended TP, since the ops timed one
+    at a time carry the host's issue time where it exceeds their GPU time and a step's layer does not."""
     out: dict[str, Any] = {}
     for model in sorted({s["model"] for s in summaries}):
         tp1 = next((s for s in summaries if s["model"] == model and s["tp"] == 1), None)
@@ -116,6 +134,12 @@ def scaling_summary(an: RunAnalysis, summaries: list[dict[str, Any]], tolerance:
             "recommended_tp": layer["largest_efficient_tp"] if layer else None,
             "reason": layer["reason"] if layer else "no layer timing",
         }
+        whole = whole_layer_scaling(list(layer_checks), model, tolerance)
+        if whole is not None:
+            results.append(whole.to_dict())
+            gemms = f"; the GEMMs timed one at a time said TP={layer['largest_efficient_tp']}" if layer else ""
+            out[model]["recommended_tp"] = whole.largest_efficient_tp
+            out[model]["reason"] = f"whole layer {whole.reason}{gemms}"
     return out
 
 
@@ -125,7 +149,12 @@ SYNTHETIC_NOTE = (
 )
 
 
-def build_report(an: RunAnalysis, config: dict[str, Any], tie_frac: float = 0.005) -> dict[str, Any]:
+def build_report(
+    an: RunAnalysis, config: dict[str, Any], tie_frac: float = 0.005, layer_checks: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The tuning report; `layer_checks` default to the `layer_check*.json` files of the run's folder."""
+    if layer_checks is None:
+        layer_checks = layer_check_results(an.out_dir)
     threshold = float(config.get("overlap_threshold", 0.5))
     tolerance = float(config.get("scaling_tolerance", 0.2))
     summaries = [model_tp_summary(an, m, tp, tie_frac, threshold) for m, tp in an.model_tps()]
@@ -148,7 +177,7 @@ def build_report(an: RunAnalysis, config: dict[str, Any], tie_frac: float = 0.00
         "versions": {k: env.get(k) for k in ("torch", "transformer_engine", "megatron_core", "cuda", "nccl")},
         "measured_date": env.get("date"),
         "summaries": summaries,
-        "scaling": scaling_summary(an, summaries, tolerance),
+        "scaling": scaling_summary(an, summaries, tolerance, layer_checks),
         "searches": searches,
         "candidates": [c.to_dict() for c in an.candidates],
         "failures": [{k: f.get(k) for k in ("case_id", "job_id", "error")} for f in an.failures],

@@ -13,6 +13,9 @@ The measured op times are CUDA-event times of each GEMM op started on an idle GP
 that does not shrink with TP (the committed 2x H200 run: Llama-3.1-8B qkv forward 0.834 ms at TP=1, 0.723 ms at
 TP=2 for half the FLOPs plus a 156 us all-gather). In a training step the host runs ahead and that cost hides
 behind GPU work, so the measured check is stricter than the predicted one (24% vs 6% over ideal at TP=2).
+`whole_layer_scaling` applies the rule to whole TE TransformerLayers timed forward + backward
+(`overlap.layer_check` at TP 1 and at TP n), where the host issues the layer's ops ahead of the GPU as a step does:
+that is the check the tuner recommends a TP size by when it has it, and the one `mat plan` predicts.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..costmodel.tp_scaling import (
 )
 from ..specs import get_gpu_spec, load_model_spec
 
-__all__ = ["ScalingPoint", "ScalingResult", "predicted_scaling", "scaling_check"]
+__all__ = ["ScalingPoint", "ScalingResult", "predicted_scaling", "scaling_check", "whole_layer_scaling"]
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,29 @@ def scaling_check(
             f"tolerance{why}; largest efficient TP is {largest}"
         )
     return ScalingResult(name, tp1_ms, tuple(points), largest, reason)
+
+
+def whole_layer_scaling(
+    checks: list[dict[str, Any]], model: str, tolerance: float = TP_SCALING_TOLERANCE
+) -> ScalingResult | None:
+    """The check on whole layers: `checks` are `overlap.layer_check` results (one per TP size, {"tp", "models":
+    {model: {"status", "median_ms": {setup: ms}}}}); TP 1 is its plain layer, TP n the fastest setup measured
+    there. None without both a TP 1 and a larger size for `model`."""
+    tp1 = None
+    by_tp: dict[int, tuple[float, str, float | None]] = {}
+    for doc in checks:
+        res = (doc.get("models") or {}).get(model) or {}
+        times = {k: v for k, v in (res.get("median_ms") or {}).items() if v} if res.get("status") == "ok" else {}
+        if not times:
+            continue
+        if doc["tp"] == 1:
+            tp1 = times.get("nccl")
+        else:
+            t, setup = min((v, k) for k, v in times.items())
+            by_tp[doc["tp"]] = (t, setup, None)
+    if tp1 is None or not by_tp:
+        return None
+    return scaling_check("whole layer", tp1, by_tp, tolerance)
 
 
 def predicted_scaling(
