@@ -138,10 +138,14 @@ def test_probes_run_in_the_model_and_reach_the_predictions(tmp_path, tiny):
     pytest.importorskip("torch")
     pytest.importorskip("megatron.core")
     lay = Layout(model=tiny, seq_length=64, global_batch_size=2)
-    measured = host_floor.measure_host_floor([lay], "H100-SXM", tmp_path / "hf", log=lambda *_: None, device="cpu")
+    # TP 2 (gloo): the local layers cannot run sequence parallel
+    tp2 = Layout(model=tiny, seq_length=64, global_batch_size=2, num_gpus=2, tp=2, sequence_parallel=False)
+    measured = host_floor.measure_host_floor([lay, tp2], "H100-SXM", tmp_path / "hf", log=lambda *_: None, device="cpu")
     assert (tmp_path / "hf" / "host_floor.calibration.json").is_file()
     floor = measured.dense_host_floor("bf16", "delayed", 1)
     assert floor.fwd_s > 0 and floor.bwd_s > 0 and floor.fwd_no_grad_s > 0
+    assert floor.microbatch_s is not None and floor.step_s is not None
+    assert [(f.tp, f.sequence_parallel) for f in measured.dense_host_floors] == [(1, False), (2, False)]
     assert not measured.ops and not measured.layers
     default = predict(lay, "H100-SXM", gradient_accumulation_fusion=False)
     own = predict(lay, "H100-SXM", measured, gradient_accumulation_fusion=False)
@@ -175,3 +179,36 @@ def test_cli_dry_run_lists_the_cases(tmp_path, capsys):
     assert main([*argv, "--dry-run", "--output-dir", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("host floor case:")]
     assert len(lines) == 2 and any("-E64.json" in line for line in lines)
+
+
+def test_probes_at_each_tp_size_the_layouts_use():
+    """A TP size's probe runs on TP GPUs with the layout's sequence parallelism: its layers' collectives are in its
+    host time."""
+    layouts = [
+        Layout(model="Qwen3-8B", num_layers=2, seq_length=4096, global_batch_size=8),
+        Layout(model="Qwen3-8B", num_layers=2, num_gpus=2, tp=2, seq_length=4096, global_batch_size=8),
+        Layout(model="Qwen3-8B", num_layers=2, num_gpus=4, tp=2, seq_length=4096, global_batch_size=8),  # same probe
+    ]
+    probes = host_floor.host_probe_layouts(layouts)
+    got = sorted((p.tp, p.num_gpus, p.sequence_parallel, p.mode) for p in probes)
+    assert got == [(1, 1, False, "forward"), (1, 1, False, "train"), (2, 2, True, "forward"), (2, 2, True, "train")]
+
+
+def test_one_floor_per_tp_size_the_default_sequence_parallelism_kept():
+    rows = [
+        _probe_row("a", "bf16", "train", 3.0, 6.0),
+        _probe_row("a", "bf16", "forward", 2.5, None),
+    ]
+    tp2 = [_probe_row("a", "bf16", "train", 4.0, 7.0), _probe_row("a", "bf16", "forward", 3.0, None)]
+    tp2_no_sp = [_probe_row("a", "bf16", "train", 9.0, 9.0), _probe_row("a", "bf16", "forward", 9.0, None)]
+    for row in tp2:
+        row["layout"] |= {"tp": 2, "sequence_parallel": True}
+    for row in tp2_no_sp:
+        row["layout"] |= {"tp": 2, "sequence_parallel": False}
+    floors = host_floor.dense_floors_from_probes(rows + tp2_no_sp + tp2)
+    assert [(f["tp"], f["sequence_parallel"], f["fwd_s"]) for f in floors] == [(1, False, 3e-3), (2, True, 4e-3)]
+    calibration = calibration_from_dict(
+        {"kind": "megatron-autotuner-calibration", "schema_version": 1, "gpu": "H100-SXM", "ops": []}
+        | {"dense_host_floor": [{k: v for k, v in f.items() if k != "probes"} for f in floors]}
+    )
+    assert calibration.dense_host_floor("bf16", "delayed", 2).fwd_s == pytest.approx(4e-3)

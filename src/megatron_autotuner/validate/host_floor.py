@@ -1,11 +1,11 @@
 """Measure the host floors of eager layers on this machine before validating layouts (`--measure-host-floor`).
 
-Dense layers, in the model: each dense model of the batch (at the layouts' layer count) runs a few real steps at TP 1,
-micro-batch 1 and `HOST_PROBE_SEQ_LENGTH` tokens, eager, training and forward-only, with its layers' host issue
-times recorded (`Layout.host_timing`, `host_timing.LayerHostTimer`). At that length the GPU finishes each kernel
-before the host issues the next, so the times are the host's. `dense_host_floor` per precision and fp8 recipe is the
-median over the probed models (`dense_floors_from_probes`; other TP sizes add their collectives' host time,
-`costmodel.DenseHostFloor.at`). The testbench's single layer, timed from an empty launch queue, is not used here: on
+Dense layers, in the model: each dense model of the batch (at the layouts' layer count) runs a few real steps at each
+TP size the layouts use (on that many GPUs), micro-batch 1 and `HOST_PROBE_SEQ_LENGTH` tokens, eager, training and
+forward-only, with its layers' host issue times recorded (`Layout.host_timing`, `host_timing.LayerHostTimer`). At
+that length the GPU finishes each kernel before the host issues the next, so the times are the host's.
+`dense_host_floor` per precision, fp8 recipe and TP size is the median over the probed models
+(`dense_floors_from_probes`; TP sizes not probed add their collectives' host time, `costmodel.DenseHostFloor.at`). The testbench's single layer, timed from an empty launch queue, is not used here: on
 one H100 lease it took 4.44 ms to issue the Qwen3-0.6B training forward where the model's layers took 2.86 ms
 (benchmarks/results/validation_h100_x1/host_diagnostics).
 
@@ -41,18 +41,23 @@ HOST_PROBE_WARMUP_STEPS = 3
 
 
 def host_probe_layouts(layouts: list[Layout]) -> list[Layout]:
-    """The dense probes: per dense model (and layer count), precision and fp8 recipe of the batch's Transformer
-    Engine layouts, the model at TP 1, micro-batch 1, `HOST_PROBE_SEQ_LENGTH` tokens, eager, in training and
-    forward-only, with host timing."""
+    """The dense probes: per dense model (and layer count), precision, fp8 recipe and TP size (with its sequence
+    parallelism) of the batch's Transformer Engine layouts, the model on TP GPUs (no DP, PP or CP), micro-batch 1,
+    `HOST_PROBE_SEQ_LENGTH` tokens, eager, in training and forward-only, with host timing. A TP size's probe times
+    its layers' collectives' host work too (`DenseHostFloor.at` adds it at sizes not probed)."""
     probes: dict[str, Layout] = {}
     for lay in layouts:
         if not lay.use_te or lay.model_spec().is_moe:
             continue
         short = Path(lay.model).name.removesuffix(".json")
+        tp_name = f" tp{lay.tp}" if lay.tp > 1 else ""
         for mode in ("train", "forward"):
             probe = Layout(
                 model=lay.model,
                 num_layers=lay.num_layers,
+                num_gpus=lay.tp,
+                tp=lay.tp,
+                sequence_parallel=lay.sequence_parallel,
                 seq_length=HOST_PROBE_SEQ_LENGTH,
                 mode=mode,
                 precision=lay.precision,
@@ -60,22 +65,22 @@ def host_probe_layouts(layouts: list[Layout]) -> list[Layout]:
                 warmup_steps=HOST_PROBE_WARMUP_STEPS,
                 steps=HOST_PROBE_STEPS,
                 host_timing=True,
-                name=f"host probe {short} L{lay.model_spec().num_layers} {lay.precision} {mode}",
+                name=f"host probe {short} L{lay.model_spec().num_layers}{tp_name} {lay.precision} {mode}",
             )
             probes.setdefault(probe.layout_id, probe)
     return list(probes.values())
 
 
 def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """`dense_host_floor` entries (calibration JSON) from the probes' report rows: per precision and fp8 recipe, the
-    median over the probed models of their layers' median host times, training forward / backward and forward-only
-    (`fwd_no_grad_s`), and of the host time outside the layers (a probe's median step less its layers' host time,
-    layers x their median): per micro-batch the forward-only probe's (`microbatch_s`), per step the training
-    probe's less that (`step_s`). Rows that failed or were not timed are left out; `probes` keeps what each model
-    gave."""
+    """`dense_host_floor` entries (calibration JSON) from the probes' report rows: per precision, fp8 recipe and TP
+    size, the median over the probed models of their layers' median host times, training forward / backward and
+    forward-only (`fwd_no_grad_s`), and of the host time outside the layers (a probe's median step less its layers'
+    host time, layers x their median): per micro-batch the forward-only probe's (`microbatch_s`), per step the
+    training probe's less that (`step_s`). Rows that failed or were not timed are left out; `probes` keeps what each
+    model gave."""
     from ..costmodel.calibration import precision_fields
 
-    groups: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str | None, int, bool], list[dict[str, Any]]] = {}
     for row in rows:
         timing = (row.get("measured") or {}).get("host_timing") if row.get("status") == "ok" else None
         if not timing:
@@ -84,19 +89,26 @@ def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
         recipe = lay.get("fp8_recipe", "delayed") if lay["precision"] == "fp8" else None
         layers_ms = timing["layers"] * (timing["fwd_ms"] + (timing.get("bwd_ms") or 0.0))
         step_ms = row["measured"]["step_time_s"] * 1e3
-        groups.setdefault((lay["precision"], recipe), []).append(
+        tp = int(lay.get("tp", 1))
+        key = (lay["precision"], recipe, tp, bool(lay.get("sequence_parallel")) and tp > 1)
+        groups.setdefault(key, []).append(
             {"model": lay["model"], "num_layers": lay.get("num_layers"), "mode": lay["mode"]}
             | {"fwd_ms": timing["fwd_ms"], "bwd_ms": timing.get("bwd_ms")}
             | {"step_ms": step_ms, "outside_layers_ms": max(0.0, step_ms - layers_ms)}
         )
     floors = []
-    for (precision, recipe), probes in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    # one entry per precision, fp8 recipe and TP size (a calibration keys them so): with and without sequence
+    # parallelism at one TP size, the default one (on at TP > 1) is kept
+    keys = sorted(groups, key=lambda k: (k[0], k[1] or "", k[2], k[3] != (k[2] > 1)))
+    kept = {k[:3]: k for k in reversed(keys)}
+    for key in sorted(kept.values(), key=lambda k: (k[0], k[1] or "", k[2])):
+        (precision, recipe, tp, sp), probes = key, groups[key]
         train = [p for p in probes if p["mode"] == "train" and p["bwd_ms"] is not None]
         if not train:
             continue
         entry = precision_fields(precision, recipe) | {
-            "tp": 1,
-            "sequence_parallel": False,
+            "tp": tp,
+            "sequence_parallel": sp,
             "fwd_s": statistics.median(p["fwd_ms"] for p in train) * 1e-3,
             "bwd_s": statistics.median(p["bwd_ms"] for p in train) * 1e-3,
         }
