@@ -5,8 +5,9 @@ TP size the layouts use (on that many GPUs), micro-batch 1 and `HOST_PROBE_SEQ_L
 forward-only, with its layers' host issue times recorded (`Layout.host_timing`, `host_timing.LayerHostTimer`). At
 that length the GPU finishes each kernel before the host issues the next, so the times are the host's.
 `dense_host_floor` per precision, fp8 recipe and TP size is the median over the probed models
-(`dense_floors_from_probes`; TP sizes not probed add their collectives' host time, `costmodel.DenseHostFloor.at`). The testbench's single layer, timed from an empty launch queue, is not used here: on
-one H100 lease it took 4.44 ms to issue the Qwen3-0.6B training forward where the model's layers took 2.86 ms
+(`dense_floors_from_probes`; TP sizes not probed add their collectives' host time, `costmodel.DenseHostFloor.at`).
+The testbench's single layer, timed from an empty launch queue, is not used here: on one H100 lease it took 4.44 ms
+to issue the Qwen3-0.6B training forward where the model's layers took 2.86 ms
 (benchmarks/results/validation_h100_x1/host_diagnostics).
 
 MoE blocks:
