@@ -118,7 +118,8 @@ class Layout:
     # TE >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1 in the environment, as Megatron-LM asks (`runner.offload_env_problem`).
     activation_offload: ActivationOffloadConfig | None = None
     # time each decoder layer's host issue in the timed steps (`host_timing.LayerHostTimer`, measured["host_timing"]);
-    # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer).
+    # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer); with full
+    # recompute the forwards recomputed in the backward are timed as forwards too.
     host_timing: bool = False
     name: str = ""
 
