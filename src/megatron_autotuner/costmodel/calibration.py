@@ -235,12 +235,17 @@ class DenseHostFloor:
     microbatch_s: float | None = None
     step_s: float | None = None
 
+    # the fields a file may leave out (None: derived, as said above)
+    OPTIONAL_FIELDS = ("fwd_no_grad_s", "microbatch_s", "step_s")
+
     def outside_layers_s(self) -> tuple[float, float]:
         """(per micro-batch s, per training step s) of host work outside the layers, at the measured TP size."""
         microbatch = self.microbatch_s
         if microbatch is None:
             microbatch = self.fwd_s * d.DENSE_HOST_MICROBATCH_PER_LAYER_FWD
-        step = self.step_s if self.step_s is not None else (self.fwd_s + self.bwd_s) * d.DENSE_HOST_STEP_PER_LAYER
+        step = self.step_s
+        if step is None:
+            step = (self.fwd_s + self.bwd_s) * d.DENSE_HOST_STEP_PER_LAYER
         return microbatch, step
 
     def at(self, tp: int, sequence_parallel: bool, training: bool = True) -> tuple[float, float]:
@@ -265,9 +270,7 @@ class DenseHostFloor:
             "fwd_s": self.fwd_s,
             "bwd_s": self.bwd_s,
         }
-        if self.fwd_no_grad_s is not None:
-            out["fwd_no_grad_s"] = self.fwd_no_grad_s
-        for key in ("microbatch_s", "step_s"):
+        for key in self.OPTIONAL_FIELDS:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -607,14 +610,9 @@ def _parse_dense_host_floors(source: str, raw: Any) -> tuple[DenseHostFloor, ...
                 fp8_recipe=_fp8_recipe(f"{where}.fp8_recipe", row),
                 tp=tp,
                 sequence_parallel=bool(row.get("sequence_parallel", tp > 1)),
-                fwd_no_grad_s=(
-                    None
-                    if row.get("fwd_no_grad_s") is None
-                    else _number(f"{where}.fwd_no_grad_s", row["fwd_no_grad_s"], allow_zero=True)
-                ),
                 **{
                     key: _number(f"{where}.{key}", row[key], allow_zero=True)
-                    for key in ("microbatch_s", "step_s")
+                    for key in DenseHostFloor.OPTIONAL_FIELDS
                     if row.get(key) is not None
                 },
             )
