@@ -205,9 +205,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--measure-host-floor",
         action="store_true",
-        help="first measure this machine's host floors on one GPU: dense models issue a few short steps in the model "
-        "with each layer's host time recorded, MoE blocks run the testbench moe cases; then predict with them "
-        "(written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
+        help="first measure this machine's host floors: dense models issue a few short steps in the model at each "
+        "TP size the layouts use, with each layer's host time recorded; MoE blocks run the testbench moe cases on one "
+        "GPU; then predict with them (written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
     )
     add_stand_in_argument(p)
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")

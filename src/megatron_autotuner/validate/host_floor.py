@@ -98,12 +98,12 @@ def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
             | {"step_ms": step_ms, "outside_layers_ms": max(0.0, step_ms - layers_ms)}
         )
     floors = []
-    # one entry per precision, fp8 recipe and TP size (a calibration keys them so): with and without sequence
-    # parallelism at one TP size, the default one (on at TP > 1) is kept
-    keys = sorted(groups, key=lambda k: (k[0], k[1] or "", k[2], k[3] != (k[2] > 1)))
-    kept = {k[:3]: k for k in reversed(keys)}
-    for key in sorted(kept.values(), key=lambda k: (k[0], k[1] or "", k[2])):
+    for key in sorted(groups, key=lambda k: (k[0], k[1] or "", k[2])):
         (precision, recipe, tp, sp), probes = key, groups[key]
+        if sp != (tp > 1) and (precision, recipe, tp, not sp) in groups:
+            # one entry per precision, fp8 recipe and TP size (a calibration keys them so): probed with and
+            # without sequence parallelism, the default one (on at TP > 1) is kept
+            continue
         train = [p for p in probes if p["mode"] == "train" and p["bwd_ms"] is not None]
         if not train:
             continue
@@ -226,9 +226,11 @@ def _dense_floors(
     from .launcher import run_layouts
     from .results import aggregate
 
-    log(f"host floor: {len(probes)} in-model probe(s) at {HOST_PROBE_SEQ_LENGTH} tokens on one GPU -> {out_dir}")
+    tps = " / ".join(str(tp) for tp in sorted({p.tp for p in probes}))
+    log(f"host floor: {len(probes)} in-model probe(s) at {HOST_PROBE_SEQ_LENGTH} tokens, TP {tps} -> {out_dir}")
     run_layouts(probes, out_dir, device=device, available_gpus=num_gpus, log=log)
-    rows = [row for lid, row in aggregate(out_dir).items() if lid in {p.layout_id for p in probes}]
+    ids = {p.layout_id for p in probes}
+    rows = [row for lid, row in aggregate(out_dir).items() if lid in ids]
     failed = [row for row in rows if row.get("status") != "ok"]
     for row in failed:
         log(f"host floor: probe {row['layout_id']} {row.get('status')}: {row.get('error')}")

@@ -224,7 +224,7 @@ def _measured_summary(records: list[dict[str, Any]], per_rank: list[dict[str, An
         # recording the allocator's history slowed these steps: their time is not compared with a prediction
         "memory_history": any(rec.get("measured", {}).get("memory_history") for rec in records),
         "stand_in": any(rec.get("stand_in") for rec in records),
-        # per-layer host issue times (`Layout.host_timing`), rank 0's
+        # per-layer host issue times (`Layout.host_timing`), of the first rank that recorded them
         "host_timing": next(
             (rec["measured"]["host_timing"] for rec in records if (rec.get("measured") or {}).get("host_timing")), None
         ),
