@@ -31,8 +31,7 @@ def decoder_layers(chunks: Iterable[Any]) -> list[Any]:
 
 
 def _hidden_states(args: tuple, kwargs: dict[str, Any]) -> Any:
-    value = kwargs.get("hidden_states", args[0] if args else None)
-    return value
+    return kwargs.get("hidden_states", args[0] if args else None)
 
 
 def _first_tensor(output: Any) -> Any:
@@ -40,8 +39,8 @@ def _first_tensor(output: Any) -> Any:
 
 
 class LayerHostTimer:
-    """Per-layer host times of the steps between `start()` and `stop()`: forward always, backward where autograd
-    runs. `summary()` gives their medians over layers and steps."""
+    """Per-layer host times of the steps after `start()`: forward always, backward where autograd runs. `summary()`
+    gives their medians over layers and steps; `remove()` takes the hooks off."""
 
     def __init__(self, layers: list[Any]) -> None:
         self.layers = layers
@@ -57,9 +56,6 @@ class LayerHostTimer:
 
     def start(self) -> None:
         self.recording = True
-
-    def stop(self) -> None:
-        self.recording = False
 
     def remove(self) -> None:
         for handle in self._handles:
