@@ -73,31 +73,18 @@ def _rows(folder: Path, predictions: dict) -> list[dict]:
     return rows
 
 
-def _today(calibration=None):
-    """f(result row) -> today's predicted step time, with `calibration`."""
+def _today(calibration=None, key: str = "step_time_s"):
+    """f(result row) -> today's prediction `key` (step time s, peak memory GiB), with `calibration`."""
     sys.path.insert(0, str(ROOT / "src"))
     from megatron_autotuner.validate.layout import Layout
     from megatron_autotuner.validate.predict import predict
 
-    def step_s(r: dict) -> float:
+    def predicted(r: dict) -> float:
         gaf = r.get("gradient_accumulation_fusion", False)
         lay = Layout.from_dict(r["layout"])
-        return predict(lay, "H100-SXM", calibration, gradient_accumulation_fusion=gaf)["step_time_s"]
+        return predict(lay, "H100-SXM", calibration, gradient_accumulation_fusion=gaf)[key]
 
-    return step_s
-
-
-def _today_peak():
-    """f(result row) -> today's predicted peak memory (GiB)."""
-    sys.path.insert(0, str(ROOT / "src"))
-    from megatron_autotuner.validate.layout import Layout
-    from megatron_autotuner.validate.predict import predict
-
-    def peak_gib(r: dict) -> float:
-        gaf = r.get("gradient_accumulation_fusion", False)
-        return predict(Layout.from_dict(r["layout"]), "H100-SXM", gradient_accumulation_fusion=gaf)["peak_memory_gib"]
-
-    return peak_gib
+    return predicted
 
 
 def compare() -> dict:
@@ -168,19 +155,18 @@ def compare_probe(folder: str) -> dict:
             "now_measured": _today(calibration_from_dict(floor_doc)),
         },
     )
-    timing = {}
+    peak_now = _today(key="peak_memory_gib")
+    extra: dict[str, dict] = {}
     for line in (run / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
-        host = (r.get("measured") or {}).get("host_timing")
-        if host:
-            timing[r["layout_id"]] = {"host_fwd_ms": host["fwd_ms"], "host_bwd_ms": host["bwd_ms"]}
-    peak_now = _today_peak()
-    for line in (run / "results.jsonl").read_text().splitlines():
-        r = json.loads(line)
-        if r["status"] == "ok" and r["measured"].get("peak_gib"):
-            timing.setdefault(r["layout_id"], {})["peak_memory_error_now"] = peak_now(r) / r["measured"]["peak_gib"] - 1
+        measured = r.get("measured") or {}
+        if measured.get("host_timing"):
+            host = measured["host_timing"]
+            extra[r["layout_id"]] = {"host_fwd_ms": host["fwd_ms"], "host_bwd_ms": host["bwd_ms"]}
+        if r["status"] == "ok" and measured.get("peak_gib"):
+            extra.setdefault(r["layout_id"], {})["peak_memory_error_now"] = peak_now(r) / measured["peak_gib"] - 1
     for row in rows:
-        row |= timing.get(row["layout_id"], {})
+        row |= extra.get(row["layout_id"], {})
     floors = {"run": _floor_ms(floor_doc)}
     after = lease / "after/host_floor/host_floor.calibration.json"
     if after.is_file():
