@@ -19,7 +19,7 @@ RUNS="${RUNS:-/root/runs/host_probe}"
 record_gpus
 EV="$OUT/evidence"
 mkdir -p "$EV" "$RUNS"
-LAYOUTS="$HERE/h100_x1_host_probe_layouts.json"
+LAYOUTS="${LAYOUTS:-$HERE/h100_x1_host_probe_layouts.json}"  # h200_x1_host_probe.sh passes its own
 case "${1:?run|after|pin}" in
   run)
     $VALIDATE --layouts "$LAYOUTS" --output-dir "$RUNS/run" --timeout-s 240 --measure-host-floor \

@@ -44,6 +44,20 @@ def test_dry_run_prints_prediction_and_command(tmp_path, capsys):
     assert doc["layouts"][0]["layout"]["num_layers"] == 4 and doc["layouts"][0]["predicted"]["step_time_s"] > 0
 
 
+def test_dry_run_json_is_one_document_of_predictions_and_probes(tmp_path, capsys):
+    """--dry-run --json prints the predictions written before a lease as one JSON document, with the in-model
+    host probes --measure-host-floor would run first."""
+    pytest.importorskip("megatron_autotuner.costmodel")
+    args = ["validate", "--model", "Qwen3-0.6B", "--gpu", "H200", "--seq-len", "4096", "--micro-batch-size", "2"]
+    rc = main([*args, "--dry-run", "--json", "--measure-host-floor", "--output-dir", str(tmp_path)])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["gpu"] == "H200" and doc["predicted_at"]
+    (row,) = doc["layouts"]
+    assert row["layout"]["micro_batch_size"] == 2 and row["predicted"]["step_time_s"] > 0
+    assert "--nproc-per-node=1" in row["commands"][0]
+    assert [p.split()[2:5] for p in doc["host_floor_probes"]] == [["Qwen3-0.6B", "L28", "bf16"]] * 2
+
+
 def test_stand_in_dry_run_lists_one_command_per_rank_and_refuses_timing_options(tmp_path, capsys):
     pytest.importorskip("megatron_autotuner.costmodel")
     base = ["validate", "--model", "Qwen3-8B", "--num-layers", "4", "--gpu", "H200", "--num-gpus", "4", "--pp", "2",

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
+from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
 
 
@@ -340,27 +341,8 @@ def run(args: argparse.Namespace) -> int:
         from ..costmodel import load_calibration
 
         calibration = load_calibration(args.calibration)
-    if args.dry_run and args.measure_host_floor:
-        from .host_floor import host_floor_cases, host_probe_layouts
-
-        for probe in host_probe_layouts(layouts):
-            print(f"host floor probe: {probe.label} ({probe.layout_id})")
-        for case in host_floor_cases(layouts, out / "host_floor" / "models"):
-            recipe = f" {case.fp8_recipe}" if case.dtype == "fp8" else ""
-            print(f"host floor case: {case.case_id} ({case.model}, {case.dtype}{recipe})")
     if args.dry_run:
-        preds = batch.predictions_for(layouts, gpu, out, calibration)
-        for lay in layouts:
-            print(f"{lay.label} ({lay.layout_id}): predicted {json.dumps(preds[lay.layout_id])}")
-            job = out / "jobs" / "JOB.json"
-            if args.stand_in:
-                world, ranks = lay.world_size, lay.stand_in_ranks(args.stand_in == "all")
-                cmds = [launcher.stand_in_command(job, out, r, world, args.device, args.timeout_s) for r in ranks]
-            else:
-                cmds = [launcher.torchrun_command(lay.world_size, job, out, args.device, args.timeout_s)]
-            for cmd in cmds:
-                print("  " + " ".join(cmd))
-        return 0
+        return _dry_run(args, layouts, gpu, out, calibration)
     if args.device == "cuda" and not args.report_only:
         from ..launch.devices import require_cuda_gpus
 
@@ -379,6 +361,64 @@ def run(args: argparse.Namespace) -> int:
         if args.write_calibration:
             print(f"calibration: {args.write_calibration}")
     require_measured(rep, len(layouts), "reported" if args.report_only else "ran")
+    return 0
+
+
+def _dry_run(args, layouts, gpu, out: Path, calibration) -> int:
+    """Predict every layout and print the commands that would run it, as lines or (`--json`) one document:
+    {"gpu", "predicted_at", "host_floor_probes", "host_floor_cases" (`--measure-host-floor`), "layouts":
+    [{"layout_id", "label", "layout", "predicted", "commands"}]}, the form kept beside GPU evidence as the
+    prediction written before a run."""
+    from . import batch, launcher
+
+    probes: list[str] = []
+    cases: list[str] = []
+    if args.measure_host_floor:
+        from .host_floor import host_floor_cases, host_probe_layouts
+
+        probes = [f"{probe.label} ({probe.layout_id})" for probe in host_probe_layouts(layouts)]
+        for case in host_floor_cases(layouts, out / "host_floor" / "models"):
+            recipe = f" {case.fp8_recipe}" if case.dtype == "fp8" else ""
+            cases.append(f"{case.case_id} ({case.model}, {case.dtype}{recipe})")
+    preds = batch.predictions_for(layouts, gpu, out, calibration)
+    rows = []
+    for lay in layouts:
+        job = out / "jobs" / "JOB.json"
+        if args.stand_in:
+            world, ranks = lay.world_size, lay.stand_in_ranks(args.stand_in == "all")
+            cmds = [launcher.stand_in_command(job, out, r, world, args.device, args.timeout_s) for r in ranks]
+        else:
+            cmds = [launcher.torchrun_command(lay.world_size, job, out, args.device, args.timeout_s)]
+        rows.append(
+            {
+                "layout_id": lay.layout_id,
+                "label": lay.label,
+                "layout": lay.to_dict(),
+                "predicted": preds[lay.layout_id],
+                "commands": [" ".join(cmd) for cmd in cmds],
+            }
+        )
+    if args.json:
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "tool_version": __version__,
+            "gpu": gpu,
+            "predicted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "calibration": args.calibration,
+            "host_floor_probes": probes,
+            "host_floor_cases": cases,
+            "layouts": rows,
+        }
+        print(json.dumps(doc, indent=1, default=str))
+        return 0
+    for line in probes:
+        print(f"host floor probe: {line}")
+    for line in cases:
+        print(f"host floor case: {line}")
+    for row in rows:
+        print(f"{row['label']} ({row['layout_id']}): predicted {json.dumps(row['predicted'])}")
+        for cmd in row["commands"]:
+            print("  " + cmd)
     return 0
 
 

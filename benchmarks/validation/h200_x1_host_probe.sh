@@ -1,0 +1,41 @@
+#!/bin/bash
+# One H200 (nvidia-h200), #27: the small-model host-floor check of h100_x1_host_probe.sh on another machine kind,
+# and the single layers an H200 times from an empty queue.
+# Part "run" (~14 min): h100_x1_host_probe.sh run on h200_x1_host_probe_layouts.json: the in-model probes, then the
+#   18 eager layouts of the H100 leases (Qwen3-0.6B, 1.7B.L14, 4B.L8 at micro-batch 1 / 2 / 4, s4096, training and
+#   forward-only) and six with TE's per-layer CUDA graphs (attn + mlp), each predicted before it runs.
+# Part "layers" (~4 min): the testbench's single decoder layers at TP 1 (h200_x1_decoder_cases.json: the 8B shapes
+#   of testbench_h200_x2 at s4096 / s8192 and two small ones), CUDA-event and host times of each phase, and the
+#   floor they give; then benchmarks/overlap/layer_check.py's plain layer at TP 1 (the whole-layer baseline of the
+#   overlap tuner's TP-scaling check) into layer_check_tp1.json.
+# Resumable: runs live in $RUNS, outside $OUT.
+#     bash benchmarks/validation/h200_x1_host_probe.sh run|layers
+# Unpack "$OUT"/evidence.tgz to benchmarks/results/validation_h200_x1/host_probe.
+OUT="${OUT:-$PWD/outputs/h200_x1_host_probe}"
+RUNS="${RUNS:-/root/runs/h200_host_probe}"
+HERE_H200="$(dirname "$0")"
+case "${1:?run|layers}" in
+  run)
+    OUT="$OUT" RUNS="$RUNS" LAYOUTS="$HERE_H200/h200_x1_host_probe_layouts.json" \
+      exec bash "$HERE_H200/h100_x1_host_probe.sh" run
+    ;;
+  layers)
+    source "$HERE_H200/common.sh"
+    record_gpus
+    EV="$OUT/evidence"
+    mkdir -p "$EV/testbench/collect" "$RUNS"
+    $MAT profile --case-file "$HERE/../testbench/h200_x1_decoder_cases.json" --warmup 5 --repeats 20 \
+      --case-timeout 240 --output-dir "$RUNS/testbench" --calibration-out "$RUNS/testbench/host_floor.calibration.json" \
+      --json > "$RUNS/testbench-summary.json" 2>>"$RUNS/layers.log"
+    echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/layers.log"
+    cp "$RUNS/testbench"/cases.json "$RUNS/testbench-summary.json" "$RUNS/testbench"/host_floor.calibration.json \
+      "$EV/testbench/" 2>/dev/null
+    cp "$RUNS/testbench"/collect/*.jsonl "$EV/testbench/collect/" 2>/dev/null
+    $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m megatron_autotuner.overlap.layer_check \
+      --model Qwen3-8B --model Llama-3.1-8B --seq-len 8192 --warmup 3 --repeats 8 --passes 2 \
+      --out "$EV/layer_check_tp1.json" 2>&1 | tail -20 | tee -a "$RUNS/layers.log"
+    echo "layer_check rc=${PIPESTATUS[0]} ($(elapsed))" | tee -a "$RUNS/layers.log"
+    cp "$RUNS"/*.log "$EV/" 2>/dev/null
+    finish "$EV"
+    ;;
+esac
