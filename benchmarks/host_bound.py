@@ -1,7 +1,7 @@
-"""Small dense models on one H100, eager and CUDA-graphed (#27): measured step times against the cost model.
+"""Small dense models on one H100 or H200, eager and CUDA-graphed (#27): measured step times against the cost model.
 
-Four leases of nvidia-h100-x1, each a folder of benchmarks/results/validation_h100_x1 with a comparison.json
-written here:
+Leases of nvidia-h100-x1 (folders of benchmarks/results/validation_h100_x1) and one of nvidia-h200
+(validation_h200_x1/host_probe), each with a comparison.json written here:
 - host_bound (benchmarks/validation/h100_x1_host_bound.sh; 19 of its 36 layouts finished inside the device call's
   600 s, its graphed training failed at capture): per layout
   - `pre_run_default`: the prediction written before the runs with the default floor of that day
@@ -14,11 +14,12 @@ written here:
   (h100_x1_small_models.sh small_forward, predicted with the launch-queue and no-grad host terms):
   `pre_run_default` is the prediction `mat validate` wrote before each run (default floor), `now_default` the
   current model.
-- host_probe and host_probe_2 (h100_x1_host_probe.sh run / after / pin: `mat validate --measure-host-floor` with
-  the floor measured in the model): `pre_run_default` from predicted_default_floor.json (`mat validate --dry-run`
-  before the lease), `pre_run_measured` what `mat validate` wrote before each run with the probes' floor, and per
-  layout the host time its own layers took to issue (`host_fwd_ms` / `host_bwd_ms`, `Layout.host_timing`) beside
-  the probes'.
+- host_probe and host_probe_2 (h100_x1_host_probe.sh run / after / pin), and one lease of nvidia-h200,
+  validation_h200_x1/host_probe (h200_x1_host_probe.sh run / layers; six of its layouts CUDA-graphed):
+  `mat validate --measure-host-floor` with the floor measured in the model. `pre_run_default` from
+  predicted_default_floor.json (`mat validate --dry-run`, before the lease), `pre_run_measured` what
+  `mat validate` wrote before each run with the probes' floor, and per layout the host time its own layers took to
+  issue (`host_fwd_ms` / `host_bwd_ms`, `Layout.host_timing`) beside the probes'.
 
     python benchmarks/host_bound.py [--check]
 """
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VALIDATION = ROOT / "benchmarks/results/validation_h100_x1"
 RESULTS = VALIDATION / "host_bound"
 LATER_LEASES = ("graphed_training", "host_diagnostics/profile", "small_forward")
-PROBE_LEASES = ("host_probe", "host_probe_2")
+# probe leases, relative to benchmarks/results (each names its GPU preset in predicted_default_floor.json)
+PROBE_LEASES = ("validation_h100_x1/host_probe", "validation_h100_x1/host_probe_2", "validation_h200_x1/host_probe")
 ERROR_KEYS = ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
 
 
@@ -73,8 +75,8 @@ def _rows(folder: Path, predictions: dict) -> list[dict]:
     return rows
 
 
-def _today(calibration=None, key: str = "step_time_s"):
-    """f(result row) -> today's prediction `key` (step time s, peak memory GiB), with `calibration`."""
+def _today(calibration=None, key: str = "step_time_s", gpu: str = "H100-SXM"):
+    """f(result row) -> today's prediction `key` (step time s, peak memory GiB) on `gpu`, with `calibration`."""
     sys.path.insert(0, str(ROOT / "src"))
     from megatron_autotuner.validate.layout import Layout
     from megatron_autotuner.validate.predict import predict
@@ -82,7 +84,7 @@ def _today(calibration=None, key: str = "step_time_s"):
     def predicted(r: dict) -> float:
         gaf = r.get("gradient_accumulation_fusion", False)
         lay = Layout.from_dict(r["layout"])
-        return predict(lay, "H100-SXM", calibration, gradient_accumulation_fusion=gaf)[key]
+        return predict(lay, gpu, calibration, gradient_accumulation_fusion=gaf)[key]
 
     return predicted
 
@@ -139,23 +141,22 @@ def compare_probe(folder: str) -> dict:
     sys.path.insert(0, str(ROOT / "src"))
     from megatron_autotuner.costmodel.calibration import calibration_from_dict
 
-    lease = VALIDATION / folder
+    lease = ROOT / "benchmarks/results" / folder
     run = lease / "run"
     floor_doc = json.loads((run / "host_floor/host_floor.calibration.json").read_text())
-    default_pre = {
-        e["layout_id"]: e["predicted"]["step_time_s"]
-        for e in json.loads((lease / "predicted_default_floor.json").read_text())["layouts"]
-    }
+    predicted_default = json.loads((lease / "predicted_default_floor.json").read_text())
+    gpu = predicted_default["gpu"]
+    default_pre = {e["layout_id"]: e["predicted"]["step_time_s"] for e in predicted_default["layouts"]}
     rows = _rows(
         run,
         {
             "pre_run_default": lambda r: default_pre.get(r["layout_id"]),
             "pre_run_measured": lambda r: r["predicted"]["step_time_s"],
-            "now_default": _today(),
-            "now_measured": _today(calibration_from_dict(floor_doc)),
+            "now_default": _today(gpu=gpu),
+            "now_measured": _today(calibration_from_dict(floor_doc), gpu=gpu),
         },
     )
-    peak_now = _today(key="peak_memory_gib")
+    peak_now = _today(key="peak_memory_gib", gpu=gpu)
     extra: dict[str, dict] = {}
     for line in (run / "results.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -174,7 +175,7 @@ def compare_probe(folder: str) -> dict:
     testbench = lease / "testbench/host_floor.calibration.json"
     if testbench.is_file():
         floors["testbench"] = _floor_ms(json.loads(testbench.read_text()))
-    return {"schema_version": 1, "source": str(lease.relative_to(ROOT)), "floors_ms": floors, "rows": rows}
+    return {"schema_version": 1, "source": str(lease.relative_to(ROOT)), "gpu": gpu, "floors_ms": floors, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 when comparison.json is not what this makes now")
     args = parser.parse_args(argv)
     docs = {RESULTS: compare()} | {VALIDATION / f: compare_later(f) for f in LATER_LEASES}
-    docs |= {VALIDATION / f: compare_probe(f) for f in PROBE_LEASES}
+    docs |= {ROOT / "benchmarks/results" / f: compare_probe(f) for f in PROBE_LEASES}
     stale = []
     for folder, doc in docs.items():
         text = json.dumps(doc, indent=1, default=float) + "\n"

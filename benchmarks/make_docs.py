@@ -178,7 +178,11 @@ def small_models(root: Path) -> str:
     return source(*(f"{rel}/comparison.json" for rel in SMALL_MODEL_LEASES)) + table(head, rows)
 
 
-HOST_PROBE_LEASES = ("validation_h100_x1/host_probe", "validation_h100_x1/host_probe_2")
+HOST_PROBE_LEASES = (
+    "validation_h100_x1/host_probe",
+    "validation_h100_x1/host_probe_2",
+    "validation_h200_x1/host_probe",
+)
 
 
 def host_probe(root: Path) -> str:
@@ -188,7 +192,7 @@ def host_probe(root: Path) -> str:
     summary, rows = [], []
     for rel in HOST_PROBE_LEASES:
         doc = load(root, f"{rel}/comparison.json")
-        lease = rel.removeprefix("validation_h100_x1/")
+        lease = rel.removeprefix("validation_")
         ok = [r for r in doc["rows"] if r["status"] == "ok"]
         line = [f"`{lease}`", str(len(ok))]
         for key in errors:
@@ -197,7 +201,7 @@ def host_probe(root: Path) -> str:
             line.append(f"{sum(abs(e) <= 0.10 for e in errs)} / {len(errs)}, median {med}, {lo} .. {hi}")
         summary.append(line)
         for r in ok:
-            host = num(r["host_fwd_ms"])
+            host = num(r.get("host_fwd_ms"))
             if r.get("host_bwd_ms"):
                 host = f"{r['host_fwd_ms']:.2f} / {r['host_bwd_ms']:.2f}"
             rows.append(
@@ -273,6 +277,36 @@ def single_layers(root: Path) -> str:
     ]
     head = ["model", "tp", "seq", "phase", "measured ms", "predicted ms", "error"]
     return source("measured_comparison.json") + f"GPU: {data['gpu']}.\n\n" + table(head, rows)
+
+
+def single_layers_empty_queue(root: Path) -> str:
+    data = load(root, "measured_comparison.json")
+    rows = [
+        [
+            r["model"],
+            str(r["seq_length"]),
+            r["phase"],
+            num(r["measured_ms"]),
+            num(r["host_ms"]),
+            pct(r["error_before"]),
+            pct(r["error_with_host_measured"]),
+        ]
+        for r in data["empty_queue_h200_x1"]
+    ]
+    head = ["model", "seq", "phase", "measured ms", "host ms", "error, before the run", "error, max(GPU, host measured)"]
+    return source("measured_comparison.json", "validation_h200_x1/host_probe/predicted_decoder.json") + table(
+        head, rows
+    )
+
+
+def whole_layers(root: Path) -> str:
+    data = load(root, "measured_comparison.json")
+    rows = [
+        [r["model"], str(r["tp"]), r["setup"], num(r["measured_ms"]), num(r["predicted_ms"]), pct(r["error"])]
+        for r in data["whole_layers"]
+    ]
+    head = ["model", "tp", "setup", "measured ms", "predicted ms", "error"]
+    return source("measured_comparison.json") + table(head, rows)
 
 
 def search_speed(root: Path) -> str:
@@ -657,6 +691,8 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "host_probe": host_probe,
     "validation_layouts_time": validation_layouts_time,
     "single_layers": single_layers,
+    "single_layers_empty_queue": single_layers_empty_queue,
+    "whole_layers": whole_layers,
     "search_speed": search_speed,
     "trace_checks": trace_checks,
     "validation_memory": validation_memory,

@@ -189,6 +189,28 @@ def test_measured_h200_layers_within_10_percent():
     assert len({(r["model"], r["tp"], r["seq_length"]) for r in good}) >= 6
 
 
+def test_h200_whole_layers_and_empty_queue_layers():
+    """Whole TE layers (the layer check: TP 1 on one H200, TP 2 on 2x H200) within 10% without overlap; the single
+    layers one H200 timed from an empty queue, predicted before the lease: every backward and every GPU-bound
+    forward within 10%, and the committed comparison is what the script makes now."""
+    script = load_script("measured")
+    whole = script.compare_layer_check()
+    plain = [r for r in whole if r["setup"] == "nccl"]
+    assert {(r["model"], r["tp"]) for r in plain} == {(m, tp) for m in ("Qwen3-8B", "Llama-3.1-8B") for tp in (1, 2)}
+    assert all(abs(r["error"]) <= 0.10 for r in plain)
+    queue = script.compare_empty_queue()
+    assert len(queue) == 12
+    assert all(abs(r["error_before"]) <= 0.10 for r in queue if r["phase"] == "bwd" and r["model"] != "Qwen3-0.6B")
+    assert all(abs(r["error_before"]) <= 0.10 for r in queue if r["seq_length"] == 8192)
+    # a wholly host-bound layer is its host time; the 8B forwards at s4096 wait on more than max(GPU, host)
+    tiny = [r for r in queue if r["model"] == "Qwen3-0.6B"]
+    assert all(abs(r["error_with_host_measured"]) < 0.06 for r in tiny)
+    lagged = [r for r in queue if r["phase"] == "fwd" and r["seq_length"] == 4096 and "8B" in r["model"]]
+    assert all(r["measured_ms"] - max(r["with_host_measured_ms"], r["host_ms"]) > 0.6 for r in lagged)
+    committed = json.loads((ROOT / "benchmarks/results/measured_comparison.json").read_text())
+    assert committed["whole_layers"] == whole and committed["empty_queue_h200_x1"] == queue
+
+
 def test_expandable_segments_shrink_only_the_fragmentation_allowance(capsys):
     """`--expandable-segments` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) changes the reserved-but-
     unallocated allowance from 0.18 to 0.034 x activations and nothing else."""

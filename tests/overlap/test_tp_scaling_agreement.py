@@ -69,9 +69,15 @@ def test_measured_verdict_differs_by_the_per_op_fixed_cost(model):
 
 
 def _tp1_layer_check() -> dict:
-    """The whole TE layer at TP 1, seq 8192, fwd + bwd, in the layer check's format: the testbench `decoder` of the
-    same 2x H200 machine kind (benchmarks/results/testbench_h200_x2/rerun/dense_fused; the layer check builds its
-    layer with the same `testbench.operators` functions). The committed layer check ran at TP 2 only."""
+    """The whole TE layer at TP 1, seq 8192, fwd + bwd, timed by the layer check itself on one H200
+    (benchmarks/results/validation_h200_x1/host_probe/layer_check_tp1.json, `h200_x1_host_probe.sh layers`): the
+    committed 2x H200 layer check ran at TP 2 only."""
+    return json.loads((ROOT / "benchmarks/results/validation_h200_x1/host_probe/layer_check_tp1.json").read_text())
+
+
+def _tp1_testbench() -> dict:
+    """The same layer as the testbench's `decoder` of the 2x H200 machine (benchmarks/results/testbench_h200_x2/rerun/
+    dense_fused; with RoPE), in the layer check's format."""
     path = ROOT / "benchmarks/results/testbench_h200_x2/rerun/dense_fused/collect/rank_0.jsonl"
     models = {}
     for line in path.read_text().splitlines():
@@ -82,20 +88,23 @@ def _tp1_layer_check() -> dict:
     return {"tp": 1, "seq_len": 8192, "models": models}
 
 
-@pytest.mark.parametrize(("model", "over_ideal"), [("Llama-3.1-8B", 0.058), ("Qwen3-8B", 0.122)])
+@pytest.mark.parametrize(("model", "over_ideal"), [("Llama-3.1-8B", 0.046), ("Qwen3-8B", 0.158)])
 def test_whole_layers_scale_to_tp2_as_plan_predicts(model, over_ideal):
     """Timed as whole layers, where the host issues the GEMMs ahead of the GPU as in a step, TP=2 with the tuned
-    userbuffers is 6% (Llama-3.1-8B) and 12% (Qwen3-8B) over ideal: efficient, as `mat plan` predicts (6-7%), where
-    the GEMMs timed one at a time were 24-26% over."""
+    userbuffers is 5% (Llama-3.1-8B) and 16% (Qwen3-8B) over ideal: within the 20% tolerance, efficient, as `mat plan`
+    predicts, where the GEMMs timed one at a time were 24-26% over. The testbench's TP 1 layer of the 2x machine
+    gives the same verdict (6% / 12%)."""
     from megatron_autotuner.overlap.scaling import whole_layer_scaling
 
     tp2 = json.loads((ROOT / "benchmarks/results/overlap_h200_x2/layer_check.json").read_text())
-    whole = whole_layer_scaling([_tp1_layer_check(), tp2], model)
-    (point,) = whole.points
-    assert point.tp == 2 and point.setup == "tuned"
-    assert point.time_ms / point.ideal_ms - 1 == pytest.approx(over_ideal, abs=0.005)
     tuner, pred = predicted_scaling(model, "H200", 8192, (2,))
-    assert whole.largest_efficient_tp == tuner.largest_efficient_tp == pred.largest_efficient_tp == 2
+    for tp1, expected in ((_tp1_layer_check(), over_ideal), (_tp1_testbench(), None)):
+        whole = whole_layer_scaling([tp1, tp2], model)
+        (point,) = whole.points
+        assert point.tp == 2 and point.setup == "tuned"
+        if expected is not None:
+            assert point.time_ms / point.ideal_ms - 1 == pytest.approx(expected, abs=0.005)
+        assert whole.largest_efficient_tp == tuner.largest_efficient_tp == pred.largest_efficient_tp == 2
     assert REPORT["scaling"][model]["recommended_tp"] == 1  # the GEMM-level verdict the committed report gave
 
 
