@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     trows += [[f"exposed comm: {k}", v] for k, v in b["exposed_comm"].items()]
     if "offload" in b:
         trows.append(["activation offload copies (exposed)", b["offload"]])
-    trows += [["pipeline bubble", b["bubble"]], ["optimizer", b["optimizer"]], ["total", b["total"]]]
+    trows += [["pipeline bubble", b["bubble"]], ["GPU waiting on the host", b["host_bound"]]]
+    trows += [["optimizer", b["optimizer"]], ["total", b["total"]]]
     out.print(make_table("Where the step time goes (s, critical stage)", ["", "seconds"], trows))
     shown = {k: v for k, v in est.memory_breakdown_gib.items() if k != "stage" and (k != "optimizer_step" or v)}
     mrows = [[MEMORY_ROW_LABELS.get(k, k), v] for k, v in shown.items()]

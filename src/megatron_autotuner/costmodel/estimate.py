@@ -905,6 +905,34 @@ def time_model(
     return TimeResult(step, pipeline, bubble, critical, stages, breakdown, m, notes)
 
 
+# A step that waits on the host for less than this share of it is not worth a note.
+HOST_BOUND_NOTE_SHARE = 0.05
+
+
+def host_bound_note(time: TimeResult, options: CostOptions) -> str | None:
+    """Say so when the GPU waits on the host for a noticeable share of the step (`breakdown["host_bound"]`), and what
+    paced the host: a calibration's floor or the defaults. The host's pace belongs to the machine: on single-GPU
+    leases the layers of the same layouts issued in 0.5x to 2x the default floor's time
+    (benchmarks/results/validation_h200_x1/host_probe: 1.67 ms no-grad forward against the default's 3.05;
+    validation_h100_x1/host_probe: 6.68 ms training forward against 3.41)."""
+    host = time.breakdown.get("host_bound", 0.0)
+    if time.step_time_s <= 0 or host < HOST_BOUND_NOTE_SHARE * time.step_time_s:
+        return None
+    cal = options.calibration
+    if cal is not None and (cal.dense_host_floors or cal.moe_host_floors):
+        pace = "the host floor of the calibration file"
+    else:
+        pace = (
+            "the default host floor, one H100 lease's host (single-GPU leases issued a layer in 0.5x to 2x its "
+            "time): measure this machine's with `mat validate --measure-host-floor` and pass it with --calibration"
+        )
+    return (
+        f"the GPU waits on the host for {host / time.step_time_s:.0%} of the step ({host:.3f} s), paced by {pace}; "
+        "CUDA graphs (Megatron-LM's --cuda-graph-impl transformer_engine; `mat plan --cuda-graphs try`) take the "
+        "layers' launches off the host"
+    )
+
+
 def memory_summary(stages: list[StageMemory]) -> tuple[float, dict[str, float], tuple[float, ...]]:
     """(peak GiB, breakdown GiB of the peak stage, total GiB per stage)."""
     totals = tuple(s.total_bytes / GIB for s in stages)
@@ -951,7 +979,7 @@ def estimate(
             padded,
         )
     peak, breakdown, per_stage = memory_summary(memory_stages)
-    notes = []
+    notes = [note] if (note := host_bound_note(time, options)) else []
     if options.calibration is not None:
         spec = options.calibration.gpu_spec()
         if spec is None or spec.name != gpu.name:
