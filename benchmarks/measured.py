@@ -23,18 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from megatron_autotuner import SCHEMA_VERSION, __version__
-from megatron_autotuner.costmodel.layer import LayerContext, layer_cost
+from megatron_autotuner.costmodel.layer import LayerContext, dense_host_s, empty_queue_forward_s, layer_cost
 from megatron_autotuner.specs import ClusterSpec, get_gpu_spec, load_model_spec
 
 ROOT = Path(__file__).resolve().parent
 
 
-def predict_decoder_ms(
-    model_name: str, gpu_name: str, tp: int, sp: bool, seq_length: int, mbs: int = 1, fused: bool = False, **options
-):
-    """(fwd_ms, bwd_ms) of layer 0 of `model_name` on one rank; `fused`: the SwiGLU fused as megatron-core builds it
-    by default (the 2x H200 testbench cases ran it unfused); `options`: more `LayerContext` fields."""
-    model = load_model_spec(model_name)
+def _layer(model_name: str, gpu_name: str, tp: int, sp: bool, seq_length: int, mbs: int, fused: bool, **options):
+    """(model spec, `LayerContext`) of layer 0 on one rank; `fused`: the SwiGLU fused as megatron-core builds it by
+    default (the 2x H200 testbench cases ran it unfused); `options`: more `LayerContext` fields."""
     gpu = get_gpu_spec(gpu_name)
     ctx = LayerContext(
         cluster=ClusterSpec(gpu, tp),
@@ -45,18 +42,45 @@ def predict_decoder_ms(
         fused_bias_activation=fused,
         **options,
     )
+    return load_model_spec(model_name), ctx
+
+
+def predict_decoder_ms(
+    model_name: str, gpu_name: str, tp: int, sp: bool, seq_length: int, mbs: int = 1, fused: bool = False, **options
+) -> tuple[float, float]:
+    """(fwd_ms, bwd_ms) of the layer's GPU work (`layer_cost`), as inside a step where the host runs ahead."""
+    model, ctx = _layer(model_name, gpu_name, tp, sp, seq_length, mbs, fused, **options)
     lc = layer_cost(model, 0, ctx)
     return lc.fwd.total * 1e3, lc.bwd.total * 1e3
 
 
+def predict_empty_queue_ms(
+    model_name: str, gpu_name: str, tp: int, sp: bool, seq_length: int, mbs: int = 1, fused: bool = False,
+    host_s: tuple[float, float] | None = None,
+) -> tuple[float, float]:  # fmt: skip
+    """(fwd_ms, bwd_ms) of the layer timed phase by phase from an empty launch queue, as the testbench times it: the
+    forward by the issue order (`empty_queue_forward_s`), the backward the longer of its GPU and host time. `host_s`:
+    the host's (forward, backward) seconds; None: the default floor at this TP size (`dense_host_s`)."""
+    model, ctx = _layer(model_name, gpu_name, tp, sp, seq_length, mbs, fused)
+    host_fwd, host_bwd = host_s if host_s is not None else dense_host_s(ctx)
+    fwd = empty_queue_forward_s(model, 0, ctx, host_fwd)
+    return fwd * 1e3, max(layer_cost(model, 0, ctx).bwd.total, host_bwd) * 1e3
+
+
 def compare_decoder_rows(rows: list[dict[str, Any]], gpu_name: str) -> list[dict[str, Any]]:
-    """For testbench summary rows of op `decoder` (dense, cp=ep=1): measured vs predicted per phase."""
+    """For testbench summary rows of op `decoder` (dense, cp=ep=1): measured vs predicted per phase, by the GPU time
+    alone (`gpu_only_ms`) and as the testbench times it, from an empty queue with the default host floor
+    (`predicted_ms`)."""
     out = []
     for r in rows:
         if r.get("status") != "ok" or r["op"] != "decoder" or r["cp"] != 1 or r["ep"] != 1:
             continue
-        f, b = predict_decoder_ms(r["model"], gpu_name, r["tp"], r["sp"], r["seq_length"], r["micro_batch_size"])
-        for phase, measured, predicted in (("bwd", r["bwd_ms"], b), ("fwd+bwd", r["fwd_bwd_ms"], f + b)):
+        args = (r["model"], gpu_name, r["tp"], r["sp"], r["seq_length"], r["micro_batch_size"])
+        f, b = predict_decoder_ms(*args)
+        qf, qb = predict_empty_queue_ms(*args)
+        phases = [("fwd", r["fwd_ms"], f, qf), ("bwd", r["bwd_ms"], b, qb)]
+        phases.append(("fwd+bwd", r["fwd_bwd_ms"], f + b, qf + qb))
+        for phase, measured, gpu_only, predicted in phases:
             out.append(
                 {
                     "case_id": r["case_id"],
@@ -65,6 +89,8 @@ def compare_decoder_rows(rows: list[dict[str, Any]], gpu_name: str) -> list[dict
                     "seq_length": r["seq_length"],
                     "phase": phase,
                     "measured_ms": measured,
+                    "gpu_only_ms": gpu_only,
+                    "gpu_only_error": gpu_only / measured - 1.0,
                     "predicted_ms": predicted,
                     "error": predicted / measured - 1.0,
                 }
@@ -77,10 +103,10 @@ H200_X1 = ROOT / "results/validation_h200_x1/host_probe"
 
 def compare_empty_queue(lease: Path = H200_X1) -> list[dict[str, Any]]:
     """The testbench's single decoder layers at TP 1 on one H200: per phase the CUDA-event time from an empty launch
-    queue and the host's wall time of the call (`testbench.measure`), against the prediction written before the lease
-    (predicted_decoder.json: the larger of the GPU time and the default host floor). `with_host_measured_ms`: the
-    larger of today's GPU time and the host time measured in that case (not a prediction); the forward's remaining
-    gap is the GPU idling until the host reaches the big GEMMs, which no max() holds."""
+    queue and the host's wall time of the call (`testbench.measure`). Against the prediction written before the
+    lease (predicted_decoder.json: the larger of the GPU time and the default host floor), and against today's
+    model of an empty queue (`predict_empty_queue_ms`) with the default floor (`now_default`) and with the host time
+    measured in that case (`now_host_measured`, which tests the issue order alone)."""
     predicted = {
         (c["model"], c["seq_length"]): c for c in json.loads((lease / "predicted_decoder.json").read_text())["cases"]
     }
@@ -91,22 +117,26 @@ def compare_empty_queue(lease: Path = H200_X1) -> list[dict[str, Any]]:
             continue
         case, real = rec["case"], rec["real"]
         pre = predicted[(case["model"], case["seq_length"])]
-        gpu = predict_decoder_ms(case["model"], "H200", 1, False, case["seq_length"], case["micro_batch_size"], True)
+        args = (case["model"], "H200", 1, False, case["seq_length"], case["micro_batch_size"], True)
+        host = tuple(real[f"host_{phase}_ms"]["median"] * 1e-3 for phase in ("fwd", "bwd"))
+        now = {"now_default": predict_empty_queue_ms(*args), "now_host_measured": predict_empty_queue_ms(*args, host)}
+        gpu = predict_decoder_ms(*args)
         for i, phase in enumerate(("fwd", "bwd")):
-            measured, host = real[f"{phase}_ms"]["median"], real[f"host_{phase}_ms"]["median"]
-            out.append(
-                {
-                    "model": case["model"],
-                    "seq_length": case["seq_length"],
-                    "phase": phase,
-                    "measured_ms": measured,
-                    "host_ms": host,
-                    "predicted_before_ms": pre[f"{phase}_ms"],
-                    "error_before": pre[f"{phase}_ms"] / measured - 1.0,
-                    "with_host_measured_ms": max(gpu[i], host),
-                    "error_with_host_measured": max(gpu[i], host) / measured - 1.0,
-                }
-            )
+            measured = real[f"{phase}_ms"]["median"]
+            row = {
+                "model": case["model"],
+                "seq_length": case["seq_length"],
+                "phase": phase,
+                "measured_ms": measured,
+                "host_ms": host[i] * 1e3,
+                "gpu_ms": gpu[i],
+                "predicted_before_ms": pre[f"{phase}_ms"],
+                "error_before": pre[f"{phase}_ms"] / measured - 1.0,
+            }
+            for key, ms in now.items():
+                row[f"{key}_ms"] = ms[i]
+                row[f"error_{key}"] = ms[i] / measured - 1.0
+            out.append(row)
     return out
 
 
@@ -149,14 +179,14 @@ def main() -> int:
     for r in result:
         print(
             f"{r['case_id'][:44]:44s} {r['phase']:8s} measured {r['measured_ms']:7.2f} ms "
-            f"predicted {r['predicted_ms']:7.2f} ms {r['error']:+6.1%}"
+            f"GPU only {r['gpu_only_error']:+6.1%} empty queue {r['predicted_ms']:7.2f} ms {r['error']:+6.1%}"
         )
     empty_queue = compare_empty_queue()
     for r in empty_queue:
         print(
             f"1x H200 {r['model']:13s} s{r['seq_length']} {r['phase']} measured {r['measured_ms']:6.2f} ms "
-            f"(host {r['host_ms']:5.2f}) before {r['error_before']:+6.1%} "
-            f"with host {r['error_with_host_measured']:+6.1%}"
+            f"(host {r['host_ms']:5.2f}) before {r['error_before']:+6.1%} now {r['error_now_default']:+6.1%} "
+            f"with its host {r['error_now_host_measured']:+6.1%}"
         )
     whole = compare_layer_check()
     for r in whole:

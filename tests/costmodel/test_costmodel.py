@@ -181,18 +181,24 @@ def test_published_runs_within_targets():
 
 
 def test_measured_h200_layers_within_10_percent():
+    """The 2x H200 testbench's single layers, timed phase by phase from an empty queue: by their GPU time alone the
+    TP 2 layers are 17-38% under; as the testbench times them (issue order, default host floor) every fwd + bwd is
+    within 11% and seven of eight within 10%, and every backward within 10.5%."""
     rows = json.loads((ROOT / "benchmarks/results/testbench_h200_x2/dense_summary.json").read_text())["rows"]
     result = load_script("measured").compare_decoder_rows(rows, "H200")
-    assert len(result) == 16
-    good = [r for r in result if abs(r["error"]) <= 0.10]
-    assert len(good) >= 6
-    assert len({(r["model"], r["tp"], r["seq_length"]) for r in good}) >= 6
+    assert len(result) == 24
+    both = [r for r in result if r["phase"] == "fwd+bwd"]
+    assert all(r["gpu_only_error"] < -0.15 for r in both if r["tp"] == 2)
+    assert all(abs(r["error"]) <= 0.11 for r in both) and sum(abs(r["error"]) <= 0.10 for r in both) == 7
+    assert all(abs(r["error"]) <= 0.105 for r in result if r["phase"] == "bwd")
+    committed = json.loads((ROOT / "benchmarks/results/measured_comparison.json").read_text())
+    assert committed["rows"] == result
 
 
 def test_h200_whole_layers_and_empty_queue_layers():
     """Whole TE layers (the layer check: TP 1 on one H200, TP 2 on 2x H200) within 10% without overlap; the single
-    layers one H200 timed from an empty queue, predicted before the lease: every backward and every GPU-bound
-    forward within 10%, and the committed comparison is what the script makes now."""
+    layers one H200 timed from an empty queue: predicted before the lease, every backward and every GPU-bound
+    forward within 10%; today's issue order, given each case's own host time, every forward within 7%."""
     script = load_script("measured")
     whole = script.compare_layer_check()
     plain = [r for r in whole if r["setup"] == "nccl"]
@@ -202,11 +208,11 @@ def test_h200_whole_layers_and_empty_queue_layers():
     assert len(queue) == 12
     assert all(abs(r["error_before"]) <= 0.10 for r in queue if r["phase"] == "bwd" and r["model"] != "Qwen3-0.6B")
     assert all(abs(r["error_before"]) <= 0.10 for r in queue if r["seq_length"] == 8192)
-    # a wholly host-bound layer is its host time; the 8B forwards at s4096 wait on more than max(GPU, host)
-    tiny = [r for r in queue if r["model"] == "Qwen3-0.6B"]
-    assert all(abs(r["error_with_host_measured"]) < 0.06 for r in tiny)
-    lagged = [r for r in queue if r["phase"] == "fwd" and r["seq_length"] == 4096 and "8B" in r["model"]]
-    assert all(r["measured_ms"] - max(r["with_host_measured_ms"], r["host_ms"]) > 0.6 for r in lagged)
+    forwards = [r for r in queue if r["phase"] == "fwd"]
+    assert all(abs(r["error_now_host_measured"]) < 0.07 for r in forwards)
+    # the 8B forwards at s4096 took longer than both their GPU time and their host time
+    lagged = [r for r in forwards if r["seq_length"] == 4096 and "8B" in r["model"]]
+    assert all(r["measured_ms"] > max(r["gpu_ms"], r["host_ms"]) + 0.6 for r in lagged)
     committed = json.loads((ROOT / "benchmarks/results/measured_comparison.json").read_text())
     assert committed["whole_layers"] == whole and committed["empty_queue_h200_x1"] == queue
 

@@ -8,7 +8,14 @@ from megatron_autotuner.costmodel import CostOptions, calibration_from_dict, est
 from megatron_autotuner.costmodel import defaults as d
 from megatron_autotuner.costmodel.calibration import DEFAULT_DENSE_HOST_FLOOR, DenseHostFloor
 from megatron_autotuner.costmodel.estimate import host_issue_ramp_s
-from megatron_autotuner.costmodel.layer import LayerContext, captured_host_share, dense_host_s, layer_cost
+from megatron_autotuner.costmodel.layer import (
+    LayerContext,
+    captured_host_share,
+    dense_host_s,
+    empty_queue_forward_s,
+    forward_issue_groups_s,
+    layer_cost,
+)
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.specs import ParallelConfig, Workload, load_model_spec
 from megatron_autotuner.specs.hardware import ClusterSpec, get_gpu_spec
@@ -184,3 +191,38 @@ def test_forward_only_passes_use_the_no_grad_forward_where_measured():
     assert fwd[0] < fwd[1]
     with pytest.raises(ConfigError, match="fwd_no_grad_s"):
         calibration_from_dict(doc | {"dense_host_floor": [row | {"fwd_no_grad_s": "fast"}]})
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    model=st.sampled_from(["Qwen3-0.6B", "Qwen3-8B", "Llama-3.1-8B"]),
+    tp=st.sampled_from([1, 2, 4]),
+    seq=st.sampled_from([1024, 4096, 8192]),
+    host_ms=st.floats(0.0, 20.0),
+)
+def test_empty_queue_forward_lies_between_the_longer_and_the_sum_of_host_and_gpu(model, tp, seq, host_ms):
+    """From an empty queue the forward takes at least its GPU time and its host time and at most both in a row; its
+    issue groups add up to the layer's forward; with no host time it is the GPU time, with a host far slower than
+    the GPU it is the host time (the call returns after the last launch, whose work is done by then)."""
+    spec = load_model_spec(model)
+    ctx = LayerContext(ClusterSpec(H100, tp), tp=tp, sequence_parallel=tp > 1, tokens=float(seq), seq_length=seq)
+    gpu = layer_cost(spec, 0, ctx).fwd.total
+    groups = forward_issue_groups_s(spec, 0, ctx)
+    assert len(groups) == 5 and all(g >= 0 for g in groups) and sum(groups) == pytest.approx(gpu)
+    host = host_ms * 1e-3
+    t = empty_queue_forward_s(spec, 0, ctx, host)
+    assert max(gpu, host) - 1e-12 <= t <= gpu + host + 1e-12
+    assert empty_queue_forward_s(spec, 0, ctx, 0.0) == pytest.approx(gpu)
+    slow = 1e3 * gpu
+    assert empty_queue_forward_s(spec, 0, ctx, slow) == pytest.approx(slow)
+    # a host just slower than the GPU: the GPU waits on the late MLP launches, beyond both
+    even = empty_queue_forward_s(spec, 0, ctx, gpu)
+    assert even == pytest.approx(
+        max(f * gpu + sum(groups[k:]) for k, f in enumerate(d.FORWARD_ISSUE_FRACTIONS[tp > 1]))
+    )
+    assert even > gpu
+
+
+def test_empty_queue_forward_refuses_moe_layers():
+    with pytest.raises(ConfigError, match="dense layers only"):
+        forward_issue_groups_s(load_model_spec("Qwen3-30B-A3B"), 0, _ctx())

@@ -231,6 +231,20 @@ NO_GRAD_FWD_HOST_RATIO = 0.895
 # host's issue time, these included (`costmodel.estimate.time_model`).
 DENSE_HOST_MICROBATCH_PER_LAYER_FWD = 1.105
 DENSE_HOST_STEP_PER_LAYER = 3.76
+# A layer's forward started from an empty launch queue (the testbench times each phase right after a synchronize)
+# waits for the host twice: until the host launches each op, and then for the op's GPU work. The host launches a
+# TE layer's op groups at these fractions of the forward call's host time (first kernel of each group), read from
+# torch-profiler traces (`decoder.fwd` ranges, the second timed forward; launch = the cudaLaunchKernel /
+# cuLaunchKernelEx correlated with the kernel):
+# - TP 1: Qwen3-0.6B decoder, s4096, micro-batch 1, one H100 lease
+#   (benchmarks/results/testbench_h100_x1/host_floor/qwen3_0.6b_decoder.rank_0.json.gz): input norm + qkv GEMM
+#   0.11, core attention 0.53, proj 0.607, pre-MLP norm + fc1 0.777, fc2 0.905;
+# - TP 2 with sequence parallelism: Llama-3.1-8B decoder, s8192, 2x H200, rank 0
+#   (benchmarks/results/testbench_h200_x2/profile/torch_profiler/Llama-3.1-8B.decoder.tp2.cp1.ep1.s8192.b1.554a6d35ec):
+#   all-gather before qkv 0.143, core attention 0.582, proj 0.654, all-gather before fc1 0.805, fc2 0.92.
+# Both traces ran under the profiler, which slows the host evenly enough to keep the fractions
+# (`costmodel.layer.empty_queue_forward_s`). Keyed by TP > 1.
+FORWARD_ISSUE_FRACTIONS = {False: (0.11, 0.53, 0.607, 0.777, 0.905), True: (0.143, 0.582, 0.654, 0.805, 0.92)}
 # megatron-core's fine-grained activation offloading costs the host time per offloaded group (one module of one
 # layer, one micro-batch), all of it Python and launches, no host synchronisation (fine_grained_activation_offload.py,
 # megatron-core 0.19: forward `FineGrainedOffloadingGroupCommitFunction` -> `bulk_offload_group`, per saved tensor a

@@ -54,6 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
+from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
@@ -500,6 +501,54 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
             if "mla_up_proj" in mods:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("q_up", "kv_up") if o in gemm))
     return LayerCost(Phases(fwd), Phases(bwd), Phases(rec), host_fwd, host_bwd)
+
+
+ATTENTION_OUT_GEMMS = ("proj",)
+MLP_GEMMS = ("fc1", "fc2")
+
+
+def forward_issue_groups_s(model: ModelSpec, layer_index: int, ctx: LayerContext) -> tuple[float, ...]:
+    """GPU seconds of a dense layer's forward in the order the host issues it, five groups: input norm + attention
+    input GEMM(s) + q/k/v split, q/k norms and RoPE (+ the TP all-gather before them); core attention (and any
+    context-parallel exchange); proj + residual add (+ its reduce-scatter / all-reduce); pre-MLP norm + fc1 +
+    activation (+ all-gather); fc2 + residual add (+ reduce-scatter / all-reduce). They add up to the layer's
+    forward time (`layer_cost`)."""
+    if model.is_moe_layer(layer_index):
+        raise ConfigError("layer", "the issue order is measured for dense layers only")
+    gpu = ctx.cluster.gpu
+    lc = layer_cost(model, layer_index, ctx)
+    gemm = {op: _gemm_phase_time(op, sh, "fwd", ctx) for op, sh in gemm_shapes(model, layer_index, ctx).items()}
+    mem = {
+        name: memory_bound_time_s(fb, gpu, kn if fb else 0, eff)
+        for name, (fb, _, kn, eff) in _memory_bound_bytes(model, layer_index, ctx).items()
+    }
+    norm, residual = mem.pop("norm", 0.0) / 2, mem.pop("residual", 0.0) / 2
+    attn_in = sum(t for op, t in gemm.items() if op not in ATTENTION_OUT_GEMMS + MLP_GEMMS)
+    attn_in += sum(mem.pop(k, 0.0) for k in ("qkv_split_copy", "qk_norm", "rope", "latent_norm"))
+    tp = lc.fwd.parts.get("tp", 0.0)
+    # sequence parallel: one all-gather before each input GEMM, one reduce-scatter after each output GEMM (equal
+    # messages); without it one all-reduce after each output GEMM
+    tp_in, tp_out = (tp / 4, tp / 4) if ctx.sequence_parallel else (0.0, tp / 2)
+    groups = [
+        norm + attn_in + tp_in,
+        0.0,
+        gemm.get("proj", 0.0) + residual + tp_out,
+        norm + gemm.get("fc1", 0.0) + mem.pop("activation", 0.0) + tp_in,
+        gemm.get("fc2", 0.0) + residual + tp_out,
+    ]
+    groups[1] = lc.fwd.total - sum(groups)  # core attention, CP exchange and what is left (fp8 casts)
+    return tuple(groups)
+
+
+def empty_queue_forward_s(model: ModelSpec, layer_index: int, ctx: LayerContext, host_s: float) -> float:
+    """A dense layer's forward timed from an empty launch queue, as the testbench times it: the host launches op
+    group k at f_k x `host_s` (`defaults.FORWARD_ISSUE_FRACTIONS`, measured), the GPU runs each group once launched
+    and in order, so the pass ends at max(host_s, max_k (f_k x host_s + GPU time of groups k..end)). Neither the
+    GPU time nor the host time alone: an 8B layer at s4096 waits about 1 ms for the host to reach its MLP. Inside a
+    step the host runs ahead and `layer_cost` applies."""
+    groups = forward_issue_groups_s(model, layer_index, ctx)
+    fractions = d.FORWARD_ISSUE_FRACTIONS[ctx.tp > 1]
+    return max([host_s] + [f * host_s + sum(groups[k:]) for k, f in enumerate(fractions)])
 
 
 def captured_host_share(ctx: LayerContext, is_moe: bool = False) -> float:
