@@ -194,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
             r["case_id"].rsplit(".", 1)[0],
             r["status"],
             r.get("fwd_bwd_ms", "-"),
+            r.get("predicted_fwd_bwd_ms", "-"),
+            f"{r['fwd_bwd_error']:+.1%}" if "fwd_bwd_error" in r else "-",
             r.get("fwd_bwd_tflops", "-"),
             r.get("fwd_bwd_mfu", "-"),
             r.get("activation_gib", "-"),
@@ -203,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         ]
         for r in rows
     ]
-    columns = ["case", "status", "fwd+bwd ms", "TFLOP/s", "MFU", "act GiB", "act est GiB", "real/est", "error"]
+    columns = ["case", "status", "fwd+bwd ms", "predicted ms", "pred/real-1", "TFLOP/s", "MFU", "act GiB"]
+    columns += ["act est GiB", "real/est", "error"]
     console().print(make_table(f"Testbench results in {out_dir}", columns, table_rows))
     return 0
 

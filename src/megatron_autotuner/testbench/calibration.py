@@ -36,13 +36,13 @@ LINEAR_OPS = ("column_linear", "row_linear")
 HOST_BOUND_RATIO = 1.5
 
 
-def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
-    """One `moe` case: measured fwd / bwd, its local experts, and the GPU time the cost model gives its layer."""
-    from ..costmodel.layer import LayerContext, layer_cost
+def layer_context_of(rec: dict[str, Any]):
+    """The cost model's `LayerContext` of a testbench record measured on a GPU preset: its TP / CP / EP split,
+    tokens, precision and the SwiGLU fusion its layer was built with."""
+    from ..costmodel.layer import LayerContext
 
     case = rec["case"]
-    spec = load_model_spec(case["model"])
-    ctx = LayerContext(
+    return LayerContext(
         cluster=ClusterSpec(get_gpu_spec(rec["gpu_preset"]), rec["world_size"]),
         tp=case["tp"],
         sequence_parallel=case["sequence_parallel"],
@@ -55,6 +55,45 @@ def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
         fp8_recipe=case.get("fp8_recipe", "delayed"),
         fused_bias_activation=rec.get("bias_activation_fusion", True),
     )
+
+
+def predicted_phases_ms(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """The cost model beside a dense `decoder` record, each phase timed from an empty launch queue as the testbench
+    times it (`costmodel.layer.empty_queue_forward_s`; the backward the longer of GPU and host time), with the
+    host time the record measured (`host_*_ms`), else the default floor. None for other ops, MoE models and records
+    without a GPU preset."""
+    from ..costmodel.layer import dense_host_s, empty_queue_forward_s, layer_cost
+
+    case = rec.get("case") or {}
+    if rec.get("status") != "ok" or case.get("op") != "decoder" or not rec.get("gpu_preset"):
+        return None
+    spec = load_model_spec(case["model"])
+    if spec.is_moe_layer(0):
+        return None
+    ctx = layer_context_of(rec)
+    real = rec["real"]
+    measured = "host_fwd_ms" in real and "host_bwd_ms" in real
+    if measured:
+        host_fwd, host_bwd = (real[f"host_{phase}_ms"]["median"] * 1e-3 for phase in ("fwd", "bwd"))
+    else:
+        host_fwd, host_bwd = dense_host_s(ctx)
+    fwd = empty_queue_forward_s(spec, 0, ctx, host_fwd) * 1e3
+    bwd = max(layer_cost(spec, 0, ctx).bwd.total, host_bwd) * 1e3
+    return {
+        "predicted_fwd_ms": fwd,
+        "predicted_bwd_ms": bwd,
+        "predicted_fwd_bwd_ms": fwd + bwd,
+        "predicted_host": "measured" if measured else "default floor",
+    }
+
+
+def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
+    """One `moe` case: measured fwd / bwd, its local experts, and the GPU time the cost model gives its layer."""
+    from ..costmodel.layer import layer_cost
+
+    case = rec["case"]
+    spec = load_model_spec(case["model"])
+    ctx = layer_context_of(rec)
     layer = next(i for i in range(spec.num_layers) if spec.is_moe_layer(i))
     gpu = layer_cost(spec, layer, ctx)
     fwd_ms, bwd_ms = rec["real"]["fwd_ms"]["median"], rec["real"]["bwd_ms"]["median"]

@@ -8,7 +8,9 @@ GIB = 2**30
 
 
 def summary_rows(records: list[dict[str, Any]], rank: int = 0) -> list[dict[str, Any]]:
-    """One row per case: measured time, TFLOP/s, MFU, memory, and measured / estimated ratios."""
+    """One row per case: measured time, TFLOP/s, MFU, memory, and measured / estimated ratios; for dense decoder
+    layers measured on a GPU preset the cost model's time beside it (`calibration.predicted_phases_ms`)."""
+    from .calibration import predicted_phases_ms
     from .results import latest_by_case
 
     rows = []
@@ -46,5 +48,8 @@ def summary_rows(records: list[dict[str, Any]], rank: int = 0) -> list[dict[str,
                 activation_ratio=(rec.get("ratio") or {}).get("activation_bytes"),
                 weight_ratio=(rec.get("ratio") or {}).get("weight_bytes"),
             )
+            predicted = predicted_phases_ms(rec)
+            if predicted:
+                row.update(predicted, fwd_bwd_error=predicted["predicted_fwd_bwd_ms"] / row["fwd_bwd_ms"] - 1.0)
         rows.append(row)
     return rows
