@@ -23,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from megatron_autotuner import SCHEMA_VERSION, __version__
-from megatron_autotuner.costmodel.layer import LayerContext, dense_host_s, empty_queue_forward_s, layer_cost
+from megatron_autotuner.costmodel import defaults
+from megatron_autotuner.costmodel.layer import (
+    LayerContext,
+    dense_host_s,
+    empty_queue_forward_s,
+    forward_issue_groups_s,
+    layer_cost,
+)
 from megatron_autotuner.specs import ClusterSpec, get_gpu_spec, load_model_spec
 
 ROOT = Path(__file__).resolve().parent
@@ -140,6 +147,67 @@ def compare_empty_queue(lease: Path = H200_X1) -> list[dict[str, Any]]:
     return out
 
 
+def predict_cases(cases_path: Path, gpu_name: str) -> dict[str, Any]:
+    """Before a lease: for each TP 1 dense decoder case of a testbench case file, the forward's GPU time by issue
+    group, the issue fractions, the backward's GPU time and both phases from an empty queue with the default floor.
+    After it, `compare_issue_order` applies today's model to each case's measured host time; its test checks that
+    the groups have not moved since."""
+    out = []
+    for case in json.loads(cases_path.read_text()):
+        args = (case["model"], gpu_name, 1, False, case["seq_length"], case.get("micro_batch_size", 1), True)
+        model, ctx = _layer(*args)
+        fwd, bwd = predict_empty_queue_ms(*args)
+        out.append(
+            case
+            | {
+                "gpu_fwd_groups_ms": [g * 1e3 for g in forward_issue_groups_s(model, 0, ctx)],
+                "issue_fractions": list(defaults.FORWARD_ISSUE_FRACTIONS[False]),
+                "gpu_bwd_ms": layer_cost(model, 0, ctx).bwd.total * 1e3,
+                "default_host_ms": [h * 1e3 for h in dense_host_s(ctx)],
+                "fwd_ms_default_floor": fwd,
+                "bwd_ms_default_floor": bwd,
+            }
+        )
+    return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "gpu": gpu_name, "cases": out}
+
+
+def compare_issue_order(lease: Path) -> list[dict[str, Any]]:
+    """A lease's testbench decoder layers against the prediction written before it (predicted_issue_order.json):
+    each phase from an empty queue with the host time the case measured (training forward, no-grad forward,
+    backward), and with the default floor."""
+    predicted = {
+        (c["model"], c["seq_length"], c["micro_batch_size"]): c
+        for c in json.loads((lease / "predicted_issue_order.json").read_text())["cases"]
+    }
+    out = []
+    for line in (lease / "testbench/collect/rank_0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("status") != "ok":
+            continue
+        case, real = rec["case"], rec["real"]
+        pre = predicted[(case["model"], case["seq_length"], case["micro_batch_size"])]
+        args = (case["model"], "H200", 1, False, case["seq_length"], case["micro_batch_size"], True)
+        for phase, host_key in (("fwd", "host_fwd_ms"), ("fwd_no_grad", "host_fwd_no_grad_ms"), ("bwd", "host_bwd_ms")):
+            measured, host_s = real[f"{phase}_ms"]["median"], real[host_key]["median"] * 1e-3
+            mine = predict_empty_queue_ms(*args, (host_s, host_s))[0 if phase != "bwd" else 1]
+            default = pre["bwd_ms_default_floor"] if phase == "bwd" else pre["fwd_ms_default_floor"]
+            out.append(
+                {
+                    "model": case["model"],
+                    "seq_length": case["seq_length"],
+                    "micro_batch_size": case["micro_batch_size"],
+                    "phase": phase,
+                    "measured_ms": measured,
+                    "host_ms": host_s * 1e3,
+                    "gpu_ms": pre["gpu_bwd_ms"] if phase == "bwd" else sum(pre["gpu_fwd_groups_ms"]),
+                    "predicted_ms": mine,
+                    "error": mine / measured - 1.0,
+                    "default_floor_error": default / measured - 1.0,
+                }
+            )
+    return out
+
+
 OVERLAP_H200_X2 = ROOT / "results/overlap_h200_x2"
 
 
@@ -173,7 +241,14 @@ def compare_layer_check(
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["predict"]:
+        # python benchmarks/measured.py predict CASES.json GPU > predicted_issue_order.json
+        print(json.dumps(predict_cases(Path(argv[1]), argv[2]), indent=1))
+        return 0
     rows = json.loads((ROOT / "results/testbench_h200_x2/dense_summary.json").read_text())["rows"]
     result = compare_decoder_rows(rows, "H200")
     for r in result:

@@ -8,13 +8,16 @@
 #   of testbench_h200_x2 at s4096 / s8192 and two small ones), CUDA-event and host times of each phase, and the
 #   floor they give; then benchmarks/overlap/layer_check.py's plain layer at TP 1 (the whole-layer baseline of the
 #   overlap tuner's TP-scaling check) into layer_check_tp1.json.
+# Part "issue" (~2 min): ten more single decoder layers at TP 1 (h200_x1_issue_order_cases.json: shapes the issue
+#   fractions were not read from), each predicted before the lease (../results/validation_h200_x1/issue_order/
+#   predicted_issue_order.json), for the empty-queue forward's issue order; evidence in "$OUT"/issue_order.tgz.
 # Resumable: runs live in $RUNS, outside $OUT.
-#     bash benchmarks/validation/h200_x1_host_probe.sh run|layers
+#     bash benchmarks/validation/h200_x1_host_probe.sh run|layers|issue
 # Unpack "$OUT"/evidence.tgz to benchmarks/results/validation_h200_x1/host_probe.
 OUT="${OUT:-$PWD/outputs/h200_x1_host_probe}"
 RUNS="${RUNS:-/root/runs/h200_host_probe}"
 HERE_H200="$(dirname "$0")"
-case "${1:?run|layers}" in
+case "${1:?run|layers|issue}" in
   run)
     OUT="$OUT" RUNS="$RUNS" LAYOUTS="$HERE_H200/h200_x1_host_probe_layouts.json" \
       exec bash "$HERE_H200/h100_x1_host_probe.sh" run
@@ -36,6 +39,20 @@ case "${1:?run|layers}" in
       --out "$EV/layer_check_tp1.json" 2>&1 | tail -20 | tee -a "$RUNS/layers.log"
     echo "layer_check rc=${PIPESTATUS[0]} ($(elapsed))" | tee -a "$RUNS/layers.log"
     cp "$RUNS"/*.log "$EV/" 2>/dev/null
+    finish "$EV"
+    ;;
+  issue)
+    source "$HERE_H200/common.sh"
+    record_gpus
+    EV="$OUT/issue_order"
+    mkdir -p "$EV/testbench/collect" "$RUNS"
+    $MAT profile --case-file "$HERE/../testbench/h200_x1_issue_order_cases.json" --warmup 5 --repeats 20 \
+      --case-timeout 240 --output-dir "$RUNS/issue" --json > "$EV/testbench/testbench-summary.json" \
+      2>>"$RUNS/issue.log"
+    echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/issue.log"
+    cp "$RUNS/issue"/cases.json "$EV/testbench/" 2>/dev/null
+    cp "$RUNS/issue"/collect/*.jsonl "$EV/testbench/collect/" 2>/dev/null
+    cp "$RUNS/issue.log" "$OUT/gpus.txt" "$EV/" 2>/dev/null
     finish "$EV"
     ;;
 esac
