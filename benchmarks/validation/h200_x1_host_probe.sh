@@ -10,7 +10,9 @@
 #   overlap tuner's TP-scaling check) into layer_check_tp1.json.
 # Part "issue" (~2 min): ten more single decoder layers at TP 1 (h200_x1_issue_order_cases.json: shapes the issue
 #   fractions were not read from), each predicted before the lease (../results/validation_h200_x1/issue_order/
-#   predicted_issue_order.json), for the empty-queue forward's issue order; evidence in "$OUT"/issue_order.tgz.
+#   predicted_issue_order.json), for the empty-queue forward's issue order, and a torch-profiler trace of the
+#   Qwen3-8B layer at s4096 (where a large TP 1 layer's host launches each op group); evidence in
+#   "$OUT"/issue_order.tgz.
 # Resumable: runs live in $RUNS, outside $OUT.
 #     bash benchmarks/validation/h200_x1_host_probe.sh run|layers|issue
 # Unpack "$OUT"/evidence.tgz to benchmarks/results/validation_h200_x1/host_probe.
@@ -52,6 +54,13 @@ case "${1:?run|layers|issue}" in
     echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/issue.log"
     cp "$RUNS/issue"/cases.json "$EV/testbench/" 2>/dev/null
     cp "$RUNS/issue"/collect/*.jsonl "$EV/testbench/collect/" 2>/dev/null
+    # where the host launches each op group of a large TP 1 layer (the committed fractions are a small layer's)
+    $MAT profile --model Qwen3-8B --ops decoder --seq-len 4096 --mode torch-profile --warmup 5 --repeats 3 \
+      --output-dir "$RUNS/issue_profile" --json > "$EV/profile_summary.json" 2>>"$RUNS/issue.log"
+    echo "profile rc=$? ($(elapsed))" | tee -a "$RUNS/issue.log"
+    for t in "$RUNS"/issue_profile/torch_profiler/*/rank_0.json.gz; do
+      [ -f "$t" ] && cp "$t" "$EV/qwen3_8b_decoder.rank_0.json.gz"
+    done
     cp "$RUNS/issue.log" "$OUT/gpus.txt" "$EV/" 2>/dev/null
     finish "$EV"
     ;;
