@@ -302,6 +302,29 @@ def single_layers_empty_queue(root: Path) -> str:
     return sources + table(head, rows)
 
 
+def issue_order(root: Path) -> str:
+    data = load(root, "measured_comparison.json")
+    rows = [
+        [
+            r["model"],
+            str(r["seq_length"]),
+            str(r["micro_batch_size"]),
+            r["phase"],
+            num(r["measured_ms"]),
+            num(r["gpu_ms"]),
+            num(r["host_ms"]),
+            num(r["predicted_ms"]),
+            pct(r["error"]),
+            pct(r["default_floor_error"]),
+        ]
+        for r in data["issue_order_h200_x1"]
+    ]
+    head = ["model", "seq", "mbs", "phase", "measured ms", "GPU ms", "host ms", "predicted ms", "error"]
+    head.append("with the default floor")
+    sources = source("measured_comparison.json", "validation_h200_x1/issue_order/predicted_issue_order.json")
+    return sources + table(head, rows)
+
+
 def whole_layers(root: Path) -> str:
     data = load(root, "measured_comparison.json")
     rows = [
@@ -696,6 +719,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "single_layers": single_layers,
     "single_layers_empty_queue": single_layers_empty_queue,
     "whole_layers": whole_layers,
+    "issue_order": issue_order,
     "search_speed": search_speed,
     "trace_checks": trace_checks,
     "validation_memory": validation_memory,

@@ -1,20 +1,17 @@
 """Predicted vs measured single-layer times on H200: the testbench's decoder cases of 2x H200
 (benchmarks/results/testbench_h200_x2), the same cases at TP 1 on one H200 with the host's time of each phase and the
-prediction written before that lease (validation_h200_x1/host_probe), and whole layers timed by the overlap tuner's
-layer check at TP 1 (one H200) and TP 2 (2x H200, overlap_h200_x2).
+prediction written before that lease (validation_h200_x1/host_probe), ten more layers predicted before a second
+lease (validation_h200_x1/issue_order), and whole layers timed by the overlap tuner's layer check at TP 1 (one
+H200) and TP 2 (2x H200, overlap_h200_x2).
 
-python benchmarks/measured.py  -> benchmarks/results/measured_comparison.json
+The testbench times one TE decoder layer with CUDA events around forward and backward (`testbench.measure`), each
+phase from an empty launch queue right after a synchronize: the forward waits for the host to launch each op group
+(`costmodel.layer.empty_queue_forward_s`), the backward takes the longer of its GPU and host time. The 2x H200 run
+built its layers with the unfused SwiGLU (`theory.memory.ActivationOptions.fused_bias_activation`), later runs fused.
+
+    python benchmarks/measured.py                     -> benchmarks/results/measured_comparison.json
+    python benchmarks/measured.py predict CASES GPU   -> the prediction to write before a lease of CASES
 """
-
-# Predicted vs measured time of single megatron-core layers (testbench `decoder` cases).
-#
-# The testbench times one TE decoder layer, micro-batch 1, with CUDA events around forward and
-# backward (`testbench.measure`). The layers it built ran the unfused SwiGLU (see
-# `theory.memory.ActivationOptions.fused_bias_activation`), so predictions use
-# `fused_bias_activation=False`. Each forward starts on an idle GPU right after a synchronize, so
-# the measured forward also holds the host's launch lag (~2 ms per layer in the H200 results,
-# visible as measured forward minus predicted kernel time); the backward, launched by autograd's
-# C++ engine while the GPU is busy, carries none. Both phases are reported.
 
 from __future__ import annotations
 
@@ -106,6 +103,7 @@ def compare_decoder_rows(rows: list[dict[str, Any]], gpu_name: str) -> list[dict
 
 
 H200_X1 = ROOT / "results/validation_h200_x1/host_probe"
+ISSUE_ORDER_LEASE = ROOT / "results/validation_h200_x1/issue_order"
 
 
 def compare_empty_queue(lease: Path = H200_X1) -> list[dict[str, Any]]:
@@ -171,7 +169,7 @@ def predict_cases(cases_path: Path, gpu_name: str) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "gpu": gpu_name, "cases": out}
 
 
-def compare_issue_order(lease: Path) -> list[dict[str, Any]]:
+def compare_issue_order(lease: Path = ISSUE_ORDER_LEASE) -> list[dict[str, Any]]:
     """A lease's testbench decoder layers against the prediction written before it (predicted_issue_order.json):
     each phase from an empty queue with the host time the case measured (training forward, no-grad forward,
     backward), and with the default floor."""
@@ -190,7 +188,8 @@ def compare_issue_order(lease: Path) -> list[dict[str, Any]]:
         for phase, host_key in (("fwd", "host_fwd_ms"), ("fwd_no_grad", "host_fwd_no_grad_ms"), ("bwd", "host_bwd_ms")):
             measured, host_s = real[f"{phase}_ms"]["median"], real[host_key]["median"] * 1e-3
             mine = predict_empty_queue_ms(*args, (host_s, host_s))[0 if phase != "bwd" else 1]
-            default = pre["bwd_ms_default_floor"] if phase == "bwd" else pre["fwd_ms_default_floor"]
+            # the default floor's no-grad forward was not written before the lease
+            default = {"fwd": pre["fwd_ms_default_floor"], "bwd": pre["bwd_ms_default_floor"]}.get(phase)
             out.append(
                 {
                     "model": case["model"],
@@ -202,7 +201,7 @@ def compare_issue_order(lease: Path) -> list[dict[str, Any]]:
                     "gpu_ms": pre["gpu_bwd_ms"] if phase == "bwd" else sum(pre["gpu_fwd_groups_ms"]),
                     "predicted_ms": mine,
                     "error": mine / measured - 1.0,
-                    "default_floor_error": default / measured - 1.0,
+                    "default_floor_error": None if default is None else default / measured - 1.0,
                 }
             )
     return out
@@ -269,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
             f"layer check {r['model']:13s} tp{r['tp']} {r['setup']:10s} measured {r['measured_ms']:6.2f} ms "
             f"predicted {r['predicted_ms']:6.2f} ms {r['error']:+6.1%}"
         )
+    issue_order = compare_issue_order(ISSUE_ORDER_LEASE)
+    for r in issue_order:
+        print(
+            f"issue order {r['model']:13s} s{r['seq_length']} b{r['micro_batch_size']} {r['phase']:11s} "
+            f"measured {r['measured_ms']:6.2f} ms (host {r['host_ms']:5.2f}) predicted {r['error']:+6.1%}"
+        )
     doc = {
         "schema_version": SCHEMA_VERSION,
         "tool_version": __version__,
@@ -276,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": result,
         "empty_queue_h200_x1": empty_queue,
         "whole_layers": whole,
+        "issue_order_h200_x1": issue_order,
     }
     (ROOT / "results/measured_comparison.json").write_text(json.dumps(doc, indent=1) + "\n")
     return 0

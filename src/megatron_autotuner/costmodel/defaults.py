@@ -243,7 +243,9 @@ DENSE_HOST_STEP_PER_LAYER = 3.76
 #   (benchmarks/results/testbench_h200_x2/profile/torch_profiler/Llama-3.1-8B.decoder.tp2.cp1.ep1.s8192.b1.554a6d35ec):
 #   all-gather before qkv 0.143, core attention 0.582, proj 0.654, all-gather before fc1 0.805, fc2 0.92.
 # Both traces ran under the profiler, which slows the host evenly enough to keep the fractions
-# (`costmodel.layer.empty_queue_forward_s`). Keyed by TP > 1.
+# (`costmodel.layer.empty_queue_forward_s`). Keyed by TP > 1. A later trace of a large TP 1 layer (Qwen3-8B, s4096,
+# one H200: benchmarks/results/validation_h200_x1/issue_order/qwen3_8b_decoder.rank_0.json.gz) read 0.104 / 0.517 /
+# 0.596 / 0.769 / 0.898, within 0.013 of the TP 1 fractions: they belong to the layer's code, not its shape.
 FORWARD_ISSUE_FRACTIONS = {False: (0.11, 0.53, 0.607, 0.777, 0.905), True: (0.143, 0.582, 0.654, 0.805, 0.92)}
 # megatron-core's fine-grained activation offloading costs the host time per offloaded group (one module of one
 # layer, one micro-batch), all of it Python and launches, no host synchronisation (fine_grained_activation_offload.py,
