@@ -106,23 +106,28 @@ H200_X1 = ROOT / "results/validation_h200_x1/host_probe"
 ISSUE_ORDER_LEASE = ROOT / "results/validation_h200_x1/issue_order"
 
 
+def _lease_cases(lease: Path, predictions: str, key: tuple[str, ...]):
+    """Per successful testbench record of a one-H200 lease: (case, measured, the prediction written before the lease
+    for it, matched on `key`, and the `_layer` arguments of its TP 1 layer with the fused SwiGLU)."""
+    written = json.loads((lease / predictions).read_text())["cases"]
+    predicted = {tuple(c[k] for k in key): c for c in written}
+    for line in (lease / "testbench/collect/rank_0.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("status") != "ok":
+            continue
+        case = rec["case"]
+        args = (case["model"], "H200", 1, False, case["seq_length"], case["micro_batch_size"], True)
+        yield case, rec["real"], predicted[tuple(case[k] for k in key)], args
+
+
 def compare_empty_queue(lease: Path = H200_X1) -> list[dict[str, Any]]:
     """The testbench's single decoder layers at TP 1 on one H200: per phase the CUDA-event time from an empty launch
     queue and the host's wall time of the call (`testbench.measure`). Against the prediction written before the
     lease (predicted_decoder.json: the larger of the GPU time and the default host floor), and against today's
     model of an empty queue (`predict_empty_queue_ms`) with the default floor (`now_default`) and with the host time
     measured in that case (`now_host_measured`, which tests the issue order alone)."""
-    predicted = {
-        (c["model"], c["seq_length"]): c for c in json.loads((lease / "predicted_decoder.json").read_text())["cases"]
-    }
     out = []
-    for line in (lease / "testbench/collect/rank_0.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("status") != "ok":
-            continue
-        case, real = rec["case"], rec["real"]
-        pre = predicted[(case["model"], case["seq_length"])]
-        args = (case["model"], "H200", 1, False, case["seq_length"], case["micro_batch_size"], True)
+    for case, real, pre, args in _lease_cases(lease, "predicted_decoder.json", ("model", "seq_length")):
         host = tuple(real[f"host_{phase}_ms"]["median"] * 1e-3 for phase in ("fwd", "bwd"))
         now = {"now_default": predict_empty_queue_ms(*args), "now_host_measured": predict_empty_queue_ms(*args, host)}
         gpu = predict_decoder_ms(*args)
@@ -173,18 +178,9 @@ def compare_issue_order(lease: Path = ISSUE_ORDER_LEASE) -> list[dict[str, Any]]
     """A lease's testbench decoder layers against the prediction written before it (predicted_issue_order.json):
     each phase from an empty queue with the host time the case measured (training forward, no-grad forward,
     backward), and with the default floor."""
-    predicted = {
-        (c["model"], c["seq_length"], c["micro_batch_size"]): c
-        for c in json.loads((lease / "predicted_issue_order.json").read_text())["cases"]
-    }
     out = []
-    for line in (lease / "testbench/collect/rank_0.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("status") != "ok":
-            continue
-        case, real = rec["case"], rec["real"]
-        pre = predicted[(case["model"], case["seq_length"], case["micro_batch_size"])]
-        args = (case["model"], "H200", 1, False, case["seq_length"], case["micro_batch_size"], True)
+    key = ("model", "seq_length", "micro_batch_size")
+    for case, real, pre, args in _lease_cases(lease, "predicted_issue_order.json", key):
         for phase, host_key in (("fwd", "host_fwd_ms"), ("fwd_no_grad", "host_fwd_no_grad_ms"), ("bwd", "host_bwd_ms")):
             measured, host_s = real[f"{phase}_ms"]["median"], real[host_key]["median"] * 1e-3
             mine = predict_empty_queue_ms(*args, (host_s, host_s))[0 if phase != "bwd" else 1]

@@ -19,6 +19,18 @@
 OUT="${OUT:-$PWD/outputs/h200_x1_host_probe}"
 RUNS="${RUNS:-/root/runs/h200_host_probe}"
 HERE_H200="$(dirname "$0")"
+# testbench CASES NAME EV [more mat profile options]: the single layers of CASES into $RUNS/NAME, then their cases,
+# summary and per-rank records into EV/testbench.
+testbench() {
+  local cases=$1 name=$2 ev=$3
+  shift 3
+  mkdir -p "$ev/testbench/collect" "$RUNS"
+  $MAT profile --case-file "$HERE/../testbench/$cases" --warmup 5 --repeats 20 --case-timeout 240 \
+    --output-dir "$RUNS/$name" --json "$@" > "$ev/testbench/testbench-summary.json" 2>>"$RUNS/$name.log"
+  echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/$name.log"
+  cp "$RUNS/$name"/cases.json "$ev/testbench/" 2>/dev/null
+  cp "$RUNS/$name"/collect/*.jsonl "$ev/testbench/collect/" 2>/dev/null
+}
 case "${1:?run|layers|issue}" in
   run)
     OUT="$OUT" RUNS="$RUNS" LAYOUTS="$HERE_H200/h200_x1_host_probe_layouts.json" \
@@ -28,32 +40,19 @@ case "${1:?run|layers|issue}" in
     source "$HERE_H200/common.sh"
     record_gpus
     EV="$OUT/evidence"
-    mkdir -p "$EV/testbench/collect" "$RUNS"
-    $MAT profile --case-file "$HERE/../testbench/h200_x1_decoder_cases.json" --warmup 5 --repeats 20 \
-      --case-timeout 240 --output-dir "$RUNS/testbench" --calibration-out "$RUNS/testbench/host_floor.calibration.json" \
-      --json > "$RUNS/testbench-summary.json" 2>>"$RUNS/layers.log"
-    echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/layers.log"
-    cp "$RUNS/testbench"/cases.json "$RUNS/testbench-summary.json" "$RUNS/testbench"/host_floor.calibration.json \
-      "$EV/testbench/" 2>/dev/null
-    cp "$RUNS/testbench"/collect/*.jsonl "$EV/testbench/collect/" 2>/dev/null
+    testbench h200_x1_decoder_cases.json testbench "$EV" --calibration-out "$EV/testbench/host_floor.calibration.json"
     $PY -m torch.distributed.run --standalone --nproc-per-node=1 -m megatron_autotuner.overlap.layer_check \
       --model Qwen3-8B --model Llama-3.1-8B --seq-len 8192 --warmup 3 --repeats 8 --passes 2 \
-      --out "$EV/layer_check_tp1.json" 2>&1 | tail -20 | tee -a "$RUNS/layers.log"
-    echo "layer_check rc=${PIPESTATUS[0]} ($(elapsed))" | tee -a "$RUNS/layers.log"
-    cp "$RUNS"/*.log "$EV/" 2>/dev/null
+      --out "$EV/layer_check_tp1.json" 2>&1 | tail -20 | tee -a "$RUNS/testbench.log"
+    echo "layer_check rc=${PIPESTATUS[0]} ($(elapsed))" | tee -a "$RUNS/testbench.log"
+    cp "$RUNS/testbench.log" "$EV/layers.log" 2>/dev/null
     finish "$EV"
     ;;
   issue)
     source "$HERE_H200/common.sh"
     record_gpus
     EV="$OUT/issue_order"
-    mkdir -p "$EV/testbench/collect" "$RUNS"
-    $MAT profile --case-file "$HERE/../testbench/h200_x1_issue_order_cases.json" --warmup 5 --repeats 20 \
-      --case-timeout 240 --output-dir "$RUNS/issue" --json > "$EV/testbench/testbench-summary.json" \
-      2>>"$RUNS/issue.log"
-    echo "testbench rc=$? ($(elapsed))" | tee -a "$RUNS/issue.log"
-    cp "$RUNS/issue"/cases.json "$EV/testbench/" 2>/dev/null
-    cp "$RUNS/issue"/collect/*.jsonl "$EV/testbench/collect/" 2>/dev/null
+    testbench h200_x1_issue_order_cases.json issue "$EV"
     # where the host launches each op group of a large TP 1 layer (the committed fractions are a small layer's)
     $MAT profile --model Qwen3-8B --ops decoder --seq-len 4096 --mode torch-profile --warmup 5 --repeats 3 \
       --output-dir "$RUNS/issue_profile" --json > "$EV/profile_summary.json" 2>>"$RUNS/issue.log"

@@ -54,3 +54,18 @@ def test_validate_batch_collect_batch_finish(tmp_path, fake_gpu_env):
     assert not (ev / "memory").exists()  # no layout recorded a history
     with tarfile.open(tmp_path / "out" / "evidence.tgz") as packed:
         assert "evidence/runs/rank_0.jsonl" in packed.getnames()
+
+
+def test_h200_single_layer_parts_run_their_plumbing_on_cpu(tmp_path, fake_gpu_env):
+    """`h200_x1_host_probe.sh issue` on CPU: `mat profile` refuses without a GPU (rc 1 in the log, nothing measured),
+    and the part still leaves its log and a packed evidence folder where the lease's copy step looks."""
+    env = fake_gpu_env | {"OUT": str(tmp_path / "out"), "RUNS": str(tmp_path / "runs")}
+    script = ROOT / "benchmarks/validation/h200_x1_host_probe.sh"
+    done = subprocess.run(["bash", str(script), "issue"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = (tmp_path / "out" / "issue_order" / "issue.log").read_text()
+    assert "testbench rc=1" in log and "profile rc=1" in log
+    assert (tmp_path / "out" / "issue_order" / "testbench").is_dir()
+    with tarfile.open(tmp_path / "out" / "issue_order.tgz") as packed:
+        assert "issue_order/issue.log" in packed.getnames()
