@@ -109,3 +109,30 @@ def test_the_host_note_flags_every_layout_the_default_floor_misses_by_more_than_
             assert flagged or abs(error) <= 0.12, (folder.name, r["label"], error)
             flagged_close += flagged and abs(error) <= 0.05
     assert flagged_close > 0
+
+
+def test_every_host_paced_layout_ran_inside_its_predicted_step_range():
+    """Where the default floor paces the step, the prediction carries the step on the fastest and slowest hosts
+    measured (`defaults.HOST_PACE_RANGE`, read from the layer host times of the three probe leases); every such
+    eager layout of those leases and of three H100 leases that timed no layer host ran inside it, and the GPU-paced
+    and graphed layouts carry none."""
+    leases = [(LEASE / "run", "H200")]
+    leases += [(H100 / f, "H100-SXM") for f in ("host_probe/run", "host_probe_2/run", "small_forward")]
+    leases += [(H100 / f, "H100-SXM") for f in ("graphed_training", "host_bound")]
+    inside = 0
+    for folder, gpu in leases:
+        for r in _rows(folder):
+            if r["status"] != "ok":
+                continue
+            gaf = r.get("gradient_accumulation_fusion", False)
+            now = predict(Layout.from_dict(r["layout"]), gpu, gradient_accumulation_fusion=gaf)
+            span = now["step_time_range_s"]
+            if span is None:
+                assert not any("waits on the host" in n for n in now["notes"])
+                continue
+            assert not _graphed(r)
+            lo, hi = span
+            assert lo < now["step_time_s"] < hi
+            assert lo <= r["measured"]["step_time_s"] <= hi, (folder.name, r["label"])
+            inside += 1
+    assert inside == 59

@@ -130,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
     print_notes(out, est.notes, est.not_modelled)
     rows = [
         ["step time (s)", est.step_time_s],
+        *(
+            [["step time on hosts measured (s)", "{:.3f} - {:.3f}".format(*est.step_time_range_s)]]
+            if est.step_time_range_s
+            else []
+        ),
         ["tokens/s/GPU", est.tokens_per_s_per_gpu],
         [f"model TFLOP/s/GPU ({est.options.flops_convention})", est.model_tflops_per_gpu],
         ["hardware TFLOP/s/GPU", est.hardware_tflops_per_gpu],

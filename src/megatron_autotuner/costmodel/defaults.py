@@ -229,6 +229,13 @@ NO_GRAD_FWD_HOST_RATIO = 0.895
 #   for the optimizer to walk).
 # `DenseHostFloor.microbatch_s` / `step_s` where the probes measured them; a step never takes less than its
 # host's issue time, these included (`costmodel.estimate.time_model`).
+# How far the host's pace strays from the default floor: the in-model host times of 81 layer phases (training
+# forward, backward, no-grad forward of Qwen3-0.6B / 1.7B.L14 / 4B.L8 at micro-batch 1 / 2 / 4, `Layout.host_timing`)
+# on three single-GPU leases, two machine kinds (benchmarks/results/validation_h100_x1/host_probe/run,
+# host_probe_2/run, validation_h200_x1/host_probe/run) over the default's: 0.547x (the H200 host's no-grad forward
+# of Qwen3-0.6B) to 2.227x (an H100 process's Qwen3-1.7B backward), rounded outward. A prediction paced by the
+# default floor gives the step at both ends (`Estimate.step_time_range_s`).
+HOST_PACE_RANGE = (0.54, 2.23)
 DENSE_HOST_MICROBATCH_PER_LAYER_FWD = 1.105
 DENSE_HOST_STEP_PER_LAYER = 3.76
 # A layer's forward started from an empty launch queue (the testbench times each phase right after a synchronize)

@@ -85,7 +85,7 @@ from .activation_offload import (
     layer_level_exposed_s,
     offload_copy_gbps,
 )
-from .calibration import Calibration
+from .calibration import DEFAULT_DENSE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
@@ -234,6 +234,9 @@ class Estimate:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # flags of a Megatron-LM launch the cost model does not model yet (the estimate stands without them)
     not_modelled: tuple[str, ...] = field(default_factory=tuple)
+    # the step on the slowest and fastest hosts measured, where the default dense host floor paces it
+    # (`defaults.HOST_PACE_RANGE`); None where the GPU sets the pace or the floor was measured
+    step_time_range_s: tuple[float, float] | None = None
 
     def with_notes(self, notes: tuple[str, ...] = (), not_modelled: tuple[str, ...] = ()) -> Estimate:
         return replace(self, notes=self.notes + tuple(notes), not_modelled=self.not_modelled + tuple(not_modelled))
@@ -317,6 +320,7 @@ class Estimate:
             "stages": [s.to_dict() for s in self.time.stages],
             "notes": list(self.notes) + list(self.time.notes),
             "not_modelled": list(self.not_modelled),
+            "step_time_range_s": list(self.step_time_range_s) if self.step_time_range_s else None,
         }
 
 
@@ -909,23 +913,58 @@ def time_model(
 HOST_BOUND_NOTE_SHARE = 0.05
 
 
-def host_bound_note(time: TimeResult, options: CostOptions) -> str | None:
-    """Say so when the GPU waits on the host for a noticeable share of the step (`breakdown["host_bound"]`), and what
-    paced the host: a calibration's floor or the defaults. The host's pace belongs to the machine: on single-GPU
-    leases the layers of the same layouts issued in 0.5x to 2x the default floor's time
-    (benchmarks/results/validation_h200_x1/host_probe: 1.67 ms no-grad forward against the default's 3.05;
-    validation_h100_x1/host_probe: 6.68 ms training forward against 3.41)."""
-    host = time.breakdown.get("host_bound", 0.0)
-    if time.step_time_s <= 0 or host < HOST_BOUND_NOTE_SHARE * time.step_time_s:
-        return None
+def _waits_on_host(time: TimeResult) -> bool:
+    return time.step_time_s > 0 and time.breakdown.get("host_bound", 0.0) >= HOST_BOUND_NOTE_SHARE * time.step_time_s
+
+
+def _measured_floor(options: CostOptions) -> bool:
     cal = options.calibration
-    if cal is not None and (cal.dense_host_floors or cal.moe_host_floors):
+    return cal is not None and bool(cal.dense_host_floors or cal.moe_host_floors)
+
+
+def host_paced_by_default(time: TimeResult, options: CostOptions) -> bool:
+    """The GPU waits on the host for a noticeable share of the step, and the host's pace is the default floor's."""
+    return _waits_on_host(time) and not _measured_floor(options)
+
+
+def paced(options: CostOptions, gpu: GPUSpec, factor: float) -> Calibration:
+    """`options`' calibration (or an empty one) with the default dense host floor at `factor` x its pace: the
+    layers' phases and the host's work outside them (`DenseHostFloor`), every TP size alike."""
+    floor = DEFAULT_DENSE_HOST_FLOOR
+    microbatch, step = floor.outside_layers_s()
+    no_grad = floor.at(floor.tp, floor.sequence_parallel, training=False)[0]
+    scaled = replace(
+        floor,
+        fwd_s=floor.fwd_s * factor,
+        bwd_s=floor.bwd_s * factor,
+        fwd_no_grad_s=no_grad * factor,
+        microbatch_s=microbatch * factor,
+        step_s=step * factor,
+        tp_collective_s=floor.tp_collective_s * factor,
+    )
+    base = options.calibration or Calibration(gpu=gpu.name)
+    return replace(base, dense_host_floors=(scaled,))
+
+
+def host_bound_note(
+    time: TimeResult, options: CostOptions, step_range: tuple[float, float] | None = None
+) -> str | None:
+    """Say so when the GPU waits on the host for a noticeable share of the step (`breakdown["host_bound"]`), what
+    paced the host (a calibration's floor or the defaults) and, paced by the defaults, the step on the fastest and
+    slowest hosts measured (`step_range`, `defaults.HOST_PACE_RANGE`)."""
+    if not _waits_on_host(time):
+        return None
+    host = time.breakdown["host_bound"]
+    if _measured_floor(options):
         pace = "the host floor of the calibration file"
     else:
+        lo, hi = d.HOST_PACE_RANGE
         pace = (
-            "the default host floor, one H100 lease's host (single-GPU leases issued a layer in 0.5x to 2x its "
-            "time): measure this machine's with `mat validate --measure-host-floor` and pass it with --calibration"
+            f"the default host floor, one H100 lease's host; single-GPU hosts issued layers in {lo}x to {hi}x its time"
         )
+        if step_range:
+            pace += f", which gives a step of {step_range[0]:.3f} to {step_range[1]:.3f} s"
+        pace += ": measure this machine's with `mat validate --measure-host-floor` and pass it with --calibration"
     return (
         f"the GPU waits on the host for {host / time.step_time_s:.0%} of the step ({host:.3f} s), paced by {pace}; "
         "CUDA graphs (Megatron-LM's --cuda-graph-impl transformer_engine; `mat plan --cuda-graphs try`) take the "
@@ -979,7 +1018,15 @@ def estimate(
             padded,
         )
     peak, breakdown, per_stage = memory_summary(memory_stages)
-    notes = [note] if (note := host_bound_note(time, options)) else []
+    step_range = None
+    if host_paced_by_default(time, options):
+        step_range = tuple(
+            time_model(
+                model, parallel, workload, cluster, replace(options, calibration=paced(options, gpu, k)), padded
+            ).step_time_s
+            for k in d.HOST_PACE_RANGE
+        )
+    notes = [note] if (note := host_bound_note(time, options, step_range)) else []
     if options.calibration is not None:
         spec = options.calibration.gpu_spec()
         if spec is None or spec.name != gpu.name:
@@ -1002,4 +1049,5 @@ def estimate(
         fits=peak <= gpu.hbm_gib * (1.0 - options.memory_margin),
         time=time,
         notes=tuple(notes),
+        step_time_range_s=step_range,
     )

@@ -27,6 +27,7 @@ PREDICTED_KEYS = (
     "tokens_per_iteration",
     "num_microbatches",
     "notes",
+    "step_time_range_s",
 )
 
 
