@@ -91,23 +91,32 @@ def test_training_peaks_are_the_same_to_the_megabyte_on_h100_and_h200():
     assert same == 9
 
 
+# the leases whose eager layouts today's default-floor predictions are checked against: this one and five on H100
+DEFAULT_FLOOR_LEASES = [(LEASE / "run", "H200")] + [
+    (H100 / f, "H100-SXM")
+    for f in ("host_probe/run", "host_probe_2/run", "small_forward", "graphed_training", "host_bound")
+]
+
+
+def _today_with_the_default_floor():
+    """(lease folder, result row, today's prediction with the default floor) for every layout that ran."""
+    for folder, gpu in DEFAULT_FLOOR_LEASES:
+        for r in _rows(folder):
+            if r["status"] == "ok":
+                gaf = r.get("gradient_accumulation_fusion", False)
+                yield folder, r, predict(Layout.from_dict(r["layout"]), gpu, gradient_accumulation_fusion=gaf)
+
+
 def test_the_host_note_flags_every_layout_the_default_floor_misses_by_more_than_12pct():
     """`Estimate.notes` says when the GPU waits on the host (paced by the default floor here). On the H200 lease and
-    three H100 leases, every layout today's default-floor prediction misses by more than 12% carries that note, and
+    five H100 leases, every layout today's default-floor prediction misses by more than 12% carries that note, and
     some it carries are within 5%: the note marks where the host's pace, which the default cannot know, decides."""
-    leases = [(LEASE / "run", "H200")] + [(H100 / f, "H100-SXM") for f in ("host_probe/run", "host_probe_2/run")]
-    leases.append((H100 / "small_forward", "H100-SXM"))
     flagged_close = 0
-    for folder, gpu in leases:
-        for r in _rows(folder):
-            if r["status"] != "ok":
-                continue
-            gaf = r.get("gradient_accumulation_fusion", False)
-            now = predict(Layout.from_dict(r["layout"]), gpu, gradient_accumulation_fusion=gaf)
-            error = now["step_time_s"] / r["measured"]["step_time_s"] - 1
-            flagged = any("waits on the host" in n for n in now["notes"])
-            assert flagged or abs(error) <= 0.12, (folder.name, r["label"], error)
-            flagged_close += flagged and abs(error) <= 0.05
+    for folder, r, now in _today_with_the_default_floor():
+        error = now["step_time_s"] / r["measured"]["step_time_s"] - 1
+        flagged = any("waits on the host" in n for n in now["notes"])
+        assert flagged or abs(error) <= 0.12, (folder.name, r["label"], error)
+        flagged_close += flagged and abs(error) <= 0.05
     assert flagged_close > 0
 
 
@@ -116,23 +125,15 @@ def test_every_host_paced_layout_ran_inside_its_predicted_step_range():
     measured (`defaults.HOST_PACE_RANGE`, read from the layer host times of the three probe leases); every such
     eager layout of those leases and of three H100 leases that timed no layer host ran inside it, and the GPU-paced
     and graphed layouts carry none."""
-    leases = [(LEASE / "run", "H200")]
-    leases += [(H100 / f, "H100-SXM") for f in ("host_probe/run", "host_probe_2/run", "small_forward")]
-    leases += [(H100 / f, "H100-SXM") for f in ("graphed_training", "host_bound")]
     inside = 0
-    for folder, gpu in leases:
-        for r in _rows(folder):
-            if r["status"] != "ok":
-                continue
-            gaf = r.get("gradient_accumulation_fusion", False)
-            now = predict(Layout.from_dict(r["layout"]), gpu, gradient_accumulation_fusion=gaf)
-            span = now["step_time_range_s"]
-            if span is None:
-                assert not any("waits on the host" in n for n in now["notes"])
-                continue
-            assert not _graphed(r)
-            lo, hi = span
-            assert lo < now["step_time_s"] < hi
-            assert lo <= r["measured"]["step_time_s"] <= hi, (folder.name, r["label"])
-            inside += 1
+    for folder, r, now in _today_with_the_default_floor():
+        span = now["step_time_range_s"]
+        if span is None:
+            assert not any("waits on the host" in n for n in now["notes"])
+            continue
+        assert not _graphed(r)
+        lo, hi = span
+        assert lo < now["step_time_s"] < hi
+        assert lo <= r["measured"]["step_time_s"] <= hi, (folder.name, r["label"])
+        inside += 1
     assert inside == 59
