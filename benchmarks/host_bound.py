@@ -37,7 +37,12 @@ VALIDATION = ROOT / "benchmarks/results/validation_h100_x1"
 RESULTS = VALIDATION / "host_bound"
 LATER_LEASES = ("graphed_training", "host_diagnostics/profile", "small_forward")
 # probe leases, relative to benchmarks/results (each names its GPU preset in predicted_default_floor.json)
-PROBE_LEASES = ("validation_h100_x1/host_probe", "validation_h100_x1/host_probe_2", "validation_h200_x1/host_probe")
+PROBE_LEASES = (
+    "validation_h100_x1/host_probe",
+    "validation_h100_x1/host_probe_2",
+    "validation_h100_x1/host_probe_3",
+    "validation_h200_x1/host_probe",
+)
 ERROR_KEYS = ("pre_run_default", "pre_run_measured", "now_default", "now_measured")
 
 

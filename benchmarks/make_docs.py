@@ -181,6 +181,7 @@ def small_models(root: Path) -> str:
 HOST_PROBE_LEASES = (
     "validation_h100_x1/host_probe",
     "validation_h100_x1/host_probe_2",
+    "validation_h100_x1/host_probe_3",
     "validation_h200_x1/host_probe",
 )
 

@@ -137,3 +137,24 @@ def test_every_host_paced_layout_ran_inside_its_predicted_step_range():
         assert lo <= r["measured"]["step_time_s"] <= hi, (folder.name, r["label"])
         inside += 1
     assert inside == 59
+
+
+def test_a_third_h100_lease_ran_inside_the_ranges_written_before_it():
+    """`h100_x1_host_probe.sh run` on a fresh H100 host (validation_h100_x1/host_probe_3), predicted before it ran:
+    all 12 host-paced layouts inside the step range written before the lease, 13 of 18 within 10% with the default
+    floor and 15 of 18 with the floor its probes measured."""
+    lease = H100 / "host_probe_3"
+    doc = json.loads((lease / "predicted_default_floor.json").read_text())
+    written = {e["layout_id"]: e["predicted"] for e in doc["layouts"]}
+    rows = _rows(lease / "run")
+    assert len(rows) == 18 and all(r["status"] == "ok" for r in rows)
+    inside = default = measured = 0
+    for r in rows:
+        step = r["measured"]["step_time_s"]
+        span = written[r["layout_id"]]["step_time_range_s"]
+        if span is not None:
+            assert span[0] <= step <= span[1], r["label"]
+            inside += 1
+        default += abs(written[r["layout_id"]]["step_time_s"] / step - 1) <= 0.10
+        measured += abs(r["predicted"]["step_time_s"] / step - 1) <= 0.10
+    assert (inside, default, measured) == (12, 13, 15)
