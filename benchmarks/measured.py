@@ -24,7 +24,7 @@ from megatron_autotuner.costmodel import defaults
 from megatron_autotuner.costmodel.layer import (
     LayerContext,
     dense_host_s,
-    empty_queue_forward_s,
+    empty_queue_phases_s,
     forward_issue_groups_s,
     layer_cost,
 )
@@ -62,13 +62,12 @@ def predict_empty_queue_ms(
     model_name: str, gpu_name: str, tp: int, sp: bool, seq_length: int, mbs: int = 1, fused: bool = False,
     host_s: tuple[float, float] | None = None,
 ) -> tuple[float, float]:  # fmt: skip
-    """(fwd_ms, bwd_ms) of the layer timed phase by phase from an empty launch queue, as the testbench times it: the
-    forward by the issue order (`empty_queue_forward_s`), the backward the longer of its GPU and host time. `host_s`:
-    the host's (forward, backward) seconds; None: the default floor at this TP size (`dense_host_s`)."""
+    """(fwd_ms, bwd_ms) of the layer timed phase by phase from an empty launch queue, as the testbench times it
+    (`empty_queue_phases_s`). `host_s`: the host's (forward, backward) seconds; None: the default floor at this TP
+    size."""
     model, ctx = _layer(model_name, gpu_name, tp, sp, seq_length, mbs, fused)
-    host_fwd, host_bwd = host_s if host_s is not None else dense_host_s(ctx)
-    fwd = empty_queue_forward_s(model, 0, ctx, host_fwd)
-    return fwd * 1e3, max(layer_cost(model, 0, ctx).bwd.total, host_bwd) * 1e3
+    fwd, bwd = empty_queue_phases_s(model, 0, ctx, host_s)
+    return fwd * 1e3, bwd * 1e3
 
 
 def compare_decoder_rows(rows: list[dict[str, Any]], gpu_name: str) -> list[dict[str, Any]]:

@@ -551,6 +551,17 @@ def empty_queue_forward_s(model: ModelSpec, layer_index: int, ctx: LayerContext,
     return max([host_s] + [f * host_s + sum(groups[k:]) for k, f in enumerate(fractions)])
 
 
+def empty_queue_phases_s(
+    model: ModelSpec, layer_index: int, ctx: LayerContext, host_s: tuple[float, float] | None = None
+) -> tuple[float, float]:
+    """(forward, backward) seconds of a dense layer timed phase by phase from an empty launch queue, as the testbench
+    times it: the forward by its issue order (`empty_queue_forward_s`), the backward the longer of its GPU and host
+    time. `host_s`: the host's (forward, backward) seconds; None: the context's dense host floor (`dense_host_s`)."""
+    host_fwd, host_bwd = host_s if host_s is not None else dense_host_s(ctx)
+    backward = max(layer_cost(model, layer_index, ctx).bwd.total, host_bwd)
+    return empty_queue_forward_s(model, layer_index, ctx, host_fwd), backward
+
+
 def captured_host_share(ctx: LayerContext, is_moe: bool = False) -> float:
     """The share of a layer's host time that CUDA graphs take off the host (Megatron-LM --cuda-graph-impl /
     --cuda-graph-modules): all of it for full-iteration graphs and for a whole captured layer (an empty scope); a

@@ -62,7 +62,7 @@ def predicted_phases_ms(rec: dict[str, Any]) -> dict[str, Any] | None:
     times it (`costmodel.layer.empty_queue_forward_s`; the backward the longer of GPU and host time), with the
     host time the record measured (`host_*_ms`), else the default floor. None for other ops, MoE models and records
     without a GPU preset."""
-    from ..costmodel.layer import dense_host_s, empty_queue_forward_s, layer_cost
+    from ..costmodel.layer import empty_queue_phases_s
 
     case = rec.get("case") or {}
     if rec.get("status") != "ok" or case.get("op") != "decoder" or not rec.get("gpu_preset"):
@@ -70,15 +70,10 @@ def predicted_phases_ms(rec: dict[str, Any]) -> dict[str, Any] | None:
     spec = load_model_spec(case["model"])
     if spec.is_moe_layer(0):
         return None
-    ctx = layer_context_of(rec)
     real = rec["real"]
     measured = "host_fwd_ms" in real and "host_bwd_ms" in real
-    if measured:
-        host_fwd, host_bwd = (real[f"host_{phase}_ms"]["median"] * 1e-3 for phase in ("fwd", "bwd"))
-    else:
-        host_fwd, host_bwd = dense_host_s(ctx)
-    fwd = empty_queue_forward_s(spec, 0, ctx, host_fwd) * 1e3
-    bwd = max(layer_cost(spec, 0, ctx).bwd.total, host_bwd) * 1e3
+    host = tuple(real[f"host_{phase}_ms"]["median"] * 1e-3 for phase in ("fwd", "bwd")) if measured else None
+    fwd, bwd = (t * 1e3 for t in empty_queue_phases_s(spec, 0, layer_context_of(rec), host))
     return {
         "predicted_fwd_ms": fwd,
         "predicted_bwd_ms": bwd,

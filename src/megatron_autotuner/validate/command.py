@@ -382,8 +382,8 @@ def _dry_run(args, layouts, gpu, out: Path, calibration) -> int:
             cases.append(f"{case.case_id} ({case.model}, {case.dtype}{recipe})")
     preds = batch.predictions_for(layouts, gpu, out, calibration)
     rows = []
+    job = out / "jobs" / "JOB.json"
     for lay in layouts:
-        job = out / "jobs" / "JOB.json"
         if args.stand_in:
             world, ranks = lay.world_size, lay.stand_in_ranks(args.stand_in == "all")
             cmds = [launcher.stand_in_command(job, out, r, world, args.device, args.timeout_s) for r in ranks]
