@@ -1,4 +1,5 @@
-"""Measure NCCL all-gather / reduce-scatter / all-reduce time per message size at TP 2 / 4 / 8 on one NVLink node.
+"""Time NCCL all-gather / reduce-scatter / all-reduce / all-to-all / ring send-recv per message size on 2 / 4 / 8
+GPUs of one NVLink node.
 
     NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING \\
         torchrun --nproc-per-node=8 benchmarks/nccl_sweep.py --out $OUT/nccl_sweep_h200_x8.json
@@ -50,10 +51,23 @@ def main() -> None:
                 continue
             full = torch.empty(elems, dtype=torch.bfloat16, device="cuda")
             shard = torch.empty(elems // n, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty_like(full)
+            ring = [(rank + 1) % n, (rank - 1) % n]
+
+            def sendrecv(full=full, out=out, g=g, ring=ring):
+                """The ring exchange of pipeline and ring context parallelism: send `full` to the next rank while
+                receiving as much from the previous one (batched, as megatron-core's p2p_communication does)."""
+                ops = [dist.P2POp(dist.isend, full, ring[0], g), dist.P2POp(dist.irecv, out, ring[1], g)]
+                for req in dist.batch_isend_irecv(ops):
+                    req.wait()
+
             calls = {
                 "all_gather": lambda full=full, shard=shard, g=g: dist.all_gather_into_tensor(full, shard, group=g),
                 "reduce_scatter": lambda full=full, shard=shard, g=g: dist.reduce_scatter_tensor(shard, full, group=g),
                 "all_reduce": lambda full=full, g=g: dist.all_reduce(full, group=g),
+                # expert parallelism's token exchange: `full` is each rank's send buffer, 1/n to every rank
+                "all_to_all": lambda full=full, out=out, g=g: dist.all_to_all_single(out, full, group=g),
+                "sendrecv": sendrecv,
             }
             for coll, fn in calls.items():
                 for _ in range(args.warmup):
@@ -68,7 +82,7 @@ def main() -> None:
                     end.synchronize()
                     times.append(start.elapsed_time(end) * 1e3)
                 rows.append({"collective": coll, "ranks": n, "bytes": nbytes, "us": statistics.median(times)})
-            del full, shard
+            del full, shard, out
         dist.barrier()
     if rank == 0:
         out = {

@@ -206,6 +206,7 @@ def plan(
     fp8_param: bool = False,
     lengths: SequenceLengths | None = None,
     cuda_graph: CudaGraphConfig | None = None,
+    tp_comm_overlap: bool = True,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
@@ -215,7 +216,8 @@ def plan(
 
     `grad_reduce_in_fp32=False` (Megatron-LM's --grad-reduce-in-bf16), `fp8_recipe` and `fp8_param`
     (--fp8-recipe, --fp8-param-gather) are numerics choices the user makes, so they are applied to every layout
-    rather than searched (fp8 parameters rule out layouts without the distributed optimizer).
+    rather than searched (fp8 parameters rule out layouts without the distributed optimizer). `tp_comm_overlap`:
+    every sequence-parallel layout overlaps its TP collectives with TE userbuffers (--tp-comm-overlap).
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -300,7 +302,7 @@ def plan(
         tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, _ = st
         work = base if graphs is None else base.replace(cuda_graph=graphs)
         parallel = ParallelConfig(
-            num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, sp and tp > 1,
+            num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, tp_comm_overlap and sp and tp > 1,
             pipeline_layout=pipeline_layout,
         )  # fmt: skip
         if budgets is not None:

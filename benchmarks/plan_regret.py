@@ -1,0 +1,178 @@
+"""Does `mat plan`'s first choice run fastest? The ranking benchmark of 4-GPU cases (dense and MoE, two sizes each).
+
+    python benchmarks/plan_regret.py predict   # before a lease: the layouts to run and their predictions
+    bash benchmarks/validation/x4_plan_regret.sh part1|part2   # on 4 GPUs (H100 or H200)
+    python benchmarks/plan_regret.py report    # after it: regret, rank correlation, step / memory errors
+
+`predict` plans each case under the assumptions the validate runner executes (`RUNNER_OPTIONS`: Megatron-LM's
+unfused fp32 loss, no gradient-accumulation fusion without APEX, eager MoE, no TP-communication overlap, the host
+floor), and keeps the plan's top `TOP_K` plus two lower-ranked layouts of other structures (tp pp vpp cp ep), for
+H100-SXM and H200 (the kind lent decides which runs). It writes the layouts file the GPU script runs and the
+predictions, made before the runs, beside it. The plan's numbers under its former defaults (TP overlap and fused
+kernels assumed) are kept for each layout too, to show what the plan used to rank by.
+
+`report` reads the runs (`benchmarks/results/plan_regret_<kind>/`): per case the regret (the measured step of the
+plan's #1 over the best measured, minus 1), Spearman's rank correlation of predicted and measured steps, and each
+layout's step and peak-memory error; writes benchmarks/results/plan_regret.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from megatron_autotuner import __version__
+from megatron_autotuner.costmodel.estimate import CostOptions, estimate
+from megatron_autotuner.search import plan
+from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.predict import predict
+
+ROOT = Path(__file__).resolve().parents[1]
+VALIDATION = ROOT / "benchmarks" / "validation"
+RESULTS = ROOT / "benchmarks" / "results"
+NUM_GPUS = 4
+TOP_K = 4
+LOWER = 2
+WARMUP_STEPS = 3
+STEPS = 4
+GPUS = {"H100": "H100-SXM", "H200": "H200"}
+# shapes chosen here (none is a case the plan was tuned on): two dense sizes, two MoE sizes
+CASES: list[dict[str, Any]] = [
+    {"case": "qwen3-4b", "model": "Qwen3-4B", "seq_length": 4096, "global_batch_size": 16},
+    {"case": "llama31-8b", "model": "Llama-3.1-8B", "seq_length": 8192, "global_batch_size": 8},
+    {
+        "case": "qwen3-moe-e32-24l",
+        "model": "benchmarks/validation/models/Qwen3-30B-A3B-E32.json",
+        "num_layers": 24,
+        "seq_length": 4096,
+        "global_batch_size": 16,
+    },
+    {
+        "case": "qwen3-moe-e64-12l",
+        "model": "benchmarks/validation/models/Qwen3-30B-A3B-E64.json",
+        "num_layers": 12,
+        "seq_length": 4096,
+        "global_batch_size": 32,
+    },
+]
+
+
+def runner_options() -> CostOptions:
+    """What the validate runner on the lease executes (`validate.predict.cost_options` with APEX absent there:
+    every committed GPU record says gradient_accumulation_fusion false)."""
+    from megatron_autotuner.validate.predict import cost_options
+
+    return cost_options(Layout(model="Qwen3-0.6B", seq_length=1024), gradient_accumulation_fusion=False)
+
+
+def model_of(case: dict[str, Any]):
+    spec = load_model_spec(str(ROOT / case["model"]) if case["model"].endswith(".json") else case["model"])
+    return spec.with_num_layers(case["num_layers"]) if case.get("num_layers") else spec
+
+
+def structure(layout: Layout) -> tuple:
+    return (layout.tp, layout.pp, layout.vpp, layout.pipeline_layout, layout.cp, layout.ep)
+
+
+def choose(case: dict[str, Any], gpu_name: str) -> list[dict[str, Any]]:
+    """The plan's top K and LOWER lower-ranked layouts of structures not in the top K, each with its rank, the
+    prediction the runner will be compared with, and the plan's number under its former defaults."""
+    gpu = get_gpu_spec(gpu_name)
+    model = model_of(case)
+    seq, gbs = case["seq_length"], case["global_batch_size"]
+    result = plan(model, gpu, NUM_GPUS, seq, gbs, options=runner_options(), tp_comm_overlap=False)
+    cands = list(result.candidates)
+
+    def layout_of(c) -> Layout:
+        return Layout.from_configs(
+            case["model"],
+            c.parallel,
+            c.workload,
+            num_layers=case.get("num_layers"),
+            warmup_steps=WARMUP_STEPS,
+            steps=STEPS,
+            name=f"{case['case']} #{c.rank} {c.label}",
+        )
+
+    picked = [(c, layout_of(c)) for c in cands[:TOP_K]]
+    seen = {structure(lay) for _, lay in picked}
+    # lower-ranked: the best layout of a structure not yet picked, right after the top K and a tenth down the ranking
+    for start in (TOP_K, len(cands) // 10):
+        for c in cands[max(start, TOP_K) :]:
+            lay = layout_of(c)
+            if structure(lay) not in seen:
+                picked.append((c, lay))
+                seen.add(structure(lay))
+                break
+    former = CostOptions()
+    rows = []
+    for c, lay in picked:
+        pred = predict(lay, gpu, gradient_accumulation_fusion=False)
+        old = estimate(model, c.parallel.replace(tp_comm_overlap=c.parallel.sequence_parallel), c.workload, gpu, former)
+        rows.append(
+            {
+                "case": case["case"],
+                "rank": c.rank,
+                "of": len(cands),
+                "label": lay.label,
+                "layout": lay.to_dict(),
+                "plan_step_time_s": c.estimate.step_time_s,
+                "plan_peak_memory_gib": c.estimate.peak_memory_gib,
+                "predicted": pred,
+                "former_plan_step_time_s": old.step_time_s,
+            }
+        )
+    return rows
+
+
+def cmd_predict() -> int:
+    for kind, gpu_name in GPUS.items():
+        rows = [row for case in CASES for row in choose(case, gpu_name)]
+        layouts = {
+            "gpu": gpu_name,
+            "layouts": [row["layout"] for row in rows],
+        }
+        path = VALIDATION / f"x4_plan_regret_{kind.lower()}_layouts.json"
+        path.write_text(json.dumps(layouts, indent=1) + "\n")
+        doc = {
+            "kind": "plan-regret-prediction",
+            "tool_version": __version__,
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "gpu": gpu_name,
+            "num_gpus": NUM_GPUS,
+            "assumptions": {k: v for k, v in runner_options().__dict__.items() if isinstance(v, (bool, str, float))},
+            "rows": rows,
+        }
+        out = RESULTS / f"plan_regret_{kind.lower()}_x4" / "predicted.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=1) + "\n")
+        for row in rows:
+            p = row["predicted"]
+            print(
+                f"{kind} {row['case']:20s} #{row['rank']:<3d}/{row['of']:<4d} {row['label'][:60]:60s} "
+                f"{p.get('step_time_s', float('nan')):7.3f} s {p.get('peak_memory_gib', float('nan')):6.1f} GiB "
+                f"(plan {row['plan_step_time_s']:.3f}, former {row['former_plan_step_time_s']:.3f})"
+            )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=("predict", "report"))
+    args = parser.parse_args(argv)
+    if args.command == "predict":
+        return cmd_predict()
+    return cmd_report()
+
+
+def cmd_report() -> int:
+    raise SystemExit("report: no runs yet")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
