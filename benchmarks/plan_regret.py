@@ -30,6 +30,7 @@ from megatron_autotuner.costmodel.estimate import CostOptions, estimate
 from megatron_autotuner.search import plan
 from megatron_autotuner.specs import get_gpu_spec, load_model_spec
 from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.agreement import spearman
 from megatron_autotuner.validate.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,8 +171,100 @@ def main(argv: list[str] | None = None) -> int:
     return cmd_report()
 
 
+def _measured_rows(kind_dir: Path) -> dict[str, dict[str, Any]]:
+    """The runs' comparison rows by layout label (every case folder's results.jsonl; the last row of a label wins,
+    as `mat validate` appends a resumed layout's row again)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for path in sorted(kind_dir.glob("*/results.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            rows[row["label"]] = row
+    return rows
+
+
+def _rel(predicted: float | None, measured: float | None) -> float | None:
+    return None if not predicted or not measured else predicted / measured - 1.0
+
+
+def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[str, dict[str, Any]]) -> dict:
+    """Regret, rank correlation and per-layout errors of one case, against the predictions made before the runs."""
+    layouts = []
+    for row in predicted_rows:
+        run = measured.get(row["label"], {})
+        m = run.get("measured") or {}
+        p = row["predicted"]
+        layouts.append(
+            {
+                "rank": row["rank"],
+                "label": row["label"],
+                "status": run.get("status", "not run"),
+                "predicted_step_time_s": p.get("step_time_s"),
+                "measured_step_time_s": m.get("step_time_s"),
+                "step_time_error": _rel(p.get("step_time_s"), m.get("step_time_s")),
+                "predicted_peak_memory_gib": p.get("peak_memory_gib"),
+                "measured_peak_memory_gib": m.get("peak_gib"),
+                "peak_memory_error": _rel(p.get("peak_memory_gib"), m.get("peak_gib")),
+                "former_plan_step_time_s": row["former_plan_step_time_s"],
+            }
+        )
+    ran = [lay for lay in layouts if lay["measured_step_time_s"]]
+    out: dict[str, Any] = {"case": case, "layouts": layouts, "measured": len(ran), "planned": len(layouts)}
+    if not ran:
+        return out
+    best = min(ran, key=lambda lay: lay["measured_step_time_s"])
+    first = min(layouts, key=lambda lay: lay["rank"])
+    out["measured_best"] = best["label"]
+    out["plan_first"] = first["label"]
+    if first["measured_step_time_s"]:
+        out["regret"] = first["measured_step_time_s"] / best["measured_step_time_s"] - 1.0
+    out["spearman"] = spearman(
+        [lay["predicted_step_time_s"] for lay in ran], [lay["measured_step_time_s"] for lay in ran]
+    )
+    # the former plan (TP overlap and fused kernels assumed, MoE not host-bound) over the same layouts
+    out["former_plan_first"] = min(ran, key=lambda lay: lay["former_plan_step_time_s"])["label"]
+    out["former_plan_regret"] = (
+        min(ran, key=lambda lay: lay["former_plan_step_time_s"])["measured_step_time_s"]
+        / best["measured_step_time_s"]
+        - 1.0
+    )
+    return out
+
+
 def cmd_report() -> int:
-    raise SystemExit("report: no runs yet")
+    doc: dict[str, Any] = {"kind": "plan-regret", "tool_version": __version__, "leases": []}
+    for kind_dir in sorted(RESULTS.glob("plan_regret_*_x4")):
+        predicted = json.loads((kind_dir / "predicted.json").read_text())
+        measured = _measured_rows(kind_dir)
+        if not measured:
+            continue
+        env = next(iter(measured.values())).get("env", {})
+        cases = []
+        for case in dict.fromkeys(row["case"] for row in predicted["rows"]):
+            rows = [row for row in predicted["rows"] if row["case"] == case]
+            cases.append(case_report(case, rows, measured))
+        doc["leases"].append(
+            {
+                "folder": kind_dir.name,
+                "gpu": predicted["gpu"],
+                "predicted_at": predicted["date"],
+                "measured_on": env.get("device"),
+                "measured_at": env.get("date"),
+                "versions": {k: env.get(k) for k in ("torch", "megatron_core", "transformer_engine", "nccl")},
+                "cases": cases,
+            }
+        )
+    (RESULTS / "plan_regret.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for lease in doc["leases"]:
+        print(f"{lease['folder']} ({lease['measured_on']}, predicted {lease['predicted_at']})")
+        for c in lease["cases"]:
+            errs = [lay["step_time_error"] for lay in c["layouts"] if lay["step_time_error"] is not None]
+            mems = [lay["peak_memory_error"] for lay in c["layouts"] if lay["peak_memory_error"] is not None]
+            print(
+                f"  {c['case']:20s} regret {c.get('regret', float('nan')):+.1%}  spearman {c.get('spearman') or 0:+.2f}"
+                f"  step err {min(errs):+.1%}..{max(errs):+.1%}  mem err {min(mems):+.1%}..{max(mems):+.1%}"
+                f"  (former plan regret {c.get('former_plan_regret', float('nan')):+.1%})"
+            )
+    return 0
 
 
 if __name__ == "__main__":
