@@ -29,8 +29,8 @@ from megatron_autotuner import __version__
 from megatron_autotuner.costmodel.estimate import CostOptions, estimate
 from megatron_autotuner.search import plan
 from megatron_autotuner.specs import get_gpu_spec, load_model_spec
-from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.agreement import spearman
+from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,8 +223,7 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
     # the former plan (TP overlap and fused kernels assumed, MoE not host-bound) over the same layouts
     out["former_plan_first"] = min(ran, key=lambda lay: lay["former_plan_step_time_s"])["label"]
     out["former_plan_regret"] = (
-        min(ran, key=lambda lay: lay["former_plan_step_time_s"])["measured_step_time_s"]
-        / best["measured_step_time_s"]
+        min(ran, key=lambda lay: lay["former_plan_step_time_s"])["measured_step_time_s"] / best["measured_step_time_s"]
         - 1.0
     )
     return out
