@@ -64,11 +64,10 @@ CASES: list[dict[str, Any]] = [
 
 
 def runner_options() -> CostOptions:
-    """What the validate runner on the lease executes (`validate.predict.cost_options` with APEX absent there:
-    every committed GPU record says gradient_accumulation_fusion false)."""
-    from megatron_autotuner.validate.predict import cost_options
-
-    return cost_options(Layout(model="Qwen3-0.6B", seq_length=1024), gradient_accumulation_fusion=False)
+    """What the validate runner on the lease executes: the cost model's defaults (Megatron-LM's, `CostOptions`) without
+    gradient-accumulation fusion, as APEX is absent there (every committed GPU record says
+    gradient_accumulation_fusion false); `mat plan --validate` plans so on such a machine too."""
+    return CostOptions(gradient_accumulation_fusion=False)
 
 
 def model_of(case: dict[str, Any]):
@@ -133,6 +132,9 @@ def choose(case: dict[str, Any], gpu_name: str) -> list[dict[str, Any]]:
 
 def cmd_predict() -> int:
     for kind, gpu_name in GPUS.items():
+        if any((RESULTS / f"plan_regret_{kind.lower()}_x4").glob("*/results.jsonl")):
+            print(f"{kind}: runs exist, so its predictions made before them stay as they are")
+            continue
         rows = [row for case in CASES for row in choose(case, gpu_name)]
         layouts = {
             "gpu": gpu_name,

@@ -48,6 +48,9 @@ def compare(launch: str, base: str | None) -> dict:
         grad_reduce_in_fp32=parallel.grad_reduce_in_fp32,
         fp8_recipe=workload.fp8_recipe,
         fp8_param=workload.fp8_param,
+        # every layout with the recipe's own run settings (fusions, MoE execution, TP overlap)
+        options=CostOptions(memory_margin=0.05, **imported.options),
+        tp_comm_overlap=parallel.tp_comm_overlap,
     )
     elapsed = time.perf_counter() - started
     run = compare_with_best(mine.with_notes((), imported.not_modelled), result.best.estimate, result.options)

@@ -99,7 +99,8 @@ def test_a_calibrated_host_floor_replaces_the_default():
     default = _step(MOE, p, w, moe_host_bound=True)
     calibrated = _step(MOE, p, w, moe_host_bound=True, calibration=cal)
     assert 0 < calibrated.time.breakdown["host_bound"] < 0.6 * default.time.breakdown["host_bound"]
-    assert _step(MOE, p, w, calibration=cal).step_time_s == _step(MOE, p, w).step_time_s  # tuned MoE: no floor
+    tuned = _step(MOE, p, w, moe_host_bound=False, calibration=cal)
+    assert tuned.step_time_s == _step(MOE, p, w, moe_host_bound=False).step_time_s  # tuned MoE: no floor
     assert _calibration([]).moe_host_floor("bf16") is None
 
 

@@ -58,12 +58,44 @@ def add_cost_arguments(p: argparse.ArgumentParser) -> None:
         "mat estimate and mat plan (the memory model is within ~5%% of measured peaks)",
     )
     add_expandable_segments_argument(g)
-    g.add_argument(
+    add_assumption_arguments(g)
+
+
+def add_assumption_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """What the run executes beyond the layout, for `mat estimate` and `mat plan` without a launch (a launch says
+    it with its own flags). The defaults are Megatron-LM's, and `mat validate` runs each of them."""
+    p.add_argument(
         "--tp-comm-overlap",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="TE userbuffers TP overlap (default: on with sequence parallelism)",
+        help="TE userbuffers overlap of the TP collectives with their GEMMs, on sequence-parallel layouts "
+        "(Megatron-LM's --tp-comm-overlap; default off, as there)",
     )
+    p.add_argument(
+        "--cross-entropy-fusion",
+        action="store_true",
+        help="fused cross-entropy loss (Megatron-LM's --cross-entropy-loss-fusion; default off, as there)",
+    )
+    p.add_argument(
+        "--no-gradient-accumulation-fusion",
+        dest="gradient_accumulation_fusion",
+        action="store_false",
+        help="wgrad GEMMs not accumulated straight into the fp32 main grads (Megatron-LM's "
+        "--no-gradient-accumulation-fusion; the fusion needs APEX)",
+    )
+
+
+def reject_assumptions_with_launch(args: argparse.Namespace) -> None:
+    """With --megatron-args the launch's own flags say what runs: the tool's assumption flags are refused."""
+    given = {
+        "tp_comm_overlap": args.tp_comm_overlap is not None,
+        "cross_entropy_fusion": args.cross_entropy_fusion,
+        "gradient_accumulation_fusion": not args.gradient_accumulation_fusion,
+    }
+    for name, set_here in given.items():
+        if set_here:
+            flag = {"cross_entropy_fusion": "--cross-entropy-loss-fusion"}.get(name, "--" + name.replace("_", "-"))
+            raise ConfigError(name, f"goes in the Megatron-LM launch ({flag}) with --megatron-args")
 
 
 def print_notes(out, notes, not_modelled) -> None:
@@ -95,7 +127,13 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
     """CostOptions from the CLI, with what a Megatron-LM launch said (`launch_options`: overlaps, fusions, MoE
     execution, expandable segments) taking the place of the tool's defaults."""
     calibration = load_calibration(args.calibration) if getattr(args, "calibration", None) else None
-    fields = dict(launch_options or {})
+    if launch_options is None:
+        fields: dict = {
+            "fused_cross_entropy": getattr(args, "cross_entropy_fusion", False),
+            "gradient_accumulation_fusion": getattr(args, "gradient_accumulation_fusion", True),
+        }
+    else:
+        fields = dict(launch_options)
     fields["expandable_segments"] = fields.get("expandable_segments", False) or getattr(
         args, "expandable_segments", False
     )
@@ -114,12 +152,12 @@ def run(args: argparse.Namespace) -> int:
     specs = specs_from_args(args)
     model, parallel, workload = specs.model, specs.parallel, specs.workload
     if specs.imported is None:
-        overlap = args.tp_comm_overlap if args.tp_comm_overlap is not None else parallel.sequence_parallel
+        overlap = bool(args.tp_comm_overlap)
         if overlap and not parallel.sequence_parallel:
             raise ConfigError("tp_comm_overlap", "needs --sp (TE userbuffers overlap the SP collectives)")
         parallel = parallel.replace(tp_comm_overlap=overlap)
-    elif args.tp_comm_overlap is not None:
-        raise ConfigError("tp_comm_overlap", "goes in the Megatron-LM launch (--tp-comm-overlap) with --megatron-args")
+    else:
+        reject_assumptions_with_launch(args)
     est = estimate(model, parallel, workload, gpu, cost_options_from_args(args, specs.options))
     est = est.with_notes(specs.notes, specs.not_modelled)
     if args.json:

@@ -292,7 +292,7 @@ class ResolvedSpecs:
     model: ModelSpec
     parallel: ParallelConfig
     workload: Workload
-    options: dict
+    options: dict | None  # None: no launch (the CLI's own assumption flags apply)
     notes: tuple[str, ...] = ()
     not_modelled: tuple[str, ...] = ()
     imported: ImportedLaunch | None = None
@@ -340,7 +340,7 @@ def specs_from_args(args: argparse.Namespace) -> ResolvedSpecs:
         )
     model = model_from_args(args)
     parallel = parallel_from_args(args, model)
-    return ResolvedSpecs(model, parallel, workload_from_args(args, parallel), {})
+    return ResolvedSpecs(model, parallel, workload_from_args(args, parallel), None)
 
 
 def layout_summary(p: ParallelConfig, w: Workload) -> str:

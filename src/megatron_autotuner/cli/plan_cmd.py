@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
+from dataclasses import replace
+from pathlib import Path
 
 from ..argspec.argtypes import margin_fraction, non_empty_path, positive_int
 from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
-from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, estimate
+from ..costmodel.defaults import HOST_PACE_RANGE
+from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, estimate
 from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded
 from ..report import output_dir_for, write_plan_report
 from ..search import GRAPH_MODES, plan_with_graphs
 from ..search.current import CurrentRun, compare_with_best
 from ..validate.command import add_stand_in_argument
-from .estimate_cmd import add_expandable_segments_argument, cost_options_from_args, print_notes
+from .estimate_cmd import (
+    add_assumption_arguments,
+    add_expandable_segments_argument,
+    cost_options_from_args,
+    print_notes,
+    reject_assumptions_with_launch,
+)
 from .layout_args import (
     add_flops_convention_argument,
     add_gpu_arguments,
@@ -72,6 +82,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "mat estimate and mat plan (the memory model is within ~5%% of measured peaks)",
     )
     add_expandable_segments_argument(p)
+    add_assumption_arguments(p)
     add_grad_reduce_argument(p)
     p.add_argument(
         "--calibration",
@@ -146,9 +157,12 @@ def run(args: argparse.Namespace) -> int:
                 raise ConfigError(name, f"--{name.replace('_', '-')} comes from the launch with --megatron-args")
         if args.num_layers is not None:
             raise ConfigError("num_layers", "goes in the Megatron-LM launch (--num-layers) with --megatron-args")
+        reject_assumptions_with_launch(args)
         imported = import_launch(args)
         model, mine, work = imported.model, imported.parallel, imported.workload
-        current = estimate(model, mine, work, gpu, cost_options_from_args(args, imported.options))
+        options = cost_options_from_args(args, imported.options)  # the launch's own run settings, for every layout
+        tp_overlap = mine.tp_comm_overlap
+        current = estimate(model, mine, work, gpu, options)
         current = current.with_notes(imported.notes, imported.not_modelled)
         num_gpus, seq, gbs = mine.num_gpus, work.seq_length, work.global_batch_size
         precision, recipe, fp8_param = work.precision, work.fp8_recipe, work.fp8_param
@@ -163,10 +177,12 @@ def run(args: argparse.Namespace) -> int:
         precision, recipe = args.precision or "bf16", args.fp8_recipe or "delayed"
         fp8_param, grad_fp32 = bool(args.fp8_param_gather), not args.grad_reduce_in_bf16
         graphs = None
+        options = cost_options_from_args(args)
+        tp_overlap = bool(args.tp_comm_overlap)
     for name, value in (("num_gpus", num_gpus), ("seq_len", seq), ("global_batch_size", gbs)):
         if value < 1:
             raise ConfigError(name, f"must be a positive integer, got {value}")
-    options = cost_options_from_args(args)
+    options, runner_note = options_the_runner_executes(options, args.validate is not None)
     result = plan_with_graphs(
         model,
         gpu,
@@ -184,7 +200,10 @@ def run(args: argparse.Namespace) -> int:
         fp8_param=fp8_param,
         lengths=lengths,
         cuda_graph=graphs,
+        tp_comm_overlap=tp_overlap,
     )
+    if runner_note:
+        result = replace(result, notes=(*result.notes, runner_note))
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
     files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
@@ -202,11 +221,16 @@ def run(args: argparse.Namespace) -> int:
             calibration=options.calibration,
             measure_host_floor=args.measure_host_floor,
             stand_in=args.stand_in,
+            model_source=getattr(args, "model", None),
+            ub_yaml=lambda rank: _exported_ub_yaml(out_dir, rank),
         )
+        add_measured_to_plan_json(out_dir / "plan.json", validation.plan)
     if args.json:
         data = result.to_dict(top_k=args.top)
         if comparison is not None:
             data["current_run"] = comparison.to_dict()
+        if validation is not None:
+            data["validation"] = validation.plan
         data["output_dir"] = str(out_dir)
         data["files"] = files
         print_json(data)
@@ -222,25 +246,7 @@ def run(args: argparse.Namespace) -> int:
         f"{result.considered} layouts considered, "
         f"{len(result.candidates)} fit, {len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
     )
-    rows = [
-        [
-            c.rank,
-            c.label,
-            c.estimate.step_time_s,
-            c.estimate.tokens_per_s_per_gpu,
-            c.estimate.model_tflops_per_gpu,
-            c.estimate.mfu,
-            c.estimate.peak_memory_gib,
-        ]
-        for c in result.top(args.top)
-    ]
-    out.print(
-        make_table(
-            "Top layouts (predicted)",
-            ["rank", "layout", "step s", "tok/s/GPU", f"TFLOP/s ({args.flops_convention})", "MFU", "GiB"],
-            rows,
-        )
-    )
+    out.print(predicted_table(result, args.top, args.flops_convention))
     for note in result.notes:
         out.print(note)
     if result.best.max_token_len_reason:
@@ -251,9 +257,78 @@ def run(args: argparse.Namespace) -> int:
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:
-        out.print(f"validation of the top {args.validate}: {validation.out_dir}")
+        print_measured(out, validation.plan)
     _require_validated(validation)
     return 0
+
+
+def predicted_table(result, top: int, flops_convention: str):
+    """The top layouts' predictions; with the default host floors also the step on the fastest and slowest hosts
+    measured (`search.host_pace`), which the ranking stays best across."""
+    paced = any(c.host_pace is not None for c in result.top(top))
+    lo, hi = HOST_PACE_RANGE
+    headers = ["rank", "layout", "step s", *([f"s, hosts {lo}x-{hi}x"] if paced else [])]
+    headers += ["tok/s/GPU", f"TFLOP/s ({flops_convention})", "MFU", "GiB"]
+    rows = []
+    for c in result.top(top):
+        e = c.estimate
+        spread = [] if not paced else ["-" if c.host_pace is None else "{:.3f}-{:.3f}".format(*c.host_pace.steps_s)]
+        rows.append([c.rank, c.label, e.step_time_s, *spread, e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.mfu,
+                     e.peak_memory_gib])  # fmt: skip
+    return make_table("Top layouts (predicted)", headers, rows)
+
+
+def _exported_ub_yaml(out_dir: Path, rank: int) -> Path | None:
+    """The userbuffers yaml the plan exported for a TP-overlap layout (rank_<k>/tp_comm_overlap.yaml), if any."""
+    path = out_dir / f"rank_{rank}" / "tp_comm_overlap.yaml"
+    return path if path.is_file() else None
+
+
+def add_measured_to_plan_json(path: Path, measured: dict) -> None:
+    """plan.json gains what --validate measured (`validate.batch.plan_measured`) under "validation"."""
+    data = json.loads(path.read_text())
+    data["validation"] = measured
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def print_measured(out, measured: dict) -> None:
+    """The ranked layouts' predicted and measured steps and peaks, the measured winner and the plan's regret."""
+    rows = [
+        [
+            r["rank"],
+            r["label"],
+            r["predicted_step_time_s"],
+            r["measured_step_time_s"] if r["measured_step_time_s"] else r["status"],
+            "-" if r["step_time_error"] is None else f"{r['step_time_error']:+.1%}",
+            r["predicted_peak_memory_gib"],
+            r["measured_peak_memory_gib"] or "-",
+            "-" if r["peak_memory_error"] is None else f"{r['peak_memory_error']:+.1%}",
+        ]
+        for r in measured["layouts"]
+    ]
+    headers = ["rank", "layout", "pred s", "measured s", "err", "pred GiB", "measured GiB", "err"]
+    out.print(make_table("Measured (mat plan --validate)", headers, rows))
+    best = measured["measured_best"]
+    if best is None:
+        out.print(f"nothing measured: see {measured['output_dir']}")
+        return
+    regret = measured["regret"]
+    verdict = "" if regret is None else f"; the plan's #1 ran {regret:+.1%} over it (regret)"
+    out.print(f"measured fastest: #{best['rank']} {best['label']} at {best['measured_step_time_s']:.3f} s{verdict}")
+    out.print(f"runs: {measured['output_dir']}")
+
+
+def options_the_runner_executes(options: CostOptions, validating: bool) -> tuple[CostOptions, str | None]:
+    """With --validate the plan ranks what the runner on this machine will run: without APEX there is no
+    gradient-accumulation fusion (Megatron-LM turns it off too), and the plan says so."""
+    if not (validating and options.gradient_accumulation_fusion):
+        return options, None
+    from ..validate.runner import apex_wgrad_fusion_available
+
+    if apex_wgrad_fusion_available():
+        return options, None
+    why = "ranked without gradient-accumulation fusion: APEX is not importable here, so the runs go without it"
+    return replace(options, gradient_accumulation_fusion=False), why
 
 
 def _require_validated(validation) -> None:

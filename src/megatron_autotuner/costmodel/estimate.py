@@ -85,7 +85,7 @@ from .activation_offload import (
     layer_level_exposed_s,
     offload_copy_gbps,
 )
-from .calibration import DEFAULT_DENSE_HOST_FLOOR, Calibration
+from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
@@ -102,7 +102,8 @@ DEFAULT_MEMORY_MARGIN = 0.05
 
 @dataclass(frozen=True)
 class CostOptions:
-    """Choices the cost model cannot read from the layout.
+    """Choices the cost model cannot read from the layout. The defaults are what Megatron-LM runs without the flag
+    and what `mat validate`'s runner executes (`validate.predict.cost_options`), so that a plan ranks what runs.
 
     `overlap_grad_reduce` / `overlap_param_gather`: Megatron's --overlap-grad-reduce and
     --overlap-param-gather (the latter needs the distributed optimizer); `overlap_p2p_comm`:
@@ -112,15 +113,15 @@ class CostOptions:
     boundary tensor and the receivers all-gather it over the TP group, exposed (its p2p_communication.py
     waits and calls torch.cuda.synchronize() after every exchange); `flash_attention`: fused attention
     (False: 2021-style unfused softmax); `fused_bias_activation`: fused SwiGLU / GeLU (Megatron-LM default; the
-    testbench's layers ran unfused); `fused_cross_entropy`: --cross-entropy-loss-fusion (NeMo /
-    Megatron-Bridge recipes; Megatron-LM's default is the unfused fp32 vocab-parallel loss);
+    testbench's layers ran unfused); `fused_cross_entropy`: --cross-entropy-loss-fusion (NeMo / Megatron-Bridge
+    recipes turn it on; off by default, as in Megatron-LM: the unfused fp32 vocab-parallel loss);
     `gradient_accumulation_fusion`: wgrad GEMMs accumulate straight into the fp32 main_grad
     (Megatron-LM's default; needs APEX for megatron-core's output layer); off adds a cast-add over
     every local parameter per micro-batch (`defaults.GRAD_ACCUMULATION_BYTES_PER_PARAM`);
     `moe_host_bound`: MoE layers run eagerly (megatron-core's alltoall dispatcher without permute
     fusion or CUDA graphs, as the `validate` runner and the testbench do): each MoE block takes at
-    least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); tuned recipes
-    (fused permute, CUDA graphs) are not bound this way, hence off by default;
+    least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); on by default, as Megatron-LM
+    runs MoE without --moe-permute-fusion; tuned recipes (fused permute, graphs over the block) are not bound;
     `host_floor`: a micro-batch takes at least its dense layers' host issue time (eager megatron-core: the
     calibration's `dense_host_floor`, else `defaults.DENSE_HOST_FLOOR_*`; CUDA graphs take the captured share off);
     off gives the GPU's time alone;
@@ -138,9 +139,9 @@ class CostOptions:
     p2p_scatter_gather: bool = False
     flash_attention: bool = True
     fused_bias_activation: bool = True
-    fused_cross_entropy: bool = True
+    fused_cross_entropy: bool = False
     gradient_accumulation_fusion: bool = True
-    moe_host_bound: bool = False
+    moe_host_bound: bool = True
     host_floor: bool = True
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
@@ -928,8 +929,9 @@ def host_paced_by_default(time: TimeResult, options: CostOptions) -> bool:
 
 
 def paced(options: CostOptions, gpu: GPUSpec, factor: float) -> Calibration:
-    """`options`' calibration (or an empty one) with the default dense host floor at `factor` x its pace: the
-    layers' phases and the host's work outside them (`DenseHostFloor`), every TP size alike."""
+    """`options`' calibration (or an empty one) with the default host floors at `factor` x their pace: the dense
+    layers' phases and the host's work outside them (`DenseHostFloor`), every TP size alike, and the eager MoE block's
+    (`MoeHostFloor`: the same host issues both, so its pace scales both)."""
     floor = DEFAULT_DENSE_HOST_FLOOR
     microbatch, step = floor.outside_layers_s()
     no_grad = floor.at(floor.tp, floor.sequence_parallel, training=False)[0]
@@ -942,8 +944,38 @@ def paced(options: CostOptions, gpu: GPUSpec, factor: float) -> Calibration:
         step_s=step * factor,
         tp_collective_s=floor.tp_collective_s * factor,
     )
+    moe = DEFAULT_MOE_HOST_FLOOR
+    moe_scaled = replace(
+        moe,
+        fwd_s=moe.fwd_s * factor,
+        bwd_s=moe.bwd_s * factor,
+        fwd_per_local_expert_s=moe.fwd_per_local_expert_s * factor,
+        bwd_per_local_expert_s=moe.bwd_per_local_expert_s * factor,
+    )
     base = options.calibration or Calibration(gpu=gpu.name)
-    return replace(base, dense_host_floors=(scaled,))
+    return replace(base, dense_host_floors=(scaled,), moe_host_floors=(moe_scaled,))
+
+
+def host_pace_steps(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    gpu: GPUSpec,
+    options: CostOptions,
+    padded_vocab_size: int | None = None,
+) -> tuple[float, float] | None:
+    """The step on the fastest and the slowest host measured (`defaults.HOST_PACE_RANGE` x the default host floors);
+    None where a calibration gives this machine's own floors (one pace)."""
+    if _measured_floor(options):
+        return None
+    cluster = ClusterSpec(gpu, parallel.num_gpus)
+    padded = padded_vocab_size or padded_vocab(model, parallel.tp)
+    return tuple(  # type: ignore[return-value]
+        time_model(
+            model, parallel, workload, cluster, replace(options, calibration=paced(options, gpu, k)), padded
+        ).step_time_s
+        for k in d.HOST_PACE_RANGE
+    )
 
 
 def host_bound_note(
@@ -1020,12 +1052,7 @@ def estimate(
     peak, breakdown, per_stage = memory_summary(memory_stages)
     step_range = None
     if host_paced_by_default(time, options):
-        step_range = tuple(
-            time_model(
-                model, parallel, workload, cluster, replace(options, calibration=paced(options, gpu, k)), padded
-            ).step_time_s
-            for k in d.HOST_PACE_RANGE
-        )
+        step_range = host_pace_steps(model, parallel, workload, gpu, options, padded)
     notes = [note] if (note := host_bound_note(time, options, step_range)) else []
     if options.calibration is not None:
         spec = options.calibration.gpu_spec()

@@ -205,10 +205,14 @@ def launch_inputs(
         ref_param_offload=bool(launch.get("ref_param_offload")),
     )
     # verl's DDP defaults: overlap_grad_reduce False unless overridden; overlap_param_gather is never exported to
-    # verl (see export.verl); TE userbuffers off.
+    # verl (see export.verl); TE userbuffers off. The loss is verl's own vocab-parallel log-prob kernel, priced as
+    # the fused loss, and MoE blocks are not held to the eager host floor: both as mat rlhf has predicted them (the
+    # validate runner's eager MoE and unfused loss are Megatron-LM pre-training's defaults, not verl's).
     options = CostOptions(
         overlap_grad_reduce=bool(ddp.get("overlap_grad_reduce", False)),
         overlap_param_gather=False,
+        fused_cross_entropy=True,
+        moe_host_bound=False,
         calibration=calibration,
         memory_margin=memory_margin,
     )

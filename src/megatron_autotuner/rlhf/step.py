@@ -431,11 +431,11 @@ def best_offload(
 def search_step(
     spec: StepSpec, user: StepChoice, gpu: GPUSpec, options: CostOptions, top_k: int = 6
 ) -> tuple[StepResult, ...]:
-    """Whole-step results of the best `top_k` actor layouts of `search.plan`, each with its best offload setting,
-    fastest first. With dynamic batching `search.plan` packs the step's lengths and chooses each layout's training
-    token budget (`Candidate.max_token_len_reason`), and the log-prob passes' budget is chosen per layout from
-    `token_budget_choices` (`best_offload`); with fixed micro-batches `search.plan` chooses the micro-batch at the
-    longest sequence and the log-prob passes keep the launch's micro-batch."""
+    """Whole-step results of the best `top_k` actor layouts of `search.plan` whose whole step fits, each with its best
+    offload setting, fastest first. With dynamic batching `search.plan` packs the step's lengths and chooses each
+    layout's training token budget (`Candidate.max_token_len_reason`), and the log-prob passes' budget is chosen
+    per layout from `token_budget_choices` (`best_offload`); with fixed micro-batches `search.plan` chooses the
+    micro-batch at the longest sequence and the log-prob passes keep the launch's micro-batch."""
     dynamic = user.actor_batching.dynamic
     res = plan(
         spec.model, gpu, spec.num_gpus, spec.lengths.max_tokens, spec.mini_batch_sequences,
@@ -446,7 +446,9 @@ def search_step(
     log_prob_budgets = token_budget_choices(spec.lengths.max_tokens) if log_prob_dynamic else None
     results: list[StepResult] = []
     seen: set[str] = set()
-    for cand in res.candidates[:top_k]:
+    for cand in res.candidates:  # down the ranking until top_k whole steps fit (a layout's log-prob passes may not)
+        if len(results) >= top_k:
+            break
         parallel = cand.parallel.replace(tp_comm_overlap=False)  # verl does not enable TE userbuffers
         key = user.actor_batching.key
         if dynamic:

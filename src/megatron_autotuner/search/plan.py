@@ -33,6 +33,7 @@ from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import CudaGraphConfig, ParallelConfig, RecomputeConfig, Workload, validate_layout
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
+from .host_pace import PaceSpread, rank_across_host_pace
 from .space import (
     RECOMPUTE_CHOICES,
     SearchSpace,
@@ -55,6 +56,9 @@ class Candidate:
     # with variable lengths and the budget searched: why this max_token_len ("16384: the largest budget that
     # fits; 32768 needs 81.2 GiB > 75.7 GiB usable")
     max_token_len_reason: str | None = None
+    # the step on the fastest and slowest hosts measured and the worst regret over them (`search.host_pace`); None
+    # with a calibration's own host floors
+    host_pace: PaceSpread | None = None
 
     @property
     def label(self) -> str:
@@ -79,6 +83,8 @@ class Candidate:
             "peak_memory_gib": e.peak_memory_gib,
             "memory_breakdown_gib": e.memory_breakdown_gib,
             "time_breakdown_s": e.time.breakdown,
+            "step_time_on_hosts_measured_s": None if self.host_pace is None else list(self.host_pace.steps_s),
+            "worst_regret_on_hosts_measured": None if self.host_pace is None else self.host_pace.worst_regret,
         }
 
 
@@ -206,7 +212,7 @@ def plan(
     fp8_param: bool = False,
     lengths: SequenceLengths | None = None,
     cuda_graph: CudaGraphConfig | None = None,
-    tp_comm_overlap: bool = True,
+    tp_comm_overlap: bool = False,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
@@ -217,7 +223,8 @@ def plan(
     `grad_reduce_in_fp32=False` (Megatron-LM's --grad-reduce-in-bf16), `fp8_recipe` and `fp8_param`
     (--fp8-recipe, --fp8-param-gather) are numerics choices the user makes, so they are applied to every layout
     rather than searched (fp8 parameters rule out layouts without the distributed optimizer). `tp_comm_overlap`:
-    every sequence-parallel layout overlaps its TP collectives with TE userbuffers (--tp-comm-overlap).
+    every sequence-parallel layout overlaps its TP collectives with TE userbuffers (--tp-comm-overlap; off by
+    default, as in Megatron-LM).
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -429,8 +436,13 @@ def plan(
             "max_token_len chosen per layout from " + ", ".join(map(str, budgets)) + " (the longest sequence x "
             "1..16): the fastest budget that fits"
         )
-    estimates.sort(key=lambda e: (e.step_time_s, e.peak_memory_gib))
-    candidates = tuple(Candidate(i + 1, e.parallel, e.workload, e, reasons.get(id(e))) for i, e in enumerate(estimates))
+    estimates, spreads, pace_note = rank_across_host_pace(estimates, options)
+    if pace_note:
+        notes.append(pace_note)
+    candidates = tuple(
+        Candidate(i + 1, e.parallel, e.workload, e, reasons.get(id(e)), spreads.get(id(e)))
+        for i, e in enumerate(estimates)
+    )
     if not candidates and explain_impossible:
         raise ConfigError(
             "num_gpus",

@@ -71,7 +71,8 @@ def load_model_spec_file(path: str | Path) -> ModelSpec:
         p = p / "config.json"
     data = read_json_file(p)
     if "model_type" in data:
-        name = data.get("_name_or_path") or p.parent.name or p.stem
+        # a folder's config.json is named after its folder, any other file after itself
+        name = data.get("_name_or_path") or (p.parent.name if p.name == "config.json" else p.stem) or p.stem
         return model_spec_from_hf_config(data, name=str(name))
     try:
         return ModelSpec.from_dict(data)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ class ValidationReport:
     rows: tuple[dict[str, Any], ...]
     agreement: tuple[dict[str, Any], ...]
     summary: dict[str, Any]
+    plan: dict[str, Any] | None = None  # `mat plan --validate`: measured beside predicted (`plan_measured`)
 
 
 def predictions_for(layouts: list[Layout], gpu: str, out_dir: Path, calibration: Any = None) -> dict[str, dict]:
@@ -180,12 +181,22 @@ def _attr(obj: Any, *names: str) -> Any:
     return None
 
 
-def plan_layouts(plan_result: Any, k: int, reference: Layout | None = None, **layout_options: Any) -> list[Layout]:
-    """The top-`k` feasible candidates of a plan as layouts (+ the reference layout when given).
+def plan_layouts(
+    plan_result: Any,
+    k: int,
+    reference: Layout | None = None,
+    model_source: str | None = None,
+    ub_yaml: Any = None,
+    **layout_options: Any,
+) -> list[Layout]:
+    """The top-`k` feasible candidates of a plan as layouts (+ the reference layout when given), each carrying the
+    plan's run settings (`Layout.from_configs(options=...)`): what was ranked is what runs.
 
     Reads what the plan holds defensively: a list of candidates in `.candidates` / `.ranked` /
     `.feasible` (or the result itself as a list), each with `.parallel` and `.workload` (or an
-    `.estimate` carrying them) and a model name in the result (`.model`) or the estimate.
+    `.estimate` carrying them) and a model name in the result (`.model`) or the estimate. `model_source`: the
+    preset or config path the plan's model came from (needed for a config.json model). `ub_yaml(rank)`: the
+    userbuffers yaml a TP-overlap candidate runs with (None: TE's defaults).
     """
     cands = _attr(plan_result, "candidates", "ranked", "feasible", "top")
     if cands is None and isinstance(plan_result, (list, tuple)):
@@ -193,6 +204,7 @@ def plan_layouts(plan_result: Any, k: int, reference: Layout | None = None, **la
     if cands is None:
         raise ConfigError("plan", "the plan result has no candidates list")
     model = _attr(plan_result, "model", "model_spec")
+    options = _attr(plan_result, "options")
     chosen: list[Layout] = []
     for cand in cands:
         if len(chosen) >= k:
@@ -208,25 +220,68 @@ def plan_layouts(plan_result: Any, k: int, reference: Layout | None = None, **la
         spec = _attr(cand, "model") or (_attr(est, "model") if est is not None else None) or model
         if parallel is None or workload is None or spec is None:
             raise ConfigError("plan", "a candidate lacks parallel / workload / model")
-        name, num_layers = _model_reference(spec)
-        chosen.append(Layout.from_configs(name, parallel, workload, num_layers=num_layers, **layout_options))
+        name, num_layers = _model_reference(spec, model_source)
+        extra = dict(layout_options)
+        rank = _attr(cand, "rank")
+        if parallel.tp_comm_overlap and ub_yaml is not None and ub_yaml(rank) is not None:
+            extra["tp_comm_overlap_cfg"] = str(ub_yaml(rank))
+        chosen.append(Layout.from_configs(name, parallel, workload, num_layers=num_layers, options=options, **extra))
     if reference is not None:
         chosen.append(reference)
     return chosen
 
 
-def _model_reference(spec: Any) -> tuple[str, int | None]:
-    """(preset name or path, reduced layer count or None) for a ModelSpec or a name."""
+def _model_reference(spec: Any, source: str | None = None) -> tuple[str, int | None]:
+    """(preset name or config path, reduced layer count or None) for a ModelSpec or a name; `source`: where the
+    plan read the model from (a preset or a config.json path), tried before the spec's name."""
     if isinstance(spec, str):
         return spec, None
     from ..specs import load_model_spec
 
-    name = spec.name
-    try:
-        full = load_model_spec(name)
-    except Exception as exc:  # noqa: BLE001
-        raise ConfigError("plan", f"model {name!r} is not a preset; validate it with --layouts") from exc
-    return name, None if full.num_layers == spec.num_layers else spec.num_layers
+    for name in (source, spec.name):
+        if not name:
+            continue
+        try:
+            full = load_model_spec(name)
+        except Exception:  # noqa: BLE001 - try the next reference
+            continue
+        if full.hidden_size == spec.hidden_size and full.vocab_size == spec.vocab_size:
+            return name, None if full.num_layers == spec.num_layers else spec.num_layers
+    raise ConfigError("plan", f"model {spec.name!r} is neither a preset nor a config file the plan was given")
+
+
+def plan_measured(plan_result: Any, report: ValidationReport, layouts: list[Layout]) -> dict[str, Any]:
+    """What `mat plan --validate K` measured beside what it predicted: per ranked layout the predicted and measured
+    step and peak memory (the prediction is the plan's own: `validate.predict` gives the same number for the
+    layout), the measured winner, and the regret (the plan's #1's measured step over the fastest measured, - 1)."""
+    by_id = {row["layout_id"]: row for row in report.rows}
+    rows = []
+    for cand, lay in zip(_attr(plan_result, "candidates"), layouts, strict=False):
+        row = by_id.get(lay.layout_id, {})
+        m = row.get("measured") or {}
+        rows.append(
+            {
+                "rank": cand.rank,
+                "label": cand.label,
+                "status": row.get("status", "not run"),
+                "error": row.get("error"),
+                "predicted_step_time_s": cand.estimate.step_time_s,
+                "measured_step_time_s": m.get("step_time_s"),
+                "step_time_error": (row.get("error_rel") or {}).get("step_time"),
+                "predicted_peak_memory_gib": cand.estimate.peak_memory_gib,
+                "measured_peak_memory_gib": m.get("peak_gib"),
+                "peak_memory_error": (row.get("error_rel") or {}).get("peak_memory"),
+            }
+        )
+    ran = [r for r in rows if r["measured_step_time_s"]]
+    out: dict[str, Any] = {"output_dir": str(report.out_dir), "layouts": rows, "measured_best": None, "regret": None}
+    if ran:
+        best = min(ran, key=lambda r: r["measured_step_time_s"])
+        out["measured_best"] = {k: best[k] for k in ("rank", "label", "measured_step_time_s")}
+        first = rows[0]
+        if first["measured_step_time_s"]:
+            out["regret"] = first["measured_step_time_s"] / best["measured_step_time_s"] - 1.0
+    return out
 
 
 def validate_plan(
@@ -237,22 +292,22 @@ def validate_plan(
     reference: Layout | None = None,
     steps: int = 5,
     warmup_steps: int = 3,
+    model_source: str | None = None,
+    ub_yaml: Any = None,
     **opts: Any,
 ):
     """`mat plan --validate K`: run the top-K feasible candidates (+ reference) and compare; `opts` go to
-    `validate_layouts` (the plan's `calibration`, `measure_host_floor`, ...)."""
+    `validate_layouts` (the plan's `calibration`, `measure_host_floor`, ...). Returns the report and what
+    `plan_measured` makes of it (as `.plan`)."""
     if gpu is None:
         gpu_obj = _attr(plan_result, "gpu", "gpu_spec")
         gpu = gpu_obj if isinstance(gpu_obj, str) else _attr(gpu_obj, "name")
     if not gpu:
         raise ConfigError("gpu", "validate_plan needs the GPU preset the plan was made for")
-    # run with the allocator the plan's memory figures assumed
-    options = _attr(plan_result, "options")
-    expandable = bool(options is not None and _attr(options, "expandable_segments"))
-    layouts = plan_layouts(
-        plan_result, k, reference, steps=steps, warmup_steps=warmup_steps, expandable_segments=expandable
-    )
+    # the layouts carry the plan's run settings (allocator, overlaps, fusions) from its CostOptions
+    layouts = plan_layouts(plan_result, k, reference, model_source, ub_yaml, steps=steps, warmup_steps=warmup_steps)
     out = Path(output_dir)
     if out.name != "validate":
         out = out / "validate"
-    return validate_layouts(layouts, out, gpu, **opts)
+    report = validate_layouts(layouts, out, gpu, **opts)
+    return replace(report, plan=plan_measured(plan_result, report, layouts[:k]))

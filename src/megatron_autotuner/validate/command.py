@@ -152,6 +152,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (with --layouts: for every layout; "
         "default: off, or what each layout says)",
     )
+    p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="TE userbuffers overlap of the TP collectives (needs --sp), as Megatron-LM's --tp-comm-overlap",
+    )
+    p.add_argument(
+        "--tp-comm-overlap-cfg", metavar="YAML", help="with --tp-comm-overlap: the userbuffers yaml (mat overlap)"
+    )
+    p.add_argument(
+        "--cross-entropy-fusion", action="store_true", help="fused cross-entropy loss (--cross-entropy-loss-fusion)"
+    )
+    p.add_argument(
+        "--gradient-accumulation-fusion",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wgrad accumulated into the fp32 main grads (needs APEX; default: as this machine can)",
+    )
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
     p.add_argument("--warmup-steps", type=non_negative_int, default=3, help="untimed steps before the timed ones")
     p.add_argument("--profile", action="store_true", help="also record a torch-profiler trace of one step")
@@ -255,6 +272,9 @@ def _layouts(args: argparse.Namespace, out: Path):
             grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
             overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
             warmup_steps=args.warmup_steps, steps=args.steps, profile=args.profile, use_te=args.use_te,
+            tp_comm_overlap=args.tp_comm_overlap, tp_comm_overlap_cfg=args.tp_comm_overlap_cfg,
+            cross_entropy_fusion=args.cross_entropy_fusion,
+            gradient_accumulation_fusion=args.gradient_accumulation_fusion,
         )  # fmt: skip
         if edge:
             gpu = args.gpu or extra.get("gpu")
@@ -293,7 +313,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
         model_ref, imported.parallel, imported.workload, num_layers,
         overlap_grad_reduce=options["overlap_grad_reduce"], overlap_param_gather=options["overlap_param_gather"],
         expandable_segments=options["expandable_segments"], warmup_steps=args.warmup_steps, steps=args.steps,
-        profile=args.profile, use_te=args.use_te,
+        profile=args.profile, use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
     )  # fmt: skip
 
 

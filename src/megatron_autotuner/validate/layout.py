@@ -51,6 +51,10 @@ class Layout:
         "cuda_graph_warmup_steps",
         "activation_offload",
         "host_timing",
+        "tp_comm_overlap",
+        "tp_comm_overlap_cfg",
+        "cross_entropy_fusion",
+        "gradient_accumulation_fusion",
     )
 
     model: str
@@ -121,6 +125,14 @@ class Layout:
     # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer); with full
     # recompute the forwards recomputed in the backward are timed as forwards too.
     host_timing: bool = False
+    # What the run executes beyond the split, as the plan assumed it (`costmodel.CostOptions`; Megatron-LM's flags of
+    # the same names): TE userbuffers overlap of the TP collectives (needs sequence parallelism; the userbuffers
+    # yaml, else TE's defaults), the fused cross-entropy loss, and wgrad accumulation into the fp32 main grads (needs
+    # APEX; None: as the runner on this machine has it). The runner refuses what it cannot run.
+    tp_comm_overlap: bool = False
+    tp_comm_overlap_cfg: str | None = None
+    cross_entropy_fusion: bool = False
+    gradient_accumulation_fusion: bool | None = None
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -143,6 +155,10 @@ class Layout:
         if self.num_layers is not None and (not isinstance(self.num_layers, int) or self.num_layers < 1):
             raise ConfigError("num_layers", f"must be a positive integer, got {self.num_layers!r}")
         self.parallel()  # raises ConfigError on a bad split
+        if self.tp_comm_overlap and not self.sequence_parallel:
+            raise ConfigError("tp_comm_overlap", "needs sequence parallelism (userbuffers overlap the SP collectives)")
+        if self.tp_comm_overlap_cfg is not None and not self.tp_comm_overlap:
+            raise ConfigError("tp_comm_overlap_cfg", "a userbuffers yaml goes with tp_comm_overlap")
         graphs = self.workload().cuda_graph
         if graphs.enabled and self.warmup_steps <= graphs.warmup_steps:
             raise ConfigError(
@@ -215,6 +231,7 @@ class Layout:
             sequence_parallel=bool(self.sequence_parallel),
             use_distributed_optimizer=self.use_distributed_optimizer,
             grad_reduce_in_fp32=self.grad_reduce_in_fp32,
+            tp_comm_overlap=self.tp_comm_overlap,
             cp_comm_type=self.cp_comm_type,
             pipeline_layout=None
             if self.pipeline_layout is None
@@ -364,6 +381,10 @@ class Layout:
             parts.append(f"graphs={graphs.impl}" + (f"[{'+'.join(graphs.scope)}]" if graphs.scope else ""))
         if self.activation_offload is not None:
             parts.append(f"offload[{self.activation_offload.label}]")
+        if self.tp_comm_overlap:
+            parts.append("tp-overlap")
+        if self.cross_entropy_fusion:
+            parts.append("fused-ce")
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Layout:
@@ -390,11 +411,18 @@ class Layout:
 
     @classmethod
     def from_configs(
-        cls, model: str, parallel: ParallelConfig, workload: Workload, num_layers: int | None = None, **extra: Any
+        cls,
+        model: str,
+        parallel: ParallelConfig,
+        workload: Workload,
+        num_layers: int | None = None,
+        options: Any = None,
+        **extra: Any,
     ) -> Layout:
         """The layout of a planned candidate (`ParallelConfig` + `Workload`), packed sequences included: the
         token budget (`max_token_len`) and the prompt / response lengths with their seed, so that validating a
-        packed plan runs it packed. Whole-sequence histograms have no [mean, max] form: ConfigError."""
+        packed plan runs it packed. Whole-sequence histograms have no [mean, max] form: ConfigError. `options`: the
+        plan's `CostOptions`, whose run settings (overlaps, fusions, allocator) the layout then carries."""
         rc = workload.recompute
         lengths = workload.lengths
         packing: dict[str, Any] = {"max_token_len": workload.max_token_len}
@@ -438,8 +466,22 @@ class Layout:
             cuda_graph_impl=workload.cuda_graph.impl,
             cuda_graph_scope=workload.cuda_graph.scope,
             activation_offload=workload.activation_offload if workload.activation_offload.enabled else None,
-            **{**packing, **extra},
+            tp_comm_overlap=parallel.tp_comm_overlap,
+            **{**packing, **run_settings(options), **extra},
         )
+
+
+def run_settings(options: Any) -> dict[str, Any]:
+    """The Layout fields of what a `CostOptions` assumes the run executes; {} for None."""
+    if options is None:
+        return {}
+    return {
+        "overlap_grad_reduce": options.overlap_grad_reduce,
+        "overlap_param_gather": options.overlap_param_gather,
+        "expandable_segments": options.expandable_segments,
+        "cross_entropy_fusion": options.fused_cross_entropy,
+        "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
+    }
 
 
 def load_layouts_file(path: str | Path) -> tuple[list[Layout], dict[str, Any]]:

@@ -40,11 +40,16 @@ def _costmodel():
 
 
 def runner_grad_accumulation_fusion(layout: Layout) -> bool:
-    """What the runner on this machine will use (`runner.config_overrides`): on for TE training runs when
-    APEX's wgrad extension is importable, as Megatron-LM decides."""
+    """Whether the run fuses wgrad accumulation: as the layout says, else (None) as the runner on this machine will
+    (`runner.config_overrides`): on for TE training runs when APEX's wgrad extension is importable, as Megatron-LM
+    decides."""
     from .runner import apex_wgrad_fusion_available
 
-    return layout.use_te and layout.mode == "train" and apex_wgrad_fusion_available()
+    if not (layout.use_te and layout.mode == "train"):
+        return False
+    if layout.gradient_accumulation_fusion is not None:
+        return layout.gradient_accumulation_fusion
+    return apex_wgrad_fusion_available()
 
 
 def cost_options(
@@ -53,9 +58,9 @@ def cost_options(
     flops_convention: str = "causal",
     gradient_accumulation_fusion: bool | None = None,
 ):
-    """The runner's implementation choices as cost-model options: megatron-core's unfused fp32
-    vocab-parallel loss (GPTModel's default), fused bias-activation, an eager (host-bound) MoE block, and
-    gradient-accumulation fusion as the run had it (None: as the runner on this machine will have it)."""
+    """The run settings the layout carries as cost-model options: the defaults are what Megatron-LM and the runner
+    do without a flag (`CostOptions`: unfused fp32 loss, eager MoE), the layout's fields say the rest; gradient
+    accumulation fusion as the run had it (None: `runner_grad_accumulation_fusion`)."""
     CostOptions, _ = _costmodel()
     if gradient_accumulation_fusion is None:
         gradient_accumulation_fusion = runner_grad_accumulation_fusion(layout)
@@ -64,9 +69,8 @@ def cost_options(
         overlap_grad_reduce=layout.overlap_grad_reduce,
         overlap_param_gather=layout.overlap_param_gather,
         flash_attention=layout.use_te,
-        fused_cross_entropy=False,
+        fused_cross_entropy=layout.cross_entropy_fusion,
         gradient_accumulation_fusion=gradient_accumulation_fusion,
-        moe_host_bound=True,
         expandable_segments=layout.expandable_segments,
         calibration=calibration,
     )
@@ -111,6 +115,7 @@ def predict(
         "moe_host_bound": options.moe_host_bound,
         "host_floor": options.host_floor,
         "expandable_segments": options.expandable_segments,
+        "tp_comm_overlap": layout.tp_comm_overlap,
     }
     if layout.packed:
         out["assumed"]["packing"] = packing_assumption(layout)

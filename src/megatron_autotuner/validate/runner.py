@@ -217,16 +217,32 @@ def apex_wgrad_fusion_available() -> bool:
     return True
 
 
+def gradient_accumulation_fusion(layout: Layout, use_te: bool, cuda: bool) -> bool:
+    """wgrad accumulated straight into DDP's fp32 main_grad. megatron-core's own output-layer linear needs APEX's
+    fused_weight_gradient_mlp_cuda for it, so Megatron-LM turns it off without APEX; a layout that asks for it
+    where APEX is missing is refused (the prediction assumed it), one that leaves it open (None) goes without."""
+    if not (cuda and use_te and layout.mode == "train"):
+        return False
+    if layout.gradient_accumulation_fusion is None:
+        return apex_wgrad_fusion_available()
+    if layout.gradient_accumulation_fusion and not apex_wgrad_fusion_available():
+        raise ConfigError(
+            "gradient_accumulation_fusion",
+            "needs APEX's fused_weight_gradient_mlp_cuda, which this machine cannot import (plan or validate with "
+            "--no-gradient-accumulation-fusion)",
+        )
+    return layout.gradient_accumulation_fusion
+
+
 def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any]:
     """TransformerConfig settings of a training run beyond the model's shape (Megatron-LM defaults)."""
     cuda = device == "cuda"
-    training = layout.mode == "train"
     out: dict[str, Any] = dict(
         pipeline_model_parallel_size=layout.pp,
         virtual_pipeline_model_parallel_size=layout.vpp,
-        # wgrad accumulated straight into DDP's fp32 main_grad; megatron-core's own output-layer linear needs
-        # APEX's fused_weight_gradient_mlp_cuda for it, so Megatron-LM turns it off without APEX (as here)
-        gradient_accumulation_fusion=cuda and use_te and training and apex_wgrad_fusion_available(),
+        gradient_accumulation_fusion=gradient_accumulation_fusion(layout, use_te, cuda),
+        # --cross-entropy-loss-fusion: GPTModel's loss through the fused vocab-parallel kernel
+        cross_entropy_loss_fusion=layout.cross_entropy_fusion,
         deallocate_pipeline_outputs=True,
         overlap_p2p_comm=layout.vpp is not None,
         batch_p2p_comm=layout.vpp is None,
@@ -255,7 +271,44 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         out.update(cuda_graph_config(layout))
     if layout.activation_offload is not None:
         out.update(activation_offload_config(layout))
+    if layout.tp_comm_overlap:
+        if not (cuda and use_te):
+            raise ConfigError("tp_comm_overlap", "TE userbuffers need CUDA GPUs and Transformer Engine")
+        out["tp_comm_overlap"] = True
     return out
+
+
+def initialize_userbuffers(layout: Layout, hidden_size: int) -> None:
+    """TE userbuffers for `tp_comm_overlap`, before the model is built (TE refuses overlap layers without them), as
+    Megatron-LM's `_initialize_tp_communicators` (megatron/training/initialize.py) sizes them: [seq x micro-batch /
+    cp, hidden], the layout's yaml as ub_cfgs (else TE's defaults), bootstrapped over NCCL."""
+    import torch
+    from transformer_engine.pytorch.module import base
+
+    cfgs = None
+    if layout.tp_comm_overlap_cfg is not None:
+        import yaml
+
+        cfgs = yaml.safe_load(Path(layout.tp_comm_overlap_cfg).read_text())
+    kwargs = dict(
+        shape=[layout.seq_length * layout.micro_batch_size // layout.cp, hidden_size],
+        tp_size=layout.tp,
+        use_fp8=layout.precision == "fp8",
+        dtype=torch.bfloat16,
+        ub_cfgs=cfgs or None,
+        bootstrap_backend="nccl",
+    )
+    base.initialize_ub(**_call_kwargs(base.initialize_ub, **kwargs))
+
+
+def destroy_userbuffers() -> None:
+    """Free TE's userbuffers when this process initialised them (a later layout of the same job sizes its own)."""
+    try:
+        from transformer_engine.pytorch.module import base
+    except ImportError:
+        return
+    if getattr(base, "_ub_communicators", None) is not None and hasattr(base, "destroy_ub"):
+        base.destroy_ub()
 
 
 def activation_offload_config(layout: Layout) -> dict[str, Any]:
@@ -315,6 +368,8 @@ def build_model(layout: Layout, device: str, use_te: bool):
         par.tp, par.cp, par.ep, par.etp, par.sequence_parallel, par.cp_comm_type, layout.precision, layout.fp8_recipe
     )
     config = build_transformer_config(spec, split, use_te, device, config_overrides(layout, use_te, device))
+    if layout.tp_comm_overlap:
+        initialize_userbuffers(layout, spec.hidden_size)
     chunks = []
     for vp_stage in range(layout.vpp) if layout.vpp else [None]:
         block = get_gpt_decoder_block_spec(
@@ -952,6 +1007,9 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         gc.collect()
         if device == "cuda":
             torch.cuda.synchronize()
+            if layout.tp_comm_overlap:
+                with contextlib.suppress(Exception):
+                    destroy_userbuffers()
             torch.cuda.empty_cache()
         parallel_state.destroy_model_parallel()
     record["measured"] = measured

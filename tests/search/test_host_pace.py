@@ -1,0 +1,76 @@
+"""The plan ranks under the host model validate predicts with, and chooses layouts that stay best across the paces
+of the hosts measured (`search.host_pace`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_autotuner.cli import main
+from megatron_autotuner.costmodel import defaults as d
+from megatron_autotuner.costmodel.calibration import Calibration, DenseHostFloor, MoeHostFloor
+from megatron_autotuner.costmodel.estimate import CostOptions, estimate, host_pace_steps
+from megatron_autotuner.search import plan
+from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec, load_model_spec
+
+H100 = get_gpu_spec("H100-SXM")
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    """A small model on 4 GPUs: short launches, so the host's pace matters."""
+    return plan(load_model_spec("Qwen3-0.6B"), H100, 4, 4096, 16)
+
+
+def test_first_layout_loses_least_on_any_host_measured(small_plan):
+    spreads = [c.host_pace for c in small_plan.candidates]
+    assert all(s is not None for s in spreads)
+    worst = [s.worst_regret for s in spreads]
+    assert worst[0] == min(worst)
+    # ranked by the worst regret over the paces
+    assert all(b >= a - 1e-6 for a, b in zip(worst, worst[1:], strict=False))
+    # the three paces are the default and the ends of the range: every step lies between its two ends
+    for c in small_plan.candidates:
+        fast, slow = c.host_pace.steps_s
+        assert fast <= c.estimate.step_time_s * (1 + 1e-12) and slow >= c.estimate.step_time_s * (1 - 1e-12)
+    assert any(c.host_pace.steps_s[1] > 1.2 * c.estimate.step_time_s for c in small_plan.candidates)
+
+
+def test_a_measured_host_has_one_pace_and_the_ranking_is_by_step():
+    floor = DenseHostFloor(fwd_s=3e-3, bwd_s=2e-3)
+    cal = Calibration(gpu=H100.name, dense_host_floors=(floor,), moe_host_floors=(MoeHostFloor(),))
+    result = plan(load_model_spec("Qwen3-0.6B"), H100, 4, 4096, 16, options=CostOptions(calibration=cal))
+    steps = [c.estimate.step_time_s for c in result.candidates]
+    assert steps == sorted(steps)
+    assert all(c.host_pace is None for c in result.candidates)
+
+
+def test_the_host_pace_scales_the_moe_block_as_well():
+    """An eager MoE block is issued by the same host as the dense layers: its floor moves with the pace."""
+    model = load_model_spec("Qwen3-30B-A3B").with_num_layers(4)
+    parallel = ParallelConfig(num_gpus=4, ep=4)
+    workload = Workload(2048, 1, 4)
+    options = CostOptions()
+    mid = estimate(model, parallel, workload, H100, options).step_time_s
+    fast, slow = host_pace_steps(model, parallel, workload, H100, options)
+    lo, hi = d.HOST_PACE_RANGE
+    assert fast < mid < slow
+    # this step waits on the host most of the time: it follows the pace most of the way
+    assert slow / mid > 0.8 * hi and fast / mid < 0.8
+
+
+def test_plan_shows_the_range_in_its_table_and_json(tmp_path, capsys):
+    args = ["plan", "--model", "Qwen3-0.6B", "--gpu", "H100-SXM", "--num-gpus", "4", "--seq-len", "4096"]
+    args += ["--global-batch-size", "16", "--no-chart", "--cuda-graphs", "off", "--output-dir", str(tmp_path / "p")]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    lo, hi = d.HOST_PACE_RANGE
+    assert f"hosts {lo}x-{hi}x" in text
+    assert main([*args[:-1], str(tmp_path / "q"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    first = data["candidates"][0]
+    assert len(first["step_time_on_hosts_measured_s"]) == 2
+    assert first["worst_regret_on_hosts_measured"] == min(
+        c["worst_regret_on_hosts_measured"] for c in data["candidates"]
+    )

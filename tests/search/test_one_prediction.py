@@ -1,0 +1,114 @@
+"""One prediction: `mat plan`, `mat estimate` and `mat validate --dry-run` give the same step time and peak memory for
+the same layout and run settings, because the plan's layouts carry its assumptions into what the runner executes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_autotuner.cli import main
+from megatron_autotuner.costmodel.estimate import CostOptions
+from megatron_autotuner.search import plan
+from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.predict import predict
+
+CASES = [
+    # (model, layers, gpus, seq, gbs, options, tp_comm_overlap)
+    ("Qwen3-8B", None, 4, 8192, 8, CostOptions(), False),
+    ("Qwen3-8B", 8, 8, 4096, 16, CostOptions(fused_cross_entropy=True), True),
+    ("Qwen3-30B-A3B", 4, 4, 4096, 16, CostOptions(gradient_accumulation_fusion=False), False),
+]
+
+
+def estimate_args(c, model: str, layers: int | None, gpu: str, lay: Layout) -> list[str]:
+    """`mat estimate` flags of a planned candidate and its run settings."""
+    p, w = c.parallel, c.workload
+    args = ["estimate", "--json", "--model", model, "--gpu", gpu, "--num-gpus", str(p.num_gpus)]
+    args += ["--tp", str(p.tp), "--pp", str(p.pp), "--cp", str(p.cp), "--ep", str(p.ep)]
+    args += ["--seq-len", str(w.seq_length), "--micro-batch-size", str(w.micro_batch_size)]
+    args += ["--global-batch-size", str(w.global_batch_size), "--recompute", w.recompute.granularity]
+    if layers:
+        args += ["--num-layers", str(layers)]
+    if p.etp is not None:
+        args += ["--etp", str(p.etp)]
+    if p.pipeline_layout is not None:
+        args += ["--pipeline-layout", p.pipeline_layout.to_string()]
+    elif p.vpp:
+        args += ["--vpp", str(p.vpp)]
+    args.append("--sp" if p.sequence_parallel else "--no-sp")
+    args.append("--distributed-optimizer" if p.use_distributed_optimizer else "--no-distributed-optimizer")
+    if p.tp_comm_overlap:
+        args.append("--tp-comm-overlap")
+    if lay.cross_entropy_fusion:
+        args.append("--cross-entropy-fusion")
+    if not lay.gradient_accumulation_fusion:
+        args.append("--no-gradient-accumulation-fusion")
+    return args
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}gpu-overlap{c[6]}")
+def test_plan_estimate_and_validate_predict_the_same(case, capsys):
+    model, layers, gpus, seq, gbs, options, overlap = case
+    spec = load_model_spec(model)
+    spec = spec.with_num_layers(layers) if layers else spec
+    gpu = "H200"
+    result = plan(spec, get_gpu_spec(gpu), gpus, seq, gbs, options=options, tp_comm_overlap=overlap)
+    top = result.top(4)
+    if overlap:
+        assert any(c.parallel.tp_comm_overlap for c in result.candidates)
+    for c in top:
+        lay = Layout.from_configs(model, c.parallel, c.workload, num_layers=layers, options=result.options)
+        assert lay.tp_comm_overlap == c.parallel.tp_comm_overlap
+        assert lay.cross_entropy_fusion == options.fused_cross_entropy
+        validated = predict(lay, gpu)
+        assert validated["step_time_s"] == pytest.approx(c.estimate.step_time_s, rel=1e-12), c.label
+        assert validated["peak_memory_gib"] == pytest.approx(c.estimate.peak_memory_gib, rel=1e-12), c.label
+        assert main(estimate_args(c, model, layers, gpu, lay)) == 0
+        estimated = json.loads(capsys.readouterr().out)
+        assert estimated["step_time_s"] == pytest.approx(c.estimate.step_time_s, rel=1e-12), c.label
+        assert estimated["peak_memory_gib"] == pytest.approx(c.estimate.peak_memory_gib, rel=1e-12), c.label
+
+
+def test_the_plans_defaults_are_what_the_runner_executes():
+    """Without flags the plan assumes what Megatron-LM and `mat validate` run without flags: the unfused loss, an eager
+    (host-bound) MoE block, no TP-communication overlap."""
+    options = CostOptions()
+    assert not options.fused_cross_entropy and options.moe_host_bound
+    spec = load_model_spec("Qwen3-8B")
+    result = plan(spec, get_gpu_spec("H200"), 4, 8192, 8)
+    assert not any(c.parallel.tp_comm_overlap for c in result.candidates)
+    lay = Layout.from_configs("Qwen3-8B", result.best.parallel, result.best.workload, options=result.options)
+    assert not lay.tp_comm_overlap and not lay.cross_entropy_fusion and lay.gradient_accumulation_fusion
+
+
+def test_a_layout_refuses_overlap_without_sequence_parallelism():
+    from megatron_autotuner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="tp_comm_overlap"):
+        Layout(model="Qwen3-0.6B", seq_length=1024, num_gpus=2, tp=2, sequence_parallel=False, tp_comm_overlap=True)
+    with pytest.raises(ConfigError, match="tp_comm_overlap_cfg"):
+        Layout(model="Qwen3-0.6B", seq_length=1024, num_gpus=2, tp=2, tp_comm_overlap_cfg="ub.yaml")
+
+
+def test_the_runner_refuses_what_it_cannot_run():
+    """A layout that asks for gradient-accumulation fusion where APEX is missing, or for userbuffers without CUDA, is
+    refused with the reason: the prediction assumed them."""
+    from megatron_autotuner.errors import ConfigError
+    from megatron_autotuner.validate.runner import (
+        apex_wgrad_fusion_available,
+        config_overrides,
+        gradient_accumulation_fusion,
+    )
+
+    fused = Layout(model="Qwen3-0.6B", seq_length=1024, gradient_accumulation_fusion=True)
+    if not apex_wgrad_fusion_available():
+        with pytest.raises(ConfigError, match="APEX"):
+            gradient_accumulation_fusion(fused, use_te=True, cuda=True)
+    assert gradient_accumulation_fusion(fused.replace(gradient_accumulation_fusion=False), True, True) is False
+    overlap = Layout(model="Qwen3-0.6B", seq_length=1024, num_gpus=2, tp=2, tp_comm_overlap=True)
+    with pytest.raises(ConfigError, match="tp_comm_overlap"):
+        config_overrides(overlap, use_te=False, device="cpu")
+    ce = config_overrides(Layout(model="Qwen3-0.6B", seq_length=1024, cross_entropy_fusion=True), False, "cpu")
+    assert ce["cross_entropy_loss_fusion"] is True
