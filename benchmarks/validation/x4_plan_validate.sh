@@ -10,13 +10,14 @@
 OUT="${OUT:-$PWD/outputs/x4_plan_validate}"
 source "$(dirname "$0")/common.sh"
 record_gpus
-echo "== plan --validate 2"
-timeout 200 $MAT plan --model Qwen3-1.7B --gpu H200 --num-gpus 4 --seq-len 4096 --global-batch-size 16 \
+case "$(head -1 "$OUT/gpus.txt")" in *H100*) GPU=H100-SXM ;; *) GPU=H200 ;; esac
+echo "== plan --validate 2 ($GPU)"
+timeout 150 $MAT plan --model Qwen3-1.7B --gpu $GPU --num-gpus 4 --seq-len 4096 --global-batch-size 16 \
   --validate 2 --no-chart --output-dir "$OUT/plan" --json > "$OUT/plan.stdout.json" 2> "$OUT/plan.stderr.txt"
 echo "plan rc=$?"
 tail -5 "$OUT/plan.stderr.txt"
 echo "== TP overlap in the runner"
-timeout 200 $VALIDATE --layouts "$HERE/x4_tp_overlap_layouts.json" --output-dir "$OUT/tp_overlap" --timeout-s 100 \
+timeout 150 $VALIDATE --layouts "$HERE/x4_tp_overlap_layouts.json" --gpu $GPU --output-dir "$OUT/tp_overlap" --timeout-s 100 \
   2>&1 | tee "$OUT/tp_overlap.txt"
 EV="$OUT/evidence"
 mkdir -p "$EV/plan"
