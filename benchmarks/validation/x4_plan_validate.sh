@@ -6,7 +6,7 @@
 #    written before the runs), what ran, the measured winner and the regret (plan.json "validation", --json).
 # 2. x4_tp_overlap_layouts.json: Qwen3-8B at 16 layers, TP 4 + SP, seq 8192, without TP overlap, with TE's default
 #    userbuffers and with the TP 4 yaml the tuner wrote (benchmarks/results/overlap_h200_x4), predicted before.
-# Evidence: "$OUT"/evidence.tgz -> benchmarks/results/plan_validate_h200_x4/.
+# Evidence: "$OUT"/evidence.tgz -> benchmarks/results/plan_validate_<h100|h200>_x4/ (the kind lent).
 OUT="${OUT:-$PWD/outputs/x4_plan_validate}"
 source "$(dirname "$0")/common.sh"
 record_gpus
