@@ -112,3 +112,29 @@ def test_the_runner_refuses_what_it_cannot_run():
         config_overrides(overlap, use_te=False, device="cpu")
     ce = config_overrides(Layout(model="Qwen3-0.6B", seq_length=1024, cross_entropy_fusion=True), False, "cpu")
     assert ce["cross_entropy_loss_fusion"] is True
+
+
+def test_plan_validate_ran_exactly_the_ranked_layouts_on_4x_h100():
+    """`mat plan --validate 2` on a 4x H100 lease (benchmarks/validation/x4_plan_validate.sh): the layouts that ran
+    are the plan's top 2 as re-planned here (same ids), predicted as the plan predicted them, and what plan.json
+    records beside them (measured steps, winner, regret) is what `plan_measured` makes of the runs."""
+    from pathlib import Path
+
+    from megatron_autotuner.validate.batch import ValidationReport, plan_layouts, plan_measured
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks/results/plan_validate_h100_x4/plan"
+    committed = json.loads((root / "plan.json").read_text())
+    rows = [json.loads(line) for line in (root / "validate/results.jsonl").read_text().splitlines()]
+    # the lease had no APEX: the plan ranked without gradient-accumulation fusion, and said so
+    assert any("APEX" in note for note in committed["notes"])
+    result = plan(load_model_spec("Qwen3-1.7B"), get_gpu_spec("H100-SXM"), 4, 4096, 16,
+                  options=CostOptions(gradient_accumulation_fusion=False))  # fmt: skip
+    layouts = plan_layouts(result, 2, None, "Qwen3-1.7B", None, steps=5, warmup_steps=3)
+    assert [lay.layout_id for lay in layouts] == [row["layout_id"] for row in rows]
+    for cand, row in zip(result.top(2), rows, strict=True):
+        assert row["predicted"]["step_time_s"] == pytest.approx(cand.estimate.step_time_s, rel=1e-9)
+    report = ValidationReport(root / "validate", tuple(rows), (), {})
+    measured = plan_measured(result, report, layouts)
+    assert measured["layouts"] == pytest.approx(committed["validation"]["layouts"])
+    assert measured["measured_best"]["rank"] == 1 and measured["regret"] == 0.0
+    assert committed["validation"]["regret"] == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -223,6 +224,8 @@ def run(args: argparse.Namespace) -> int:
             stand_in=args.stand_in,
             model_source=getattr(args, "model", None),
             ub_yaml=lambda rank: _exported_ub_yaml(out_dir, rank),
+            # progress on stderr: with --json, stdout holds the one JSON document
+            log=lambda line: print(line, file=sys.stderr, flush=True),
         )
         add_measured_to_plan_json(out_dir / "plan.json", validation.plan)
     if args.json:
