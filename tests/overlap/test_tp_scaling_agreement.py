@@ -126,3 +126,27 @@ def test_the_report_recommends_by_the_whole_layer_when_it_has_it():
     for model, sc in plain.items():
         assert sc["recommended_tp"] == REPORT["scaling"][model]["recommended_tp"] == 1
         assert "whole layer" not in [r["name"] for r in sc["results"]]
+
+
+def test_tp4_plan_and_tuner_give_the_same_verdict():
+    """4x H200 (benchmarks/overlap/h200_x4.sh): the Qwen3-8B layer at TP 4, seq 8192, with the tuned userbuffers is
+    97% over ideal as a whole layer (9.48 ms vs 19.25 ms / 4 at TP 1, the same machine) and its GEMMs 110% over: TP 4
+    does not scale. `mat plan` says the same of TP 4 (over the 20% tolerance), and keeps TP 2 efficient as the 2x H200
+    tuning measured. The plan's TP 4 layer is still optimistic (4.1 ms against the GEMMs' measured 7.1 ms): the per-op
+    fixed cost the TP 2 check found grows with TP."""
+    from megatron_autotuner.overlap.scaling import whole_layer_scaling
+
+    ev = ROOT / "benchmarks/results/overlap_h200_x4"
+    report = json.loads((ev / "tuning_report.json").read_text())
+    checks = [json.loads((ev / name).read_text()) for name in ("layer_check_tp1.json", "layer_check.json")]
+    whole = whole_layer_scaling(checks, "Qwen3-8B")
+    (point,) = whole.points
+    assert point.tp == 4 and point.setup == "tuned"
+    assert point.time_ms / point.ideal_ms - 1 == pytest.approx(0.97, abs=0.01)
+    assert whole.largest_efficient_tp == 1 == report["scaling"]["Qwen3-8B"]["recommended_tp"]
+    tuner, pred = predicted_scaling("Qwen3-8B", "H200", 8192, (2, 4))
+    verdicts = {p.tp: p.efficient for p in pred.points}
+    assert verdicts == {2: True, 4: False}  # the plan: TP 4 does not scale either
+    assert [p.efficient for p in tuner.points] == [p.efficient for p in pred.points]
+    result = plan(load_model_spec("Qwen3-8B"), get_gpu_spec("H200"), 4, 8192, 8)
+    assert {p["tp"]: p["efficient"] for p in result.to_dict(top_k=1)["tp_scaling"]["points"]} == verdicts
