@@ -513,6 +513,145 @@ def nccl_memory(root: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# docs/accuracy.md: several GPUs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def plan_regret(root: Path) -> str:
+    data = load(root, "plan_regret.json")
+    out = source("plan_regret.json")
+    for lease in data["leases"]:
+        v = lease["versions"]
+        out += (
+            f"{lease['measured_on']} x4 ({lease['folder']}), torch {v['torch']}, megatron-core {v['megatron_core']}, "
+            f"TE {v['transformer_engine']}, NCCL {v['nccl']}; predicted {lease['predicted_at']}, before the runs.\n\n"
+        )
+        rows = []
+        for c in lease["cases"]:
+            steps = [lay["step_time_error"] for lay in c["layouts"] if lay["step_time_error"] is not None]
+            mems = [lay["peak_memory_error"] for lay in c["layouts"] if lay["peak_memory_error"] is not None]
+            rows.append(
+                [
+                    c["case"],
+                    f"{c['measured']}/{c['planned']}",
+                    c["plan_first"].split(" ", 2)[2],
+                    c["measured_best"].split(" ", 2)[2],
+                    pct(c.get("regret"), sign=False),
+                    num(c.get("spearman"), "+.2f"),
+                    f"{sum(abs(e) <= 0.10 for e in steps)}/{len(steps)} ({pct(min(steps))}..{pct(max(steps))})",
+                    f"{sum(abs(e) <= 0.05 for e in mems)}/{len(mems)} ({pct(min(mems))}..{pct(max(mems))})",
+                ]
+            )
+        head = ["case", "ran", "plan's #1", "measured fastest", "regret", "Spearman", "step within 10%",
+                "peak within 5%"]  # fmt: skip
+        out += table(head, rows) + "\n"
+        rows = [
+            [
+                c["case"],
+                f"#{lay['rank']}",
+                lay["label"].split(" ", 2)[2],
+                num(lay["predicted_step_time_s"], ".3f"),
+                num(lay["measured_step_time_s"], ".3f"),
+                pct(lay["step_time_error"]),
+                num(lay["predicted_peak_memory_gib"], ".1f"),
+                num(lay["measured_peak_memory_gib"], ".1f"),
+                pct(lay["peak_memory_error"]),
+            ]  # fmt: skip
+            for c in lease["cases"]
+            for lay in c["layouts"]
+        ]
+        head = ["case", "rank", "layout", "pred s", "meas s", "step err", "pred GiB", "meas GiB", "peak err"]
+        out += table(head, rows)
+    return out
+
+
+def plan_validate(root: Path) -> str:
+    rel = "plan_validate_h100_x4"
+    plan_doc = load(root, f"{rel}/plan/plan.json")
+    v = plan_doc["validation"]
+    rows = [
+        [
+            f"#{r['rank']}",
+            r["label"],
+            num(r["predicted_step_time_s"], ".3f"),
+            num(r["measured_step_time_s"], ".3f"),
+            pct(r["step_time_error"]),
+            num(r["predicted_peak_memory_gib"], ".1f"),
+            num(r["measured_peak_memory_gib"], ".1f"),
+            pct(r["peak_memory_error"]),
+        ]  # fmt: skip
+        for r in v["layouts"]
+    ]
+    out = source(f"{rel}/plan/plan.json", f"{rel}/tp_overlap/results.jsonl")
+    out += (
+        f"`mat plan --model {plan_doc['inputs']['model']} --gpu {plan_doc['inputs']['gpu']} --num-gpus 4 --seq-len "
+        f"{plan_doc['inputs']['workload']['seq_length']} --global-batch-size "
+        f"{plan_doc['inputs']['workload']['global_batch_size']} --validate 2` on 4x H100: measured fastest "
+        f"#{v['measured_best']['rank']}, regret {pct(v['regret'], sign=False)}.\n\n"
+    )
+    out += table(["rank", "layout", "pred s", "meas s", "step err", "pred GiB", "meas GiB", "peak err"], rows) + "\n"
+    runs = [json.loads(line) for line in (root / RESULTS / rel / "tp_overlap/results.jsonl").read_text().splitlines()]
+    rows = [
+        [r["label"], num(r["predicted"]["step_time_s"], ".3f"), num(r["measured"].get("step_time_s"), ".3f"),
+         pct(r["error_rel"]["step_time"]), num(r["measured"].get("peak_gib"), ".1f"),
+         pct(r["error_rel"]["peak_memory"])]
+        for r in runs
+    ]  # fmt: skip
+    out += "TE userbuffers run by `mat validate` (`tp_comm_overlap`, with TE's default or the tuned TP 4 yaml):\n\n"
+    return out + table(["layout", "pred s", "meas s", "step err", "meas GiB", "peak err"], rows)
+
+
+def nccl_sweep(root: Path) -> str:
+    data = load(root, "nccl_sweep_fit.json")
+    rows = []
+    for f in data["fits"]:
+        by = {int(k): v for k, v in f["wire_gbps_by_bytes"].items()}
+        rows.append(
+            [
+                f["collective"],
+                f["ranks"],
+                num(f["host_part_s"] * 1e6, ".0f"),
+                *(num(by.get(2**p), ".0f") for p in (20, 24, 26, 28, 30)),
+            ]  # fmt: skip
+        )
+    head = ["collective", "ranks", "host part us", "GB/s 1 MiB", "16 MiB", "64 MiB", "256 MiB", "1 GiB"]
+    return (
+        source("nccl_sweep_fit.json", "nccl_h200_x4/nccl_sweep_x4.json")
+        + f"{data['device']} x4, NCCL {data['nccl']}, NVLink multicast off; per call, the bytes each rank sends over "
+        "the call's time less its host part.\n\n" + table(head, rows)
+    )
+
+
+def nccl_memory_x4(root: Path) -> str:
+    data = load(root, "nccl_h200_x4/nccl_memory_x4.json")
+    rows = [[step["step"], num(step["growth_gib"], ".3f")] for step in data["ranks"][0]]
+    return (
+        source("nccl_h200_x4/nccl_memory_x4.json")
+        + f"{data['device']}, world size {data['world_size']}, NCCL {data['nccl']}; rank 0, memory outside the "
+        "caching allocator added by each step.\n\n" + table(["step", "GiB added"], rows)
+    )
+
+
+def overlap_tp4(root: Path) -> str:
+    rel = "overlap_h200_x4"
+    check = load(root, f"{rel}/layer_check.json")
+    tp1 = load(root, f"{rel}/layer_check_tp1.json")
+    rows = []
+    for model, m in check["models"].items():
+        med, base = m["median_ms"], tp1["models"][model]["median_ms"]["nccl"]
+        best = min(med.values())
+        rows.append([model, num(base, ".2f"), num(med["nccl"], ".2f"), num(med["te_default"], ".2f"),
+                     num(med["tuned"], ".2f"), pct(best / (base / check["tp"]) - 1)])  # fmt: skip
+    env = check["env"]
+    head = ["model", "TP 1 ms", "TP 4 no overlap ms", "TE default ms", "tuned ms", "best over ideal"]
+    return (
+        source(f"{rel}/layer_check.json", f"{rel}/layer_check_tp1.json", f"{rel}/tuning_report.json")
+        + f"{env['device']}, TE {env['transformer_engine']}, megatron-core {env['megatron_core']}; a full "
+        f"megatron-core TE layer, TP={check['tp']} + SP, seq {check['seq_len']}, fwd + bwd.\n\n" + table(head, rows)
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # docs/overlap.md
 # ---------------------------------------------------------------------------------------------------------------
 
@@ -734,6 +873,11 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "published_modern": published_modern,
     "published_modern_unexpressible": published_modern_unexpressible,
     "recipes_vs_best": recipes_vs_best,
+    "plan_regret": plan_regret,
+    "plan_validate": plan_validate,
+    "nccl_sweep": nccl_sweep,
+    "nccl_memory_x4": nccl_memory_x4,
+    "overlap_tp4": overlap_tp4,
 }
 
 

@@ -10,6 +10,7 @@ from megatron_autotuner.theory.memory import (
     NCCL_COMMUNICATOR_GIB,
     ActivationOptions,
     MemoryAllowance,
+    all_to_all_gib,
     default_non_torch_gib,
     forward_moe_fragment_bytes,
     in_flight_microbatches,
@@ -293,7 +294,7 @@ def test_memory_never_grows_when_a_parallel_dimension_grows(dim, base, recompute
     assert after <= before * (1 + 1e-12)
     # outside the allocator a new parallel dimension only adds its NCCL communicators' buffers
     # (EP: all-to-all + 2 collectives, the most): a small model may grow by those, never more
-    most = NCCL_COMMUNICATOR_GIB["all_to_all"] + 2 * NCCL_COMMUNICATOR_GIB["collective"]
+    most = all_to_all_gib(max(sizes.get("ep", 1), bigger.get("ep", 1))) + 2 * NCCL_COMMUNICATOR_GIB["collective"]
     assert total_after <= total_before + most * GIB + 1e-3
 
 

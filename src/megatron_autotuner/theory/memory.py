@@ -117,8 +117,18 @@ FP8_BYTES = 1
 # - plus each NCCL communicator a rank uses, measured one at a time on 2x H200 with NVLS off
 #   (benchmarks/validation/nccl_memory.py -> validation_h200_x2/nccl_memory_h200_x2.json): a ring
 #   collective (all-reduce, reduce-scatter / all-gather) 0.475 GiB, send / recv 0.627, all-to-all 0.568.
+#   On 4x H200 (benchmarks/results/nccl_h200_x4/nccl_memory_x4.json) the ring collectives and send / recv took the
+#   same (0.473, 0.629) but an all-to-all of 4 ranks 1.316: its buffers are per peer (NCCL runs it as send / recv
+#   to every other rank), 0.194 GiB + 0.374 per peer from the 1-peer and 3-peer points (`all_to_all_gib`).
 NON_TORCH_BASE_GIB = {"train": 2.44, "forward": 1.61, "forward_multi_gpu": 1.88}
-NCCL_COMMUNICATOR_GIB = {"collective": 0.475, "p2p": 0.627, "all_to_all": 0.568}
+NCCL_COMMUNICATOR_GIB = {"collective": 0.475, "p2p": 0.627}
+NCCL_ALL_TO_ALL_GIB = (0.194, 0.374)  # (fixed, per peer)
+
+
+def all_to_all_gib(group_size: int) -> float:
+    """Memory outside the allocator of one all-to-all communicator of `group_size` ranks (`NCCL_ALL_TO_ALL_GIB`)."""
+    fixed, per_peer = NCCL_ALL_TO_ALL_GIB
+    return fixed + per_peer * (group_size - 1)
 
 
 def nccl_communicators(parallel: ParallelConfig, training: bool) -> dict[str, int]:
@@ -139,13 +149,14 @@ def nccl_communicators(parallel: ParallelConfig, training: bool) -> dict[str, in
 
 @lru_cache(maxsize=4096)
 def default_non_torch_gib(parallel: ParallelConfig, training: bool) -> float:
-    """Base + sum of NCCL_COMMUNICATOR_GIB over `nccl_communicators` (see the constants above)."""
+    """Base + NCCL_COMMUNICATOR_GIB over `nccl_communicators`, the all-to-all by its peers (the constants above)."""
     if training:
         base = NON_TORCH_BASE_GIB["train"]
     else:
         base = NON_TORCH_BASE_GIB["forward_multi_gpu" if parallel.num_gpus > 1 else "forward"]
     comms = nccl_communicators(parallel, training)
-    return base + sum(NCCL_COMMUNICATOR_GIB[k] * v for k, v in comms.items())
+    a2a = comms.pop("all_to_all") * all_to_all_gib(parallel.ep)
+    return base + a2a + sum(NCCL_COMMUNICATOR_GIB[k] * v for k, v in comms.items())
 
 
 # Reserved-but-unallocated memory with expandable segments, as a fraction of the activations: the median over
