@@ -502,19 +502,37 @@ def testbench_memory(root: Path) -> str:
     return source(*TESTBENCH_SETS) + table(head, rows)
 
 
-def nccl_memory(root: Path) -> str:
-    data = load(root, "validation_h200_x2/nccl_memory_h200_x2.json")
+def communicator_memory(root: Path, rel: str) -> str:
+    """The table of one `benchmarks/validation/nccl_memory.py` run: what each step added outside the allocator."""
+    data = load(root, rel)
     rows = [[step["step"], num(step["growth_gib"], ".3f")] for step in data["ranks"][0]]
     return (
-        source("validation_h200_x2/nccl_memory_h200_x2.json")
+        source(rel)
         + f"{data['device']}, world size {data['world_size']}, NCCL {data['nccl']}; rank 0, memory outside the "
         "caching allocator added by each step.\n\n" + table(["step", "GiB added"], rows)
     )
 
 
+def nccl_memory(root: Path) -> str:
+    return communicator_memory(root, "validation_h200_x2/nccl_memory_h200_x2.json")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # docs/accuracy.md: several GPUs
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def measured_cells(r: dict) -> list[str]:
+    """Predicted, measured and error of the step and the peak of one ranked layout (`plan_regret.json`,
+    `plan.json`'s "validation")."""
+    return [
+        num(r["predicted_step_time_s"], ".3f"),
+        num(r["measured_step_time_s"], ".3f"),
+        pct(r["step_time_error"]),
+        num(r["predicted_peak_memory_gib"], ".1f"),
+        num(r["measured_peak_memory_gib"], ".1f"),
+        pct(r["peak_memory_error"]),
+    ]
 
 
 def plan_regret(root: Path) -> str:
@@ -546,17 +564,7 @@ def plan_regret(root: Path) -> str:
                 "peak within 5%"]  # fmt: skip
         out += table(head, rows) + "\n"
         rows = [
-            [
-                c["case"],
-                f"#{lay['rank']}",
-                lay["label"].split(" ", 2)[2],
-                num(lay["predicted_step_time_s"], ".3f"),
-                num(lay["measured_step_time_s"], ".3f"),
-                pct(lay["step_time_error"]),
-                num(lay["predicted_peak_memory_gib"], ".1f"),
-                num(lay["measured_peak_memory_gib"], ".1f"),
-                pct(lay["peak_memory_error"]),
-            ]  # fmt: skip
+            [c["case"], f"#{lay['rank']}", lay["label"].split(" ", 2)[2], *measured_cells(lay)]
             for c in lease["cases"]
             for lay in c["layouts"]
         ]
@@ -569,19 +577,7 @@ def plan_validate(root: Path) -> str:
     rel = "plan_validate_h100_x4"
     plan_doc = load(root, f"{rel}/plan/plan.json")
     v = plan_doc["validation"]
-    rows = [
-        [
-            f"#{r['rank']}",
-            r["label"],
-            num(r["predicted_step_time_s"], ".3f"),
-            num(r["measured_step_time_s"], ".3f"),
-            pct(r["step_time_error"]),
-            num(r["predicted_peak_memory_gib"], ".1f"),
-            num(r["measured_peak_memory_gib"], ".1f"),
-            pct(r["peak_memory_error"]),
-        ]  # fmt: skip
-        for r in v["layouts"]
-    ]
+    rows = [[f"#{r['rank']}", r["label"], *measured_cells(r)] for r in v["layouts"]]
     out = source(f"{rel}/plan/plan.json", f"{rel}/tp_overlap/results.jsonl")
     out += (
         f"`mat plan --model {plan_doc['inputs']['model']} --gpu {plan_doc['inputs']['gpu']} --num-gpus 4 --seq-len "
@@ -623,13 +619,7 @@ def nccl_sweep(root: Path) -> str:
 
 
 def nccl_memory_x4(root: Path) -> str:
-    data = load(root, "nccl_h200_x4/nccl_memory_x4.json")
-    rows = [[step["step"], num(step["growth_gib"], ".3f")] for step in data["ranks"][0]]
-    return (
-        source("nccl_h200_x4/nccl_memory_x4.json")
-        + f"{data['device']}, world size {data['world_size']}, NCCL {data['nccl']}; rank 0, memory outside the "
-        "caching allocator added by each step.\n\n" + table(["step", "GiB added"], rows)
-    )
+    return communicator_memory(root, "nccl_h200_x4/nccl_memory_x4.json")
 
 
 def overlap_tp4(root: Path) -> str:
