@@ -33,7 +33,9 @@ def test_recipes_against_the_best_layout(launch, base):
         # measured 144 GB/s (defaults.UB_SM_KERNEL_GBPS, 2x H200), while the recipe's table
         # (userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192) runs them by ring exchange on the copy engines;
         # priced as ring exchange, the gap is 9.6% (exposed TP 4.7 -> 3.7 s). The model prices the launch as written.
-        assert row["best_over_recipe_speedup"] < 1.11
+        # Since every layout is planned with the launch's own run settings (its TP overlap, fusions), the best found is
+        # 13.6% faster (tp2 pp32 vpp4 cp8), where it was 10.8% with the tool's former defaults.
+        assert row["best_over_recipe_speedup"] < 1.14
     else:  # the MoE recipes: the EP all-to-all the model leaves exposed is most of the gap (docs/recipes.md)
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]
         ep_gap = (

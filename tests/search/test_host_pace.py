@@ -23,18 +23,37 @@ def small_plan():
     return plan(load_model_spec("Qwen3-0.6B"), H100, 4, 4096, 16)
 
 
-def test_first_layout_loses_least_on_any_host_measured(small_plan):
-    spreads = [c.host_pace for c in small_plan.candidates]
-    assert all(s is not None for s in spreads)
-    worst = [s.worst_regret for s in spreads]
-    assert worst[0] == min(worst)
-    # ranked by the worst regret over the paces
-    assert all(b >= a - 1e-6 for a, b in zip(worst, worst[1:], strict=False))
+def test_ranked_by_the_default_pace_with_each_layouts_spread(small_plan):
+    steps = [c.estimate.step_time_s for c in small_plan.candidates]
+    assert steps == sorted(steps)
     # the three paces are the default and the ends of the range: every step lies between its two ends
     for c in small_plan.candidates:
         fast, slow = c.host_pace.steps_s
         assert fast <= c.estimate.step_time_s * (1 + 1e-12) and slow >= c.estimate.step_time_s * (1 - 1e-12)
     assert any(c.host_pace.steps_s[1] > 1.2 * c.estimate.step_time_s for c in small_plan.candidates)
+
+
+def test_where_the_host_could_change_the_winner_the_plan_names_the_alternatives():
+    """Qwen3-0.6B on one H100, eager: micro-batch 4 is fastest at the default pace and on the fastest host, but on
+    the slowest host measured a larger micro-batch with full recompute wins; the plan names it, and `--validate K`
+    runs it beside the top K."""
+    from megatron_autotuner.validate.batch import planned_candidates
+
+    result = plan(load_model_spec("Qwen3-0.6B"), H100, 1, 4096, 8)
+    assert result.pace_alternatives
+    for rank in result.pace_alternatives:
+        alt = result.candidates[rank - 1]
+        assert rank > 1 and alt.host_pace.steps_s[1] < result.best.host_pace.steps_s[1]
+    assert any("the host's pace could change the winner" in note for note in result.notes)
+    chosen = planned_candidates(result, 2)
+    assert [c.rank for c in chosen] == [1, 2, *[r for r in result.pace_alternatives if r > 2]]
+
+
+def test_a_recipe_keeps_its_rank():
+    """NVIDIA's Llama 3.1 70B layout on 64 H100 (tp4 pp4 vpp5 cp2) is the fastest at the default pace and first."""
+    result = plan(load_model_spec("Llama-3.1-70B"), H100, 64, 8192, 128)
+    best = result.best
+    assert (best.parallel.tp, best.parallel.pp, best.parallel.vpp, best.parallel.cp) == (4, 4, 5, 2)
 
 
 def test_a_measured_host_has_one_pace_and_the_ranking_is_by_step():
@@ -71,6 +90,4 @@ def test_plan_shows_the_range_in_its_table_and_json(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     first = data["candidates"][0]
     assert len(first["step_time_on_hosts_measured_s"]) == 2
-    assert first["worst_regret_on_hosts_measured"] == min(
-        c["worst_regret_on_hosts_measured"] for c in data["candidates"]
-    )
+    assert first["worst_regret_on_hosts_measured"] >= 0.0 and "pace_alternatives" in data

@@ -6,8 +6,9 @@ import argparse
 import importlib
 import json
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from ..argspec.argtypes import margin_fraction, non_empty_path, positive_int
 from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
@@ -127,24 +128,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.top < 1:
-        raise ConfigError("top", f"must be >= 1, got {args.top}")
-    gpu = gpu_from_args(args)
-    if gpu is None:
-        raise ConfigError("gpu", "is required")
-    if args.stand_in and (args.validate is None or args.measure_host_floor):
-        raise ConfigError("stand_in", "--stand-in goes with --validate K and measures memory only (no host floor)")
-    if args.validate is not None:  # the runs need a GPU: say so before the search (exit 1), not after it
-        from ..launch.devices import require_cuda_gpus
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the search is asked: from a launch (`current`: its own estimate) or the command line."""
 
-        require_cuda_gpus(args.validate, "layouts to validate", "drop --validate to plan without a GPU")
-    # before the search: an output folder that cannot be written, or an unreadable yaml, fails now, not after it
-    out_dir = output_dir_for("plan", args.output_dir, create=False)
-    tuned = None
-    if args.tp_comm_overlap_cfg:
-        tuned = read_text_bounded(args.tp_comm_overlap_cfg, "tp_comm_overlap_cfg", CONFIG_LIMIT_BYTES)
-    current = None
+    model: Any
+    options: CostOptions
+    tp_overlap: bool
+    num_gpus: int
+    seq: int
+    gbs: int
+    precision: str
+    recipe: str
+    fp8_param: bool
+    grad_fp32: bool
+    graphs: Any
+    lengths: Any
+    current: Any = None
+
+
+def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
+    """The model, run settings and workload to plan: a launch's own (with its estimate), else the options'."""
     lengths = lengths_from_args(args)
     if lengths is not None:
         if args.megatron_args:
@@ -162,72 +166,61 @@ def run(args: argparse.Namespace) -> int:
         imported = import_launch(args)
         model, mine, work = imported.model, imported.parallel, imported.workload
         options = cost_options_from_args(args, imported.options)  # the launch's own run settings, for every layout
-        tp_overlap = mine.tp_comm_overlap
-        current = estimate(model, mine, work, gpu, options)
-        current = current.with_notes(imported.notes, imported.not_modelled)
-        num_gpus, seq, gbs = mine.num_gpus, work.seq_length, work.global_batch_size
-        precision, recipe, fp8_param = work.precision, work.fp8_recipe, work.fp8_param
-        grad_fp32 = mine.grad_reduce_in_fp32
-        graphs = work.cuda_graph  # the launch's CUDA graphs, kept for every candidate
+        current = estimate(model, mine, work, gpu, options).with_notes(imported.notes, imported.not_modelled)
+        inputs = PlanInputs(
+            model, options, mine.tp_comm_overlap, mine.num_gpus, work.seq_length, work.global_batch_size,
+            work.precision, work.fp8_recipe, work.fp8_param, mine.grad_reduce_in_fp32,
+            work.cuda_graph,  # the launch's CUDA graphs, kept for every candidate
+            lengths, current,
+        )  # fmt: skip
     else:
         model = model_from_args(args)
         for name in ("num_gpus", "seq_len", "global_batch_size"):
             if getattr(args, name) is None:
                 raise ConfigError(name, "is required (or give --megatron-args with your launch)")
-        num_gpus, seq, gbs = args.num_gpus, args.seq_len, args.global_batch_size
-        precision, recipe = args.precision or "bf16", args.fp8_recipe or "delayed"
-        fp8_param, grad_fp32 = bool(args.fp8_param_gather), not args.grad_reduce_in_bf16
-        graphs = None
-        options = cost_options_from_args(args)
-        tp_overlap = bool(args.tp_comm_overlap)
-    for name, value in (("num_gpus", num_gpus), ("seq_len", seq), ("global_batch_size", gbs)):
+        inputs = PlanInputs(
+            model, cost_options_from_args(args), bool(args.tp_comm_overlap), args.num_gpus, args.seq_len,
+            args.global_batch_size, args.precision or "bf16", args.fp8_recipe or "delayed",
+            bool(args.fp8_param_gather), not args.grad_reduce_in_bf16, None, lengths,
+        )  # fmt: skip
+    for name, value in (("num_gpus", inputs.num_gpus), ("seq_len", inputs.seq), ("global_batch_size", inputs.gbs)):
         if value < 1:
             raise ConfigError(name, f"must be a positive integer, got {value}")
-    options, runner_note = options_the_runner_executes(options, args.validate is not None)
+    return inputs
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise ConfigError("top", f"must be >= 1, got {args.top}")
+    gpu = gpu_from_args(args)
+    if gpu is None:
+        raise ConfigError("gpu", "is required")
+    if args.stand_in and (args.validate is None or args.measure_host_floor):
+        raise ConfigError("stand_in", "--stand-in goes with --validate K and measures memory only (no host floor)")
+    if args.validate is not None:  # the runs need a GPU: say so before the search (exit 1), not after it
+        from ..launch.devices import require_cuda_gpus
+
+        require_cuda_gpus(args.validate, "layouts to validate", "drop --validate to plan without a GPU")
+    # before the search: an output folder that cannot be written, or an unreadable yaml, fails now, not after it
+    out_dir = output_dir_for("plan", args.output_dir, create=False)
+    tuned = None
+    if args.tp_comm_overlap_cfg:
+        tuned = read_text_bounded(args.tp_comm_overlap_cfg, "tp_comm_overlap_cfg", CONFIG_LIMIT_BYTES)
+    inputs = plan_inputs(args, gpu)
+    options, runner_note = options_the_runner_executes(inputs.options, args.validate is not None)
     result = plan_with_graphs(
-        model,
-        gpu,
-        num_gpus,
-        seq,
-        gbs,
-        cuda_graphs=args.cuda_graphs,
-        mode=args.mode,
-        precision=precision,
-        max_token_len=args.max_token_len,
-        memory_margin=args.memory_margin,
-        options=options,
-        grad_reduce_in_fp32=grad_fp32,
-        fp8_recipe=recipe,
-        fp8_param=fp8_param,
-        lengths=lengths,
-        cuda_graph=graphs,
-        tp_comm_overlap=tp_overlap,
-    )
+        inputs.model, gpu, inputs.num_gpus, inputs.seq, inputs.gbs, cuda_graphs=args.cuda_graphs, mode=args.mode,
+        precision=inputs.precision, max_token_len=args.max_token_len, memory_margin=args.memory_margin,
+        options=options, grad_reduce_in_fp32=inputs.grad_fp32, fp8_recipe=inputs.recipe, fp8_param=inputs.fp8_param,
+        lengths=inputs.lengths, cuda_graph=inputs.graphs, tp_comm_overlap=inputs.tp_overlap,
+    )  # fmt: skip
     if runner_note:
         result = replace(result, notes=(*result.notes, runner_note))
+    current = inputs.current
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
     files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
-    validation = None
-    if args.validate is not None:
-        try:
-            validate = importlib.import_module("megatron_autotuner.validate")
-            validate_plan = validate.validate_plan
-        except (ImportError, AttributeError) as exc:
-            raise AutotunerError(f"--validate needs megatron_autotuner.validate.validate_plan ({exc})") from exc
-        validation = validate_plan(
-            result,
-            args.validate,
-            out_dir,
-            calibration=options.calibration,
-            measure_host_floor=args.measure_host_floor,
-            stand_in=args.stand_in,
-            model_source=getattr(args, "model", None),
-            ub_yaml=lambda rank: _exported_ub_yaml(out_dir, rank),
-            # progress on stderr: with --json, stdout holds the one JSON document
-            log=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-        add_measured_to_plan_json(out_dir / "plan.json", validation.plan)
+    validation = run_validation(args, result, out_dir) if args.validate is not None else None
     if args.json:
         data = result.to_dict(top_k=args.top)
         if comparison is not None:
@@ -237,15 +230,43 @@ def run(args: argparse.Namespace) -> int:
         data["output_dir"] = str(out_dir)
         data["files"] = files
         print_json(data)
-        _require_validated(validation)
-        return 0
+    else:
+        print_plan(args, inputs, result, comparison, out_dir, validation)
+    _require_validated(validation)
+    return 0
+
+
+def run_validation(args: argparse.Namespace, result, out_dir: Path):
+    """`--validate K`: the top K run as ranked; plan.json gains what they measured."""
+    try:
+        validate_plan = importlib.import_module("megatron_autotuner.validate").validate_plan
+    except (ImportError, AttributeError) as exc:
+        raise AutotunerError(f"--validate needs megatron_autotuner.validate.validate_plan ({exc})") from exc
+    validation = validate_plan(
+        result,
+        args.validate,
+        out_dir,
+        calibration=result.options.calibration,
+        measure_host_floor=args.measure_host_floor,
+        stand_in=args.stand_in,
+        model_source=getattr(args, "model", None),
+        ub_yaml=lambda rank: _exported_ub_yaml(out_dir, rank),
+        # progress on stderr: with --json, stdout holds the one JSON document
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+    add_measured_to_plan_json(out_dir / "plan.json", validation.plan)
+    return validation
+
+
+def print_plan(args: argparse.Namespace, inputs: PlanInputs, result, comparison, out_dir: Path, validation) -> None:
     out = console()
     precision = result.base_workload.precision_label
+    lengths, seq = inputs.lengths, inputs.seq
     seq_text = f"seq {seq}" if lengths is None else f"{lengths.describe()} (longest {seq})"
     out.print(
-        f"[bold]{model.name}[/bold] on {num_gpus} x {gpu.name}, {seq_text}, "
-        f"global batch {gbs}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
-        f"{'' if grad_fp32 else ', bf16 main grads'}: "
+        f"[bold]{inputs.model.name}[/bold] on {inputs.num_gpus} x {result.gpu.name}, {seq_text}, "
+        f"global batch {inputs.gbs}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
+        f"{'' if inputs.grad_fp32 else ', bf16 main grads'}: "
         f"{result.considered} layouts considered, "
         f"{len(result.candidates)} fit, {len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
     )
@@ -261,8 +282,6 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:
         print_measured(out, validation.plan)
-    _require_validated(validation)
-    return 0
 
 
 def predicted_table(result, top: int, flops_convention: str):

@@ -1,4 +1,5 @@
-"""Rank layouts so that the first stays best whatever the host's pace.
+"""The host's pace in the ranking: the step of every layout on the fastest and slowest hosts measured, and the best
+layout of each.
 
 An eager megatron-core step waits on its host where the GPU work per launch is short (small models, small
 micro-batches, MoE blocks). Without a calibration of this machine's host the cost model paces it with the default
@@ -6,11 +7,15 @@ host floors, and hosts measured so far issued the same layers in 0.54x to 2.23x 
 (`costmodel.defaults.HOST_PACE_RANGE`). A layout's step is then known on three hosts: the fastest measured, the
 default and the slowest measured (`costmodel.estimate.host_pace_steps`).
 
-The ranking minimises the worst regret over those three hosts: for each host k, a layout's regret is its step over
-the fastest layout's step on that host, minus one; layouts are ranked by their largest regret, then by the step at the
-default pace. Where no layout waits on the host this is the ranking by step; where the host decides, the first layout
-is the one that loses least to the best on any host measured. With a calibration's own floors the host has one
-pace, and the ranking is by step.
+How the plan chooses across them: it ranks by the step at the default pace (the pace its checks were made at), and
+where another layout is best on the fastest or the slowest host measured, it says so and names that layout as an
+alternative (`PlanResult.pace_alternatives`), which `mat plan --validate K` runs beside the top K: on the machine at
+hand the measurement decides between the layouts the host's pace could make best. A rule that picks one layout for
+all hosts was tried and rejected on the evidence: minimising the worst regret over the three hosts let the slowest
+lease VM (2.23x) pick for everyone and moved NVIDIA's Llama 3.1 70B layout on 64 H100 from first to twelfth;
+minimising the mean step turned a 4x H200 MoE case's measured regret from 1.6% to 6.2%
+(benchmarks/results/plan_regret.json). With a calibration's own floors the host has one pace: no spread, no
+alternatives.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from ..costmodel.estimate import CostOptions, Estimate, host_pace_steps, padded_
 
 @dataclass(frozen=True)
 class PaceSpread:
-    """A layout's step on the fastest and slowest hosts measured, and its worst regret over the three paces."""
+    """A layout's step on the fastest and slowest hosts measured, and its worst regret over the three paces (its step
+    over the best layout's on the same host, minus one, at its worst host)."""
 
     steps_s: tuple[float, float]
     worst_regret: float
@@ -45,20 +51,33 @@ def pace_spreads(estimates: list[Estimate], options: CostOptions) -> dict[int, P
     return {key: PaceSpread((s[0], s[2]), max(s[k] / best[k] - 1.0 for k in range(3))) for key, s in steps.items()}
 
 
-def rank_across_host_pace(estimates: list[Estimate], options: CostOptions) -> tuple[list[Estimate], dict, str | None]:
-    """(estimates in ranking order, `PaceSpread` by id, a note when the host's pace changed the first layout)."""
-    by_step = sorted(estimates, key=lambda e: (e.step_time_s, e.peak_memory_gib))
-    spreads = pace_spreads(by_step, options)
+def rank_with_host_pace(
+    estimates: list[Estimate], options: CostOptions
+) -> tuple[list[Estimate], dict[int, PaceSpread], tuple[int, ...], str | None]:
+    """(estimates by step at the default pace, `PaceSpread` by id, the 1-based ranks of the best layouts on the fastest
+    and slowest hosts measured where they are not #1, a note naming them)."""
+    ranked = sorted(estimates, key=lambda e: (e.step_time_s, e.peak_memory_gib))
+    spreads = pace_spreads(ranked, options)
     if not spreads:
-        return by_step, {}, None
-    ranked = sorted(by_step, key=lambda e: (round(spreads[id(e)].worst_regret, 6), e.step_time_s, e.peak_memory_gib))
+        return ranked, {}, (), None
     lo, hi = d.HOST_PACE_RANGE
+    alternatives: list[int] = []
+    said = []
+    for end, pace in ((0, lo), (1, hi)):
+        rank = 1 + min(range(len(ranked)), key=lambda i: (spreads[id(ranked[i])].steps_s[end], i))
+        if rank != 1:
+            first = spreads[id(ranked[0])]
+            best = spreads[id(ranked[rank - 1])]
+            loss = first.steps_s[end] / best.steps_s[end] - 1.0
+            said.append(f"#{rank} on a host at {pace}x the default floor (#1 would be {loss:.1%} slower there)")
+            if rank not in alternatives:
+                alternatives.append(rank)
     note = None
-    if ranked[0] is not by_step[0]:
-        fastest = spreads[id(by_step[0])]
+    if said:
         note = (
-            f"ranked to stay best on any host measured ({lo}x-{hi}x the default host floor; no calibration of this "
-            f"machine's): #1 loses at most {spreads[id(ranked[0])].worst_regret:.1%} to the best layout on any of them,"
-            f" the fastest at the default pace up to {fastest.worst_regret:.1%}"
+            "the host's pace could change the winner (no calibration of this machine's host): best are "
+            + " and ".join(said)
+            + "; mat plan --validate runs them beside the top layouts, or measure the host: mat validate "
+            "--measure-host-floor"
         )
-    return ranked, spreads, note
+    return ranked, spreads, tuple(alternatives), note

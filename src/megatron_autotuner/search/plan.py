@@ -25,7 +25,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
-from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, estimate, padded_vocab, time_model
+from ..costmodel.estimate import (
+    DEFAULT_MEMORY_MARGIN,
+    CostOptions,
+    Estimate,
+    estimate,
+    padded_vocab,
+    time_model,
+)
 from ..costmodel.tp_scaling import TPScaling, predicted_tp_scaling
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
@@ -33,7 +40,7 @@ from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import CudaGraphConfig, ParallelConfig, RecomputeConfig, Workload, validate_layout
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
-from .host_pace import PaceSpread, rank_across_host_pace
+from .host_pace import PaceSpread, rank_with_host_pace
 from .space import (
     RECOMPUTE_CHOICES,
     SearchSpace,
@@ -112,6 +119,8 @@ class PlanResult:
     considered: int
     elapsed_s: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # ranks of the best layouts on the fastest and slowest hosts measured, where not #1 (`search.host_pace`)
+    pace_alternatives: tuple[int, ...] = ()
 
     @property
     def best(self) -> Candidate:
@@ -170,6 +179,7 @@ class PlanResult:
             "candidates": [c.to_dict() for c in cands],
             "rejections": [r.to_dict() for r in self.rejections[:max_rejections]],
             "notes": list(self.notes),
+            "pace_alternatives": list(self.pace_alternatives),
             "tp_scaling": self.tp_scaling().to_dict(),
         }
 
@@ -436,7 +446,7 @@ def plan(
             "max_token_len chosen per layout from " + ", ".join(map(str, budgets)) + " (the longest sequence x "
             "1..16): the fastest budget that fits"
         )
-    estimates, spreads, pace_note = rank_across_host_pace(estimates, options)
+    estimates, spreads, pace_alternatives, pace_note = rank_with_host_pace(estimates, options)
     if pace_note:
         notes.append(pace_note)
     candidates = tuple(
@@ -461,6 +471,7 @@ def plan(
         considered=considered,
         elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
+        pace_alternatives=pace_alternatives,
     )
 
 
@@ -470,7 +481,8 @@ GRAPH_MODES = ("auto", "try", "off")
 def plan_with_graphs(model: ModelSpec, gpu: GPUSpec, num_gpus: int, seq_length: int, global_batch_size: int,
                      *, cuda_graphs: str = "auto", **kwargs: Any) -> PlanResult:  # fmt: skip
     """`plan`, with CUDA graphs tried where they matter. `cuda_graphs`: "auto" tries eager and per-layer graphs for
-    every layout when the fastest eager layout waits on the host; "try" always; "off" never. A workload that already
+    every layout when the fastest eager layout waits on the host at the default pace (slower hosts: the plan names
+    their best layouts, `search.host_pace`); "try" always; "off" never. A workload that already
     has graphs (`cuda_graph=`, a launch's own) or a search space that names its graph choices is planned as given."""
     if cuda_graphs not in GRAPH_MODES:
         raise ConfigError("cuda_graphs", f"must be one of {', '.join(GRAPH_MODES)}, got {cuda_graphs!r}")

@@ -123,12 +123,16 @@ FP8_BYTES = 1
 NON_TORCH_BASE_GIB = {"train": 2.44, "forward": 1.61, "forward_multi_gpu": 1.88}
 NCCL_COMMUNICATOR_GIB = {"collective": 0.475, "p2p": 0.627}
 NCCL_ALL_TO_ALL_GIB = (0.194, 0.374)  # (fixed, per peer)
+# Measured up to 3 peers: how it grows past one NVLink host's 4 ranks (8-GPU nodes, NVL72, peers over the network)
+# is not, so larger groups are charged 3 peers' worth, as before they were charged 1 (published runs at EP 8-64 fit).
+NCCL_ALL_TO_ALL_MEASURED_PEERS = 3
 
 
 def all_to_all_gib(group_size: int) -> float:
-    """Memory outside the allocator of one all-to-all communicator of `group_size` ranks (`NCCL_ALL_TO_ALL_GIB`)."""
+    """Memory outside the allocator of one all-to-all communicator of `group_size` ranks (`NCCL_ALL_TO_ALL_GIB`, its
+    peers counted up to `NCCL_ALL_TO_ALL_MEASURED_PEERS`)."""
     fixed, per_peer = NCCL_ALL_TO_ALL_GIB
-    return fixed + per_peer * (group_size - 1)
+    return fixed + per_peer * min(group_size - 1, NCCL_ALL_TO_ALL_MEASURED_PEERS)
 
 
 def nccl_communicators(parallel: ParallelConfig, training: bool) -> dict[str, int]:

@@ -181,40 +181,50 @@ def _attr(obj: Any, *names: str) -> Any:
     return None
 
 
+def planned_candidates(plan_result: Any, k: int, host_alternatives: bool = True) -> list[Any]:
+    """The candidates `mat plan --validate K` runs: the top-`k` feasible ones, then (`host_alternatives`: timed runs)
+    the best layouts on the fastest and slowest hosts measured where the plan names them
+    (`PlanResult.pace_alternatives`, `search.host_pace`).
+
+    Reads what the plan holds defensively: a list of candidates in `.candidates` / `.ranked` / `.feasible` (or the
+    result itself as a list), each with `.parallel` and `.workload` (or an `.estimate` carrying them)."""
+    cands = _attr(plan_result, "candidates", "ranked", "feasible", "top")
+    if cands is None and isinstance(plan_result, (list, tuple)):
+        cands = plan_result
+    if cands is None:
+        raise ConfigError("plan", "the plan result has no candidates list")
+
+    def feasible(cand: Any) -> bool:
+        fits = _attr(cand, "fits")
+        est = _attr(cand, "estimate")
+        return (fits if fits is not None else _attr(est, "fits") if est is not None else None) is not False
+
+    chosen = [c for c in cands if feasible(c)][:k]
+    for rank in (_attr(plan_result, "pace_alternatives") or ()) if host_alternatives else ():
+        cand = cands[rank - 1]
+        if all(c is not cand for c in chosen) and feasible(cand):
+            chosen.append(cand)
+    return chosen
+
+
 def plan_layouts(
     plan_result: Any,
     k: int,
     reference: Layout | None = None,
     model_source: str | None = None,
     ub_yaml: Any = None,
+    host_alternatives: bool = True,
     **layout_options: Any,
 ) -> list[Layout]:
-    """The top-`k` feasible candidates of a plan as layouts (+ the reference layout when given), each carrying the
-    plan's run settings (`Layout.from_configs(options=...)`): what was ranked is what runs.
-
-    Reads what the plan holds defensively: a list of candidates in `.candidates` / `.ranked` /
-    `.feasible` (or the result itself as a list), each with `.parallel` and `.workload` (or an
-    `.estimate` carrying them) and a model name in the result (`.model`) or the estimate. `model_source`: the
-    preset or config path the plan's model came from (needed for a config.json model). `ub_yaml(rank)`: the
-    userbuffers yaml a TP-overlap candidate runs with (None: TE's defaults).
-    """
-    cands = _attr(plan_result, "candidates", "ranked", "feasible", "top")
-    if cands is None and isinstance(plan_result, (list, tuple)):
-        cands = plan_result
-    if cands is None:
-        raise ConfigError("plan", "the plan result has no candidates list")
+    """`planned_candidates` as layouts (+ the reference layout when given), each carrying the plan's run settings
+    (`Layout.from_configs(options=...)`): what was ranked is what runs. The model comes from the result (`.model`) or
+    the candidate's estimate; `model_source`: the preset or config path it was read from (needed for a config.json
+    model). `ub_yaml(rank)`: the userbuffers yaml a TP-overlap candidate runs with (None: TE's defaults)."""
     model = _attr(plan_result, "model", "model_spec")
     options = _attr(plan_result, "options")
     chosen: list[Layout] = []
-    for cand in cands:
-        if len(chosen) >= k:
-            break
+    for cand in planned_candidates(plan_result, k, host_alternatives):
         est = _attr(cand, "estimate")
-        fits = _attr(cand, "fits")
-        if fits is None and est is not None:
-            fits = _attr(est, "fits")
-        if fits is False:
-            continue
         parallel = _attr(cand, "parallel") or _attr(est, "parallel")
         workload = _attr(cand, "workload") or _attr(est, "workload")
         spec = _attr(cand, "model") or (_attr(est, "model") if est is not None else None) or model
@@ -250,13 +260,15 @@ def _model_reference(spec: Any, source: str | None = None) -> tuple[str, int | N
     raise ConfigError("plan", f"model {spec.name!r} is neither a preset nor a config file the plan was given")
 
 
-def plan_measured(plan_result: Any, report: ValidationReport, layouts: list[Layout]) -> dict[str, Any]:
+def plan_measured(
+    plan_result: Any, report: ValidationReport, layouts: list[Layout], k: int, host_alternatives: bool = True
+) -> dict[str, Any]:
     """What `mat plan --validate K` measured beside what it predicted: per ranked layout the predicted and measured
     step and peak memory (the prediction is the plan's own: `validate.predict` gives the same number for the
     layout), the measured winner, and the regret (the plan's #1's measured step over the fastest measured, - 1)."""
     by_id = {row["layout_id"]: row for row in report.rows}
     rows = []
-    for cand, lay in zip(_attr(plan_result, "candidates"), layouts, strict=False):
+    for cand, lay in zip(planned_candidates(plan_result, k, host_alternatives), layouts, strict=False):
         row = by_id.get(lay.layout_id, {})
         m = row.get("measured") or {}
         rows.append(
@@ -305,9 +317,14 @@ def validate_plan(
     if not gpu:
         raise ConfigError("gpu", "validate_plan needs the GPU preset the plan was made for")
     # the layouts carry the plan's run settings (allocator, overlaps, fusions) from its CostOptions
-    layouts = plan_layouts(plan_result, k, reference, model_source, ub_yaml, steps=steps, warmup_steps=warmup_steps)
+    # memory stand-ins time nothing: the layouts the host's pace could make fastest add nothing to them
+    timed = not opts.get("stand_in")
+    layouts = plan_layouts(
+        plan_result, k, reference, model_source, ub_yaml, timed, steps=steps, warmup_steps=warmup_steps
+    )
     out = Path(output_dir)
     if out.name != "validate":
         out = out / "validate"
     report = validate_layouts(layouts, out, gpu, **opts)
-    return replace(report, plan=plan_measured(plan_result, report, layouts[:k]))
+    ran = layouts if reference is None else layouts[:-1]
+    return replace(report, plan=plan_measured(plan_result, report, ran, k, timed))
