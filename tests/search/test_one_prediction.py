@@ -138,3 +138,16 @@ def test_plan_validate_ran_exactly_the_ranked_layouts_on_4x_h100():
     assert measured["layouts"][:2] == pytest.approx(committed["validation"]["layouts"])
     assert measured["measured_best"]["rank"] == 1 and measured["regret"] == 0.0
     assert committed["validation"]["regret"] == 0.0
+
+
+def test_a_userbuffers_yaml_without_tp_overlap_is_one_line(tmp_path, capsys):
+    ub = tmp_path / "ub.yaml"
+    ub.write_text("qkv_fprop:\n  method: ring_exchange\n")
+    args = ["plan", "--model", "Qwen3-0.6B", "--gpu", "H100-SXM", "--num-gpus", "2", "--seq-len", "1024"]
+    args += ["--global-batch-size", "2", "--no-chart", "--output-dir", str(tmp_path / "p"), "--tp-comm-overlap-cfg"]
+    assert main([*args, str(ub)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "mat: error: tp_comm_overlap_cfg: goes with --tp-comm-overlap (the yaml configures TE userbuffers)"
+    )
+    assert main([*args, str(ub), "--tp-comm-overlap", "--json"]) == 0

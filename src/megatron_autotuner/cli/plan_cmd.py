@@ -207,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
     if args.tp_comm_overlap_cfg:
         tuned = read_text_bounded(args.tp_comm_overlap_cfg, "tp_comm_overlap_cfg", CONFIG_LIMIT_BYTES)
     inputs = plan_inputs(args, gpu)
+    if tuned is not None and not inputs.tp_overlap:
+        raise ConfigError("tp_comm_overlap_cfg", "goes with --tp-comm-overlap (the yaml configures TE userbuffers)")
     options, runner_note = options_the_runner_executes(inputs.options, args.validate is not None)
     result = plan_with_graphs(
         inputs.model, gpu, inputs.num_gpus, inputs.seq, inputs.gbs, cuda_graphs=args.cuda_graphs, mode=args.mode,
