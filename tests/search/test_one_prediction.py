@@ -135,7 +135,10 @@ def test_plan_validate_ran_exactly_the_ranked_layouts_on_4x_h100():
         assert row["predicted"]["step_time_s"] == pytest.approx(cand.estimate.step_time_s, rel=1e-9)
     report = ValidationReport(root / "validate", tuple(rows), (), {})
     measured = plan_measured(result, report, layouts, 2)
-    assert measured["layouts"][:2] == pytest.approx(committed["validation"]["layouts"])
+    for mine, theirs in zip(measured["layouts"][:2], committed["validation"]["layouts"], strict=True):
+        assert mine.keys() == theirs.keys()
+        for key, value in theirs.items():
+            assert mine[key] == (pytest.approx(value) if isinstance(value, float) else value), key
     assert measured["measured_best"]["rank"] == 1 and measured["regret"] == 0.0
     assert committed["validation"]["regret"] == 0.0
 
