@@ -27,10 +27,11 @@ def test_ranked_by_the_default_pace_with_each_layouts_spread(small_plan):
     steps = [c.estimate.step_time_s for c in small_plan.candidates]
     assert steps == sorted(steps)
     # the three paces are the default and the ends of the range: every step lies between its two ends
-    for c in small_plan.candidates:
+    assert all(c.host_pace is not None for c in small_plan.top(32))
+    for c in (c for c in small_plan.candidates if c.host_pace is not None):
         fast, slow = c.host_pace.steps_s
         assert fast <= c.estimate.step_time_s * (1 + 1e-12) and slow >= c.estimate.step_time_s * (1 - 1e-12)
-    assert any(c.host_pace.steps_s[1] > 1.2 * c.estimate.step_time_s for c in small_plan.candidates)
+    assert any(c.host_pace.steps_s[1] > 1.2 * c.estimate.step_time_s for c in small_plan.top(32))
 
 
 def test_where_the_host_could_change_the_winner_the_plan_names_the_alternatives():
@@ -54,6 +55,23 @@ def test_a_recipe_keeps_its_rank():
     result = plan(load_model_spec("Llama-3.1-70B"), H100, 64, 8192, 128)
     best = result.best
     assert (best.parallel.tp, best.parallel.pp, best.parallel.vpp, best.parallel.cp) == (4, 4, 5, 2)
+
+
+def test_the_spreads_left_out_could_not_win_on_any_host(small_plan):
+    """The bound that spares most spreads is safe: computed for every layout, the best on each host is the same."""
+    from megatron_autotuner.costmodel.estimate import CostOptions as Options
+    from megatron_autotuner.search import host_pace
+
+    result = small_plan
+    estimates = [c.estimate for c in result.candidates]
+    everything = {}
+    for e in estimates:
+        ends = host_pace._ends(e, Options())
+        everything[id(e)] = (ends[0], ends[1])
+    for end in (0, 1):
+        best = min(range(len(estimates)), key=lambda i: (everything[id(estimates[i])][end], i))
+        assert result.candidates[best].host_pace is not None
+    assert sum(c.host_pace is None for c in result.candidates) > len(result.candidates) / 2
 
 
 def test_a_measured_host_has_one_pace_and_the_ranking_is_by_step():

@@ -29,24 +29,42 @@ from ..costmodel.estimate import CostOptions, Estimate, host_pace_steps, padded_
 @dataclass(frozen=True)
 class PaceSpread:
     """A layout's step on the fastest and slowest hosts measured, and its worst regret over the three paces (its step
-    over the best layout's on the same host, minus one, at its worst host)."""
+    over the best layout's on the same host, minus one, at its worst host). Layouts that can win on no host measured
+    past the first `SPREAD_SHOWN` get none (`pace_spreads`)."""
 
     steps_s: tuple[float, float]
     worst_regret: float
 
 
-def pace_spreads(estimates: list[Estimate], options: CostOptions) -> dict[int, PaceSpread] | None:
-    """`PaceSpread` per estimate (keyed by `id`); None when the host floors are measured (one pace)."""
-    steps: dict[int, tuple[float, float, float]] = {}
-    for e in estimates:
-        ends = e.step_time_range_s or host_pace_steps(
-            e.model, e.parallel, e.workload, e.gpu, options, padded_vocab(e.model, e.parallel.tp)
-        )
-        if ends is None:
-            return None
-        steps[id(e)] = (ends[0], e.step_time_s, ends[1])
-    if not steps:
+# layouts whose spread is always computed (the table and plan.json show the first ones)
+SPREAD_SHOWN = 32
+
+
+def _ends(e: Estimate, options: CostOptions) -> tuple[float, float] | None:
+    return e.step_time_range_s or host_pace_steps(
+        e.model, e.parallel, e.workload, e.gpu, options, padded_vocab(e.model, e.parallel.tp)
+    )
+
+
+def pace_spreads(ranked: list[Estimate], options: CostOptions) -> dict[int, PaceSpread] | None:
+    """`PaceSpread` (keyed by `id`) of the first `SPREAD_SHOWN` layouts of `ranked` (by step at the default pace) and of
+    every layout that could be best on the fastest or slowest host measured; None when the host floors are measured
+    (one pace). A step never falls as the host slows, and a host `lo` times the default's pace takes a step down to
+    `lo` times at most (every term of it is a GPU time or a host time, combined by sums and maxima): a layout whose
+    default step is above #1's on the slowest host, and whose `lo` x default step is above #1's on the fastest, cannot
+    win on either, and its spread is not computed."""
+    if not ranked:
         return {}
+    first = _ends(ranked[0], options)
+    if first is None:
+        return None
+    lo = d.HOST_PACE_RANGE[0]
+    steps: dict[int, tuple[float, float, float]] = {}
+    for i, e in enumerate(ranked):
+        contender = e.step_time_s < first[1] or lo * e.step_time_s < first[0]
+        if i < SPREAD_SHOWN or contender:
+            ends = first if i == 0 else _ends(e, options)
+            steps[id(e)] = (ends[0], e.step_time_s, ends[1])
     best = [min(s[k] for s in steps.values()) for k in range(3)]
     return {key: PaceSpread((s[0], s[2]), max(s[k] / best[k] - 1.0 for k in range(3))) for key, s in steps.items()}
 
@@ -63,8 +81,9 @@ def rank_with_host_pace(
     lo, hi = d.HOST_PACE_RANGE
     alternatives: list[int] = []
     said = []
+    known = [i for i in range(len(ranked)) if id(ranked[i]) in spreads]
     for end, pace in ((0, lo), (1, hi)):
-        rank = 1 + min(range(len(ranked)), key=lambda i: (spreads[id(ranked[i])].steps_s[end], i))
+        rank = 1 + min(known, key=lambda i: (spreads[id(ranked[i])].steps_s[end], i))
         if rank != 1:
             first = spreads[id(ranked[0])]
             best = spreads[id(ranked[rank - 1])]
