@@ -51,8 +51,8 @@ def pace_spreads(ranked: list[Estimate], options: CostOptions) -> dict[int, Pace
     every layout that could be best on the fastest or slowest host measured; None when the host floors are measured
     (one pace). A step never falls as the host slows, and a host `lo` times the default's pace takes a step down to
     `lo` times at most (every term of it is a GPU time or a host time, combined by sums and maxima): a layout whose
-    default step is above #1's on the slowest host, and whose `lo` x default step is above #1's on the fastest, cannot
-    win on either, and its spread is not computed."""
+    default step is above the best step yet found on the slowest host, and whose `lo` x default step is above the best
+    yet on the fastest, cannot win on either, and its spread is not computed."""
     if not ranked:
         return {}
     first = _ends(ranked[0], options)
@@ -60,11 +60,13 @@ def pace_spreads(ranked: list[Estimate], options: CostOptions) -> dict[int, Pace
         return None
     lo = d.HOST_PACE_RANGE[0]
     steps: dict[int, tuple[float, float, float]] = {}
+    fastest, slowest = first  # the best steps found so far on the fastest and the slowest host
     for i, e in enumerate(ranked):
-        contender = e.step_time_s < first[1] or lo * e.step_time_s < first[0]
+        contender = e.step_time_s < slowest or lo * e.step_time_s < fastest
         if i < SPREAD_SHOWN or contender:
             ends = first if i == 0 else _ends(e, options)
             steps[id(e)] = (ends[0], e.step_time_s, ends[1])
+            fastest, slowest = min(fastest, ends[0]), min(slowest, ends[1])
     best = [min(s[k] for s in steps.values()) for k in range(3)]
     return {key: PaceSpread((s[0], s[2]), max(s[k] / best[k] - 1.0 for k in range(3))) for key, s in steps.items()}
 
