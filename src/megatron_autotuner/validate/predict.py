@@ -40,16 +40,11 @@ def _costmodel():
 
 
 def runner_grad_accumulation_fusion(layout: Layout) -> bool:
-    """Whether the run fuses wgrad accumulation: as the layout says, else (None) as the runner on this machine will
-    (`runner.config_overrides`): on for TE training runs when APEX's wgrad extension is importable, as Megatron-LM
-    decides."""
-    from .runner import apex_wgrad_fusion_available
+    """Whether the run fuses wgrad accumulation, as the runner decides it
+    (`runner.planned_gradient_accumulation_fusion`: the layout's field, else APEX on this machine)."""
+    from .runner import planned_gradient_accumulation_fusion
 
-    if not (layout.use_te and layout.mode == "train"):
-        return False
-    if layout.gradient_accumulation_fusion is not None:
-        return layout.gradient_accumulation_fusion
-    return apex_wgrad_fusion_available()
+    return planned_gradient_accumulation_fusion(layout, layout.use_te)
 
 
 def cost_options(

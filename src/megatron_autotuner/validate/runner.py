@@ -217,21 +217,28 @@ def apex_wgrad_fusion_available() -> bool:
     return True
 
 
-def gradient_accumulation_fusion(layout: Layout, use_te: bool, cuda: bool) -> bool:
-    """wgrad accumulated straight into DDP's fp32 main_grad. megatron-core's own output-layer linear needs APEX's
-    fused_weight_gradient_mlp_cuda for it, so Megatron-LM turns it off without APEX; a layout that asks for it
-    where APEX is missing is refused (the prediction assumed it), one that leaves it open (None) goes without."""
-    if not (cuda and use_te and layout.mode == "train"):
+def planned_gradient_accumulation_fusion(layout: Layout, use_te: bool) -> bool:
+    """Whether the run fuses wgrad accumulation into DDP's fp32 main_grad: only TE training runs do; as the layout
+    says, else (None) as Megatron-LM decides on this machine: megatron-core's own output-layer linear needs APEX's
+    fused_weight_gradient_mlp_cuda for it, so without APEX it is off."""
+    if not (use_te and layout.mode == "train"):
         return False
     if layout.gradient_accumulation_fusion is None:
         return apex_wgrad_fusion_available()
-    if layout.gradient_accumulation_fusion and not apex_wgrad_fusion_available():
+    return layout.gradient_accumulation_fusion
+
+
+def gradient_accumulation_fusion(layout: Layout, use_te: bool, cuda: bool) -> bool:
+    """`planned_gradient_accumulation_fusion` on CUDA; a layout that asks for it where APEX is missing is refused (the
+    prediction assumed it)."""
+    fused = cuda and planned_gradient_accumulation_fusion(layout, use_te)
+    if fused and not apex_wgrad_fusion_available():
         raise ConfigError(
             "gradient_accumulation_fusion",
             "needs APEX's fused_weight_gradient_mlp_cuda, which this machine cannot import (plan or validate with "
             "--no-gradient-accumulation-fusion)",
         )
-    return layout.gradient_accumulation_fusion
+    return fused
 
 
 def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any]:
