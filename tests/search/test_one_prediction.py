@@ -120,7 +120,7 @@ def test_plan_validate_ran_exactly_the_ranked_layouts_on_4x_h100():
     records beside them (measured steps, winner, regret) is what `plan_measured` makes of the runs."""
     from pathlib import Path
 
-    from megatron_autotuner.validate.batch import ValidationReport, plan_layouts, plan_measured
+    from megatron_autotuner.validate.batch import ValidationReport, plan_layouts, plan_measured, planned_candidates
 
     root = Path(__file__).resolve().parents[2] / "benchmarks/results/plan_validate_h100_x4/plan"
     committed = json.loads((root / "plan.json").read_text())
@@ -134,7 +134,7 @@ def test_plan_validate_ran_exactly_the_ranked_layouts_on_4x_h100():
     for cand, row in zip(result.top(2), rows, strict=True):
         assert row["predicted"]["step_time_s"] == pytest.approx(cand.estimate.step_time_s, rel=1e-9)
     report = ValidationReport(root / "validate", tuple(rows), (), {})
-    measured = plan_measured(result, report, layouts, 2)
+    measured = plan_measured(planned_candidates(result, 2)[:2], report, layouts)
     for mine, theirs in zip(measured["layouts"][:2], committed["validation"]["layouts"], strict=True):
         assert mine.keys() == theirs.keys()
         for key, value in theirs.items():
@@ -150,7 +150,5 @@ def test_a_userbuffers_yaml_without_tp_overlap_is_one_line(tmp_path, capsys):
     args += ["--global-batch-size", "2", "--no-chart", "--output-dir", str(tmp_path / "p"), "--tp-comm-overlap-cfg"]
     assert main([*args, str(ub)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (
-        "mat: error: tp_comm_overlap_cfg: goes with --tp-comm-overlap (the yaml configures TE userbuffers)"
-    )
+    assert err == ("mat: error: tp_comm_overlap_cfg: goes with --tp-comm-overlap (the yaml configures TE userbuffers)")
     assert main([*args, str(ub), "--tp-comm-overlap", "--json"]) == 0

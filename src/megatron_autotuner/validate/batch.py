@@ -195,9 +195,10 @@ def planned_candidates(plan_result: Any, k: int, host_alternatives: bool = True)
         raise ConfigError("plan", "the plan result has no candidates list")
 
     def feasible(cand: Any) -> bool:
-        fits = _attr(cand, "fits")
-        est = _attr(cand, "estimate")
-        return (fits if fits is not None else _attr(est, "fits") if est is not None else None) is not False
+        fits, est = _attr(cand, "fits"), _attr(cand, "estimate")
+        if fits is None and est is not None:
+            fits = _attr(est, "fits")
+        return fits is not False
 
     chosen = [c for c in cands if feasible(c)][:k]
     for rank in (_attr(plan_result, "pace_alternatives") or ()) if host_alternatives else ():
@@ -216,14 +217,24 @@ def plan_layouts(
     host_alternatives: bool = True,
     **layout_options: Any,
 ) -> list[Layout]:
-    """`planned_candidates` as layouts (+ the reference layout when given), each carrying the plan's run settings
-    (`Layout.from_configs(options=...)`): what was ranked is what runs. The model comes from the result (`.model`) or
-    the candidate's estimate; `model_source`: the preset or config path it was read from (needed for a config.json
-    model). `ub_yaml(rank)`: the userbuffers yaml a TP-overlap candidate runs with (None: TE's defaults)."""
+    """`planned_candidates` as layouts (`candidate_layouts`), + the reference layout when given."""
+    chosen = candidate_layouts(
+        plan_result, planned_candidates(plan_result, k, host_alternatives), model_source, ub_yaml, **layout_options
+    )
+    return chosen if reference is None else [*chosen, reference]
+
+
+def candidate_layouts(
+    plan_result: Any, candidates: list[Any], model_source: str | None = None, ub_yaml: Any = None, **layout_options: Any
+) -> list[Layout]:
+    """The plan's `candidates` as layouts, each carrying the plan's run settings (`Layout.from_configs(options=...)`):
+    what was ranked is what runs. The model comes from the result (`.model`) or the candidate's estimate;
+    `model_source`: the preset or config path it was read from (needed for a config.json model). `ub_yaml(rank)`: the
+    userbuffers yaml a TP-overlap candidate runs with (None: TE's defaults)."""
     model = _attr(plan_result, "model", "model_spec")
     options = _attr(plan_result, "options")
     chosen: list[Layout] = []
-    for cand in planned_candidates(plan_result, k, host_alternatives):
+    for cand in candidates:
         est = _attr(cand, "estimate")
         parallel = _attr(cand, "parallel") or _attr(est, "parallel")
         workload = _attr(cand, "workload") or _attr(est, "workload")
@@ -236,8 +247,6 @@ def plan_layouts(
         if parallel.tp_comm_overlap and ub_yaml is not None and ub_yaml(rank) is not None:
             extra["tp_comm_overlap_cfg"] = str(ub_yaml(rank))
         chosen.append(Layout.from_configs(name, parallel, workload, num_layers=num_layers, options=options, **extra))
-    if reference is not None:
-        chosen.append(reference)
     return chosen
 
 
@@ -260,15 +269,13 @@ def _model_reference(spec: Any, source: str | None = None) -> tuple[str, int | N
     raise ConfigError("plan", f"model {spec.name!r} is neither a preset nor a config file the plan was given")
 
 
-def plan_measured(
-    plan_result: Any, report: ValidationReport, layouts: list[Layout], k: int, host_alternatives: bool = True
-) -> dict[str, Any]:
-    """What `mat plan --validate K` measured beside what it predicted: per ranked layout the predicted and measured
-    step and peak memory (the prediction is the plan's own: `validate.predict` gives the same number for the
-    layout), the measured winner, and the regret (the plan's #1's measured step over the fastest measured, - 1)."""
+def plan_measured(candidates: list[Any], report: ValidationReport, layouts: list[Layout]) -> dict[str, Any]:
+    """What `mat plan --validate K` measured beside what it predicted: per planned candidate (and its layout) the
+    predicted and measured step and peak memory (the prediction is the plan's own: `validate.predict` gives the same
+    number for the layout), the measured winner, and the regret (#1's measured step over the fastest measured, - 1)."""
     by_id = {row["layout_id"]: row for row in report.rows}
     rows = []
-    for cand, lay in zip(planned_candidates(plan_result, k, host_alternatives), layouts, strict=False):
+    for cand, lay in zip(candidates, layouts, strict=True):
         row = by_id.get(lay.layout_id, {})
         m = row.get("measured") or {}
         rows.append(
@@ -289,7 +296,7 @@ def plan_measured(
     out: dict[str, Any] = {"output_dir": str(report.out_dir), "layouts": rows, "measured_best": None, "regret": None}
     if ran:
         best = min(ran, key=lambda r: r["measured_step_time_s"])
-        out["measured_best"] = {k: best[k] for k in ("rank", "label", "measured_step_time_s")}
+        out["measured_best"] = {key: best[key] for key in ("rank", "label", "measured_step_time_s")}
         first = rows[0]
         if first["measured_step_time_s"]:
             out["regret"] = first["measured_step_time_s"] / best["measured_step_time_s"] - 1.0
@@ -316,15 +323,12 @@ def validate_plan(
         gpu = gpu_obj if isinstance(gpu_obj, str) else _attr(gpu_obj, "name")
     if not gpu:
         raise ConfigError("gpu", "validate_plan needs the GPU preset the plan was made for")
-    # the layouts carry the plan's run settings (allocator, overlaps, fusions) from its CostOptions
     # memory stand-ins time nothing: the layouts the host's pace could make fastest add nothing to them
-    timed = not opts.get("stand_in")
-    layouts = plan_layouts(
-        plan_result, k, reference, model_source, ub_yaml, timed, steps=steps, warmup_steps=warmup_steps
-    )
+    candidates = planned_candidates(plan_result, k, host_alternatives=not opts.get("stand_in"))
+    # the layouts carry the plan's run settings (allocator, overlaps, fusions) from its CostOptions
+    layouts = candidate_layouts(plan_result, candidates, model_source, ub_yaml, steps=steps, warmup_steps=warmup_steps)
     out = Path(output_dir)
     if out.name != "validate":
         out = out / "validate"
-    report = validate_layouts(layouts, out, gpu, **opts)
-    ran = layouts if reference is None else layouts[:-1]
-    return replace(report, plan=plan_measured(plan_result, report, ran, k, timed))
+    report = validate_layouts([*layouts, *([reference] if reference else [])], out, gpu, **opts)
+    return replace(report, plan=plan_measured(candidates, report, layouts))
