@@ -25,14 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
-from ..costmodel.estimate import (
-    DEFAULT_MEMORY_MARGIN,
-    CostOptions,
-    Estimate,
-    estimate,
-    padded_vocab,
-    time_model,
-)
+from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, estimate, padded_vocab, time_model
 from ..costmodel.tp_scaling import TPScaling, predicted_tp_scaling
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec

@@ -546,6 +546,12 @@ def layers_per_stage(model: ModelSpec, parallel: ParallelConfig) -> list[int]:
     return [len(layout.rank_layers(r)) for r in range(parallel.pp)]
 
 
+def check_tp_comm_overlap(parallel: ParallelConfig) -> None:
+    """TE userbuffers overlap the sequence-parallel collectives: `tp_comm_overlap` needs sequence parallelism."""
+    if parallel.tp_comm_overlap and not parallel.sequence_parallel:
+        raise ConfigError("tp_comm_overlap", "needs sequence_parallel (TE userbuffers overlap the SP collectives)")
+
+
 def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> None:
     """Raise `ConfigError` if megatron-core would refuse this model / layout / workload combination."""
     tp, pp, cp, ep, etp = parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp
@@ -589,8 +595,7 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
         raise ConfigError(
             "seq_length", f"seq_length/cp = {seq // cp} must be divisible by tp={tp} with sequence parallel"
         )
-    if parallel.tp_comm_overlap and not parallel.sequence_parallel:
-        raise ConfigError("tp_comm_overlap", "needs sequence_parallel (TE userbuffers overlap the SP collectives)")
+    check_tp_comm_overlap(parallel)
     if workload.fp8_param and workload.is_training and not parallel.use_distributed_optimizer:
         # Megatron-LM validate_args: --fp8-param-gather needs the distributed optimizer (or FSDP) when training.
         raise ConfigError("fp8_param", "needs the distributed optimizer when training (Megatron-LM --fp8-param-gather)")

@@ -24,7 +24,7 @@ from ..specs import (
     load_model_spec,
     validate_layout,
 )
-from ..specs.parallel import ActivationOffloadConfig
+from ..specs.parallel import ActivationOffloadConfig, check_tp_comm_overlap
 from ..specs.pipeline import PipelineLayout
 
 
@@ -154,9 +154,7 @@ class Layout:
                 raise ConfigError(key, f"must be a {'non-negative' if key == 'warmup_steps' else 'positive'} integer")
         if self.num_layers is not None and (not isinstance(self.num_layers, int) or self.num_layers < 1):
             raise ConfigError("num_layers", f"must be a positive integer, got {self.num_layers!r}")
-        self.parallel()  # raises ConfigError on a bad split
-        if self.tp_comm_overlap and not self.sequence_parallel:
-            raise ConfigError("tp_comm_overlap", "needs sequence parallelism (userbuffers overlap the SP collectives)")
+        check_tp_comm_overlap(self.parallel())  # raises ConfigError on a bad split
         if self.tp_comm_overlap_cfg is not None and not self.tp_comm_overlap:
             raise ConfigError("tp_comm_overlap_cfg", "a userbuffers yaml goes with tp_comm_overlap")
         graphs = self.workload().cuda_graph
