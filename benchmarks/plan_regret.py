@@ -109,7 +109,8 @@ def choose(case: dict[str, Any], gpu_name: str) -> list[dict[str, Any]]:
                 picked.append((c, lay))
                 seen.add(structure(lay))
                 break
-    former = CostOptions()
+    # the plan's defaults before this benchmark (fused loss, MoE not held to its host floor, TP overlap with SP)
+    former = CostOptions(fused_cross_entropy=True, moe_host_bound=False)
     rows = []
     for c, lay in picked:
         pred = predict(lay, gpu, gradient_accumulation_fusion=False)
