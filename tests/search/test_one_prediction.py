@@ -152,3 +152,22 @@ def test_a_userbuffers_yaml_without_tp_overlap_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("mat: error: tp_comm_overlap_cfg: goes with --tp-comm-overlap (the yaml configures TE userbuffers)")
     assert main([*args, str(ub), "--tp-comm-overlap", "--json"]) == 0
+
+
+def test_run_setting_flags_bad_input_is_one_line(tmp_path, capsys):
+    """A launch says its own run settings: the tool's flags beside --megatron-args are refused in one line, as is
+    TP overlap without sequence parallelism in `mat validate`."""
+    launch = ["--megatron-args", "examples/llama31_8b_h100_8gpu.sh", "--gpu", "H100-SXM"]
+    assert main(["estimate", *launch, "--cross-entropy-fusion"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "mat: error: cross_entropy_fusion: goes in the Megatron-LM launch (--cross-entropy-loss-fusion) with "
+        "--megatron-args"
+    )
+    assert main(["plan", *launch, "--tp-comm-overlap", "--output-dir", str(tmp_path / "p")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "mat: error: tp_comm_overlap: goes in the Megatron-LM launch (--tp-comm-overlap) with --megatron-args"
+    ]
+    bad = ["validate", "--model", "Qwen3-0.6B", "--num-gpus", "2", "--tp", "2", "--no-sp", "--tp-comm-overlap"]
+    assert main([*bad, "--seq-len", "1024", "--dry-run", "--output-dir", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("mat: error: tp_comm_overlap: needs sequence_parallel")
