@@ -94,6 +94,30 @@ def main() -> None:
         return statistics.median(times)
 
     main_stream = torch.cuda.current_stream()
+
+    def interleaved_ms(cfn) -> dict[str, float]:
+        """20 GEMMs, each issued right after one collective on the other stream (as megatron-core's DDP issues a
+        bucket's reduce-scatter between backward kernels): the loop's time per pair, beside each alone."""
+        g_ms = median_ms(kernels["gemm"], main_stream, 20)
+        c_ms = median_ms(cfn, comm_stream, 20)
+        loop = []
+        for _ in range(args.iters):
+            dist.barrier()
+            torch.cuda.synchronize()
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(main_stream)
+            comm_stream.wait_stream(main_stream)
+            for _ in range(20):
+                with torch.cuda.stream(comm_stream):
+                    cfn()
+                kernels["gemm"]()
+            end_main, end_comm = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            end_main.record(main_stream)
+            end_comm.record(comm_stream)
+            torch.cuda.synchronize()
+            loop.append(max(start.elapsed_time(end_main), start.elapsed_time(end_comm)) / 20)
+        return {"gemm_alone_ms": g_ms, "collective_alone_ms": c_ms, "pair_ms": statistics.median(loop)}
+
     alone = {name: median_ms(fn, main_stream, 20) for name, fn in kernels.items()}
     rows = []
     for coll, cfn in collectives.items():
@@ -135,7 +159,13 @@ def main() -> None:
                     f"(x{r['kernel_slowdown']:.3f}); collective alone {comm_alone:.3f} ms",
                     flush=True,
                 )
+    # the kernels alone again: a drift of the GPU's clock over the run shows as a change here
+    alone_after = {name: median_ms(fn, main_stream, 20) for name, fn in kernels.items()}
+    pairs = {coll: interleaved_ms(cfn) for coll, cfn in collectives.items()}
     if rank == 0:
+        print("alone before", alone, "after", alone_after, flush=True)
+        for coll, row in pairs.items():
+            print(coll, row, flush=True)
         doc = {
             "kind": "nccl-interference",
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -147,7 +177,10 @@ def main() -> None:
             "gemm_n": GEMM_N,
             "add_bytes": ADD_BYTES,
             "bucket_bytes": BUCKET_BYTES,
+            "cuda_device_max_connections": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS"),
+            "kernel_alone_after_ms": alone_after,
             "rows": rows,
+            "interleaved": pairs,
         }
         with open(args.out, "w") as f:
             json.dump(doc, f, indent=1)
