@@ -548,6 +548,7 @@ def plan_regret(root: Path) -> str:
         for c in lease["cases"]:
             steps = [lay["step_time_error"] for lay in c["layouts"] if lay["step_time_error"] is not None]
             mems = [lay["peak_memory_error"] for lay in c["layouts"] if lay["peak_memory_error"] is not None]
+            now = [lay["step_time_error_now"] for lay in c["layouts"] if lay.get("step_time_error_now") is not None]
             rows.append(
                 [
                     c["case"],
@@ -557,11 +558,16 @@ def plan_regret(root: Path) -> str:
                     pct(c.get("regret"), sign=False),
                     num(c.get("spearman"), "+.2f"),
                     f"{sum(abs(e) <= 0.10 for e in steps)}/{len(steps)} ({pct(min(steps))}..{pct(max(steps))})",
+                    f"{sum(abs(e) <= 0.10 for e in now)}/{len(now)} ({pct(min(now))}..{pct(max(now))})",
                     f"{sum(abs(e) <= 0.05 for e in mems)}/{len(mems)} ({pct(min(mems))}..{pct(max(mems))})",
                 ]
             )
+        out += (
+            "Step within 10%: the prediction stored before the runs; then today's model on the same layouts, after "
+            "the runs (not a blind test).\n\n"
+        )
         head = ["case", "ran", "plan's #1", "measured fastest", "regret", "Spearman", "step within 10%",
-                "peak within 5%"]  # fmt: skip
+                "today's model", "peak within 5%"]  # fmt: skip
         out += table(head, rows) + "\n"
         rows = [
             [c["case"], f"#{lay['rank']}", lay["label"].split(" ", 2)[2], *measured_cells(lay)]
@@ -615,6 +621,67 @@ def nccl_sweep(root: Path) -> str:
         source("nccl_sweep_fit.json", "nccl_h200_x4/nccl_sweep_x4.json")
         + f"{data['device']} x4, NCCL {data['nccl']}, NVLink multicast off; per call, the bytes each rank sends over "
         "the call's time less its host part.\n\n" + table(head, rows)
+    )
+
+
+def scaling_pairs(root: Path) -> str:
+    data = load(root, "scaling_pairs.json")
+    out = source("scaling_pairs.json")
+    for host in data["hosts"]:
+        out += f"{host['gpu']} x4 ({host['folder']}); predicted {host['predicted_at']}, before the runs.\n\n"
+        rows = []
+        for p in host["pairs"]:
+            s, lg = p["small"], p["large"]
+            rows.append(
+                [
+                    p["pair"],
+                    num(s["measured_step_time_s"], ".3f"),
+                    num(lg["measured_step_time_s"], ".3f"),
+                    num(_ms(p.get("measured_scale_out_s")), "+.0f"),
+                    num(_ms(p.get("predicted_scale_out_s")), "+.0f"),
+                    num(_ms(p.get("predicted_now_scale_out_s")), "+.0f"),
+                    pct(_err(lg["predicted_step_time_s"], lg["measured_step_time_s"])),
+                    pct(_err(lg["predicted_now_step_time_s"], lg["measured_step_time_s"])),
+                ]
+            )
+        head = ["pair", "smaller s", "larger s", "meas. cost ms", "pred. before ms", "today ms", "larger err before",
+                "today"]  # fmt: skip
+        out += table(head, rows)
+    return out
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e3
+
+
+def _err(predicted: float | None, measured: float | None) -> float | None:
+    return None if not predicted or not measured else predicted / measured - 1.0
+
+
+def nccl_interference(root: Path) -> str:
+    from megatron_autotuner.costmodel import defaults
+
+    rels = sorted(p.name for p in (root / RESULTS / "nccl_interference_h200").glob("nccl_*.json"))
+    docs = {rel: load(root, f"nccl_interference_h200/{rel}") for rel in rels}
+    names = {"reduce_scatter_fp32": "reduce_scatter", "all_gather_bf16": "all_gather", "all_reduce_bf16": "all_reduce",
+             "sendrecv_bf16": "send_recv", "all_to_all_bf16": "all_to_all"}  # fmt: skip
+    conns = [d["cuda_device_max_connections"] or "-" for d in docs.values()]
+    head = ["collective", *(f"{d['ranks']} ranks, conn {c}" for d, c in zip(docs.values(), conns, strict=True))]
+    rows = []
+    for coll, name in names.items():
+        cells = []
+        for d in docs.values():
+            r = d["interleaved"][coll]
+            cells.append(num((r["pair_ms"] - r["gemm_alone_ms"]) / r["collective_alone_ms"], ".2f"))
+        rows.append([name, *cells])
+    for row in rows:
+        row.append(num(defaults.NCCL_OVERLAP_COST[row[0]], ".2f"))
+    first = next(iter(docs.values()))
+    return (
+        source(*(f"nccl_interference_h200/{rel}" for rel in rels))
+        + f"{first['device']}, NCCL {first['nccl']}; a bf16 {first['gemm_n']}^3 GEMM issued right after each "
+        "collective on a second stream; share of the collective's time the pair takes beyond the GEMM alone.\n\n"
+        + table([*head, "model (median)"], rows)
     )
 
 
@@ -867,6 +934,8 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "plan_validate": plan_validate,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
+    "scaling_pairs": scaling_pairs,
+    "nccl_interference": nccl_interference,
     "overlap_tp4": overlap_tp4,
 }
 

@@ -398,7 +398,10 @@ def compare_row(row: dict[str, str], index: int) -> dict[str, Any]:
         if imp.model is None:
             raise ConfigError("megatron_args", "the flags describe no model")
         est = estimate(
-            imp.model, imp.parallel, imp.workload, gpu,
+            imp.model,
+            imp.parallel,
+            imp.workload,
+            gpu,
             # these runs happened: whether they fit is judged against the whole HBM, no margin
             CostOptions(flops_convention=convention, memory_margin=0.0, **imp.options),
         )

@@ -141,11 +141,13 @@ def _measured(kind_dir: Path) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def side_report(row: dict[str, Any], measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def side_report(row: dict[str, Any], measured: dict[str, dict[str, Any]], gpu: str) -> dict[str, Any]:
+    """One layout: the prediction stored before the run, today's model's (after it), and the measurement."""
     m = measured.get(row["label"], {})
     return {
         "label": row["label"],
         "predicted_step_time_s": row["predicted"].get("step_time_s"),
+        "predicted_now_step_time_s": predict(layout_of(row["name"], LAYOUTS[row["name"]]), gpu).get("step_time_s"),
         "measured_step_time_s": m.get("step_time_s"),
         "predicted_peak_memory_gib": row["predicted"].get("peak_memory_gib"),
         "measured_peak_memory_gib": m.get("peak_gib"),
@@ -159,6 +161,7 @@ def pair_report(pair: str, small: dict[str, Any], large: dict[str, Any]) -> dict
     if small["measured_step_time_s"] and large["measured_step_time_s"]:
         out["measured_scale_out_s"] = large["measured_step_time_s"] - small["measured_step_time_s"]
         out["predicted_scale_out_s"] = large["predicted_step_time_s"] - small["predicted_step_time_s"]
+        out["predicted_now_scale_out_s"] = large["predicted_now_step_time_s"] - small["predicted_now_step_time_s"]
     return out
 
 
@@ -169,7 +172,7 @@ def cmd_report() -> int:
         measured = _measured(kind_dir)
         if not measured:
             continue
-        sides = {row["name"]: side_report(row, measured) for row in predicted["rows"]}
+        sides = {row["name"]: side_report(row, measured, predicted["gpu"]) for row in predicted["rows"]}
         pairs = [pair_report(pair, sides[small], sides[large]) for pair, small, large in PAIRS]
         doc["hosts"].append(
             {"folder": kind_dir.name, "gpu": predicted["gpu"], "predicted_at": predicted["date"], "pairs": pairs}
@@ -184,6 +187,7 @@ def cmd_report() -> int:
                 f"  large {lg['measured_step_time_s'] or 0:.3f}/{lg['predicted_step_time_s']:.3f} s"
                 f"  scale-out measured {p.get('measured_scale_out_s', float('nan')) * 1e3:+.0f} ms"
                 f" predicted {p.get('predicted_scale_out_s', float('nan')) * 1e3:+.0f} ms"
+                f" (today {p.get('predicted_now_scale_out_s', float('nan')) * 1e3:+.0f} ms)"
             )
     return 0
 

@@ -184,13 +184,14 @@ def test_published_runs_within_targets():
 def test_measured_h200_layers_within_10_percent():
     """The 2x H200 testbench's single layers, timed phase by phase from an empty queue: by their GPU time alone the
     TP 2 layers are 17-38% under; as the testbench times them (issue order, default host floor) every fwd + bwd is
-    within 11% and seven of eight within 10%, and every backward within 10.5%."""
+    within 10% (the compute an overlapped NCCL collective slows, `defaults.NCCL_OVERLAP_COST`, brought the eighth
+    in), and every backward within 10.5%."""
     rows = json.loads((ROOT / "benchmarks/results/testbench_h200_x2/dense_summary.json").read_text())["rows"]
     result = load_script("measured").compare_decoder_rows(rows, "H200")
     assert len(result) == 24
     both = [r for r in result if r["phase"] == "fwd+bwd"]
     assert all(r["gpu_only_error"] < -0.15 for r in both if r["tp"] == 2)
-    assert all(abs(r["error"]) <= 0.11 for r in both) and sum(abs(r["error"]) <= 0.10 for r in both) == 7
+    assert all(abs(r["error"]) <= 0.10 for r in both)
     assert all(abs(r["error"]) <= 0.105 for r in result if r["phase"] == "bwd")
     committed = json.loads((ROOT / "benchmarks/results/measured_comparison.json").read_text())
     assert committed["rows"] == result

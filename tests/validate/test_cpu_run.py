@@ -20,7 +20,6 @@ pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
 
-
 def _lay(model, name, **kw):
     base = dict(model=model, seq_length=32, global_batch_size=2, warmup_steps=1, steps=2, use_te=False, name=name)
     return Layout(**{**base, **kw})

@@ -10,7 +10,6 @@ pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
 
-
 def _run(tiny, tmp_path, **kw):
     from megatron_autotuner.validate import validate_layouts
 

@@ -56,6 +56,17 @@ def collective_time_s(
     return alpha + message_bytes * wire_factor(collective, n) / bw
 
 
+def hidden_collective_cost_s(
+    collective: str, group_size: int, cluster: ClusterSpec, stride: int, hidden_s: float
+) -> float:
+    """Compute time lost beside a collective for the `hidden_s` seconds it runs under compute:
+    `defaults.NCCL_OVERLAP_COST[collective] * hidden_s` on NVLink; 0 for a group that leaves the node
+    (not measured)."""
+    if group_size <= 1 or hidden_s <= 0.0 or _link(cluster, group_size, stride) != "nvlink":
+        return 0.0
+    return d.NCCL_OVERLAP_COST[collective] * hidden_s
+
+
 def p2p_time_s(message_bytes: float, cluster: ClusterSpec, stride: int) -> float:
     """One pipeline send/recv of `message_bytes` between ranks `stride` apart."""
     return collective_time_s("send_recv", 2, message_bytes, cluster, stride)

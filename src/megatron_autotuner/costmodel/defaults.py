@@ -295,6 +295,21 @@ ATTN_HOST_SHARE = 0.78
 # GEMM; ring-exchange uses copy engines and 1 SM. The GEMM then runs on (SMs - num_sm) SMs.
 UB_COMM_SMS = {"pipeline": 16, "bulk": 16, "ring_exchange": 1}
 
+# ---- NCCL beside compute ---------------------------------------------------------------------
+# An NVLink collective hidden under compute is not free: its kernel keeps one CTA per channel resident (24 CTAs
+# for the 4-GPU ring reduce-scatter / all-gather in the H200 traces of benchmarks/results/scaling_pairs_h200_x4)
+# and its copies share HBM. Share of a hidden collective's time that the compute beside it still loses: a bf16
+# 8192^3 GEMM issued right after each collective on the other stream (benchmarks/nccl_interference.py), (GEMM +
+# collective pair - GEMM alone) / collective alone, median of 2 and 4 ranks on 4x H200, NCCL 2.28.9
+# (benchmarks/results/nccl_interference_h200/). Inter-node collectives were not measured and get none.
+NCCL_OVERLAP_COST = {
+    "reduce_scatter": 0.38,
+    "all_gather": 0.51,
+    "all_reduce": 0.39,
+    "send_recv": 0.10,
+    "all_to_all": 0.71,
+}
+
 # ---- Megatron defaults that shape overlap -----------------------------------------------------
 # megatron-core DistributedDataParallelConfig: bucket_size = max(40_000_000, 1_000_000 * dp) params.
 DDP_BUCKET_PARAMS = 40_000_000

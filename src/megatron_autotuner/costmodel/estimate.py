@@ -86,7 +86,7 @@ from .activation_offload import (
     offload_copy_gbps,
 )
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
-from .collectives import collective_time_s, p2p_time_s
+from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
 
@@ -709,13 +709,16 @@ def stage_time(
         dense_stride, expert_stride = tp, parallel.etp * parallel.ep
         bucket = max(d.DDP_BUCKET_PARAMS, 1_000_000 * parallel.dp)
         grad_t = gather_t = 0.0
+        grad_calls, gather_calls = [], []
         for v in dp_step_volumes(counts, parallel, workload):
             stride = dense_stride if v.dimension == "dp" else expert_stride
             t = collective_time_s(v.collective, v.group_size, v.message_bytes, cluster, stride)
             if v.collective == "all_gather":
                 gather_t += t
+                gather_calls.append((v, stride, t))
             else:
                 grad_t += t
+                grad_calls.append((v, stride, t))
         # A bucket never splits a parameter, so the last gradient bucket of the backward (and the first
         # parameter bucket of the forward) holds at least the word embedding, on the stage that has it:
         # 2x H200, 4-layer Qwen3-8B DP2 (benchmarks/results/validation_h200_x2): its 622 M-parameter
@@ -723,9 +726,11 @@ def stage_time(
         # all-gather exposed in the trace, where a 40 M bucket would leave 0.3 ms.
         tail = min(1.0, max(bucket, counts.embedding) / max(counts.total, 1))
         exposed = grad_t if not options.overlap_grad_reduce else max(grad_t - window_bwd, grad_t * tail)
+        exposed += _hidden_cost_s(grad_calls, grad_t, exposed, cluster)
         if gather_t:
             overlap_gather = options.overlap_param_gather and parallel.use_distributed_optimizer
-            exposed += gather_t if not overlap_gather else max(gather_t - window_fwd, gather_t * tail)
+            gather_exposed = gather_t if not overlap_gather else max(gather_t - window_fwd, gather_t * tail)
+            exposed += gather_exposed + _hidden_cost_s(gather_calls, gather_t, gather_exposed, cluster)
         if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
             emb = mg * padded * h / tp
             exposed += collective_time_s("all_reduce", 2, emb, cluster, (pp - 1) * tp * cp * parallel.dp)
@@ -736,6 +741,18 @@ def stage_time(
         # gradients on the host), so the host's lead does not carry over from one step to the next
         extra["host_ramp"] = host_ramp_s
     return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s), host_issue_s, host_step_s), note
+
+
+def _hidden_cost_s(calls: list, total_s: float, exposed_s: float, cluster: ClusterSpec) -> float:
+    """The compute lost beside the hidden share of the step-end collectives `calls` ((volume, stride, seconds)),
+    each hidden in proportion to its time (`collectives.hidden_collective_cost_s`)."""
+    if total_s <= 0.0:
+        return 0.0
+    hidden_share = 1.0 - exposed_s / total_s
+    return sum(
+        hidden_collective_cost_s(v.collective, v.group_size, cluster, stride, t * hidden_share)
+        for v, stride, t in calls
+    )
 
 
 def host_issue_ramp_s(host_fwd_s: float, host_bwd_s: float, gpu_fwd_before_s: float, gpu_s: float) -> float:

@@ -60,7 +60,7 @@ from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
-from .collectives import collective_time_s, userbuffers_time_s
+from .collectives import collective_time_s, hidden_collective_cost_s, userbuffers_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
 E_BF16 = 2
@@ -400,6 +400,8 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                     g_d = sum(gemm[o]["dgrad"] for o in ops)
                     g_w = sum(gemm[o]["wgrad"] for o in ops)
                     base = max(0.0, ag - g_d) + max(0.0, rs - g_w)
+                    base += hidden_collective_cost_s("all_gather", tp, cluster, 1, min(ag, g_d))
+                    base += hidden_collective_cost_s("reduce_scatter", tp, cluster, 1, min(rs, g_w))
                     if ub and len(ops) == 1 and ops[0] in ("qkv", "fc1"):
                         slow = _sm_slowdown(gpu, "bulk")
                         ag_bulk = userbuffers_time_s("bulk", "all_gather", tp, msg)
@@ -414,6 +416,8 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                 w_attn = sum(gemm[o]["wgrad"] for o in attn_in)
                 w_mlp = gemm["fc1"]["wgrad"] if "fc1" in gemm else 0.0
                 tp_bwd += max(0.0, ar - w_attn) + (max(0.0, ar - w_mlp) if "fc1" in gemm else ar)
+                hidden = min(ar, w_attn) + (min(ar, w_mlp) if "fc1" in gemm else 0.0)
+                tp_bwd += hidden_collective_cost_s("all_reduce", tp, cluster, 1, hidden)
     _add(fwd, "tp", tp_fwd)
     if ctx.training:
         _add(bwd, "tp", tp_bwd)
@@ -424,9 +428,12 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         kv_local = E_BF16 * ctx.tokens * 2 * model.num_query_groups * model.kv_channels / tp
         if ctx.cp_comm_type == "p2p":
             step = collective_time_s("send_recv", 2, kv_local, cluster, tp)
-            _add(fwd, "cp", (cp - 1) * max(0.0, step - attn_fwd / cp))
-            if ctx.training:
-                _add(bwd, "cp", (cp - 1) * max(0.0, 2 * step - attn_bwd / cp))
+            for phase, sends, attn in (
+                ((fwd, 1, attn_fwd), (bwd, 2, attn_bwd)) if ctx.training else ((fwd, 1, attn_fwd),)
+            ):
+                exposed = max(0.0, sends * step - attn / cp)
+                hidden = hidden_collective_cost_s("send_recv", cp, cluster, tp, sends * step - exposed)
+                _add(phase, "cp", (cp - 1) * (exposed + hidden))
         elif ctx.cp_comm_type == "a2a":
             qkv_local = E_BF16 * ctx.tokens * (model.query_projection_size + model.kv_projection_size) / tp
             o_local = E_BF16 * ctx.tokens * model.attention_output_size / tp
