@@ -62,6 +62,21 @@ CASES: list[dict[str, Any]] = [
     },
 ]
 
+# round 2, planned after the cost of hidden NCCL collectives (`defaults.NCCL_OVERLAP_COST`) was measured and charged:
+# shapes none of the earlier runs had
+CASES_R2: list[dict[str, Any]] = [
+    {"case": "qwen3-8b-s4096", "model": "Qwen3-8B", "seq_length": 4096, "global_batch_size": 16},
+    {
+        "case": "qwen3-moe-e32-12l-s8192",
+        "model": "benchmarks/validation/models/Qwen3-30B-A3B-E32.json",
+        "num_layers": 12,
+        "seq_length": 8192,
+        "global_batch_size": 16,
+    },
+]
+# folder / layouts-file suffix of each round
+ROUNDS: dict[str, list[dict[str, Any]]] = {"": CASES, "_r2": CASES_R2}
+
 
 def runner_options() -> CostOptions:
     """What the validate runner on the lease executes: the cost model's defaults (Megatron-LM's, `CostOptions`) without
@@ -132,36 +147,34 @@ def choose(case: dict[str, Any], gpu_name: str) -> list[dict[str, Any]]:
 
 
 def cmd_predict() -> int:
-    for kind, gpu_name in GPUS.items():
-        if any((RESULTS / f"plan_regret_{kind.lower()}_x4").glob("*/results.jsonl")):
-            print(f"{kind}: runs exist, so its predictions made before them stay as they are")
-            continue
-        rows = [row for case in CASES for row in choose(case, gpu_name)]
-        layouts = {
-            "gpu": gpu_name,
-            "layouts": [row["layout"] for row in rows],
-        }
-        path = VALIDATION / f"x4_plan_regret_{kind.lower()}_layouts.json"
-        path.write_text(json.dumps(layouts, indent=1) + "\n")
-        doc = {
-            "kind": "plan-regret-prediction",
-            "tool_version": __version__,
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "gpu": gpu_name,
-            "num_gpus": NUM_GPUS,
-            "assumptions": {k: v for k, v in runner_options().__dict__.items() if isinstance(v, (bool, str, float))},
-            "rows": rows,
-        }
-        out = RESULTS / f"plan_regret_{kind.lower()}_x4" / "predicted.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=1) + "\n")
-        for row in rows:
-            p = row["predicted"]
-            print(
-                f"{kind} {row['case']:20s} #{row['rank']:<3d}/{row['of']:<4d} {row['label'][:60]:60s} "
-                f"{p.get('step_time_s', float('nan')):7.3f} s {p.get('peak_memory_gib', float('nan')):6.1f} GiB "
-                f"(plan {row['plan_step_time_s']:.3f}, former {row['former_plan_step_time_s']:.3f})"
-            )
+    for suffix, cases in ROUNDS.items():
+        for kind, gpu_name in GPUS.items():
+            folder = RESULTS / f"plan_regret_{kind.lower()}_x4{suffix}"
+            if any(folder.glob("*/results.jsonl")):
+                print(f"{folder.name}: runs exist, so its predictions made before them stay as they are")
+                continue
+            rows = [row for case in cases for row in choose(case, gpu_name)]
+            layouts = {"gpu": gpu_name, "layouts": [row["layout"] for row in rows]}
+            path = VALIDATION / f"x4_plan_regret_{kind.lower()}{suffix}_layouts.json"
+            path.write_text(json.dumps(layouts, indent=1) + "\n")
+            doc = {
+                "kind": "plan-regret-prediction",
+                "tool_version": __version__,
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "gpu": gpu_name,
+                "num_gpus": NUM_GPUS,
+                "assumptions": {k: v for k, v in runner_options().__dict__.items() if isinstance(v, (bool, str, float))},
+                "rows": rows,
+            }
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")
+            for row in rows:
+                p = row["predicted"]
+                print(
+                    f"{kind} {row['case']:24s} #{row['rank']:<3d}/{row['of']:<4d} {row['label'][:60]:60s} "
+                    f"{p.get('step_time_s', float('nan')):7.3f} s {p.get('peak_memory_gib', float('nan')):6.1f} GiB "
+                    f"(plan {row['plan_step_time_s']:.3f}, former {row['former_plan_step_time_s']:.3f})"
+                )
     return 0
 
 
@@ -189,7 +202,12 @@ def _rel(predicted: float | None, measured: float | None) -> float | None:
     return None if not predicted or not measured else predicted / measured - 1.0
 
 
-def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[str, dict[str, Any]]) -> dict:
+def _predict_now(row: dict[str, Any], gpu: str) -> float | None:
+    """Today's prediction of the row's layout (the runner's settings the layout stores)."""
+    return predict(Layout.from_dict(row["layout"]), gpu).get("step_time_s")
+
+
+def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[str, dict[str, Any]], gpu: str) -> dict:
     """Regret, rank correlation and per-layout errors of one case, against the predictions made before the runs."""
     layouts = []
     for row in predicted_rows:
@@ -208,6 +226,8 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
                 "measured_peak_memory_gib": m.get("peak_gib"),
                 "peak_memory_error": _rel(p.get("peak_memory_gib"), m.get("peak_gib")),
                 "former_plan_step_time_s": row["former_plan_step_time_s"],
+                # today's model on the same layout, after the runs (the error above is the prediction made before)
+                "step_time_error_now": _rel(_predict_now(row, gpu), m.get("step_time_s")),
             }
         )
     ran = [lay for lay in layouts if lay["measured_step_time_s"]]
@@ -234,7 +254,7 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
 
 def cmd_report() -> int:
     doc: dict[str, Any] = {"kind": "plan-regret", "tool_version": __version__, "leases": []}
-    for kind_dir in sorted(RESULTS.glob("plan_regret_*_x4")):
+    for kind_dir in sorted(RESULTS.glob("plan_regret_*_x4*")):
         predicted = json.loads((kind_dir / "predicted.json").read_text())
         measured = _measured_rows(kind_dir)
         if not measured:
@@ -243,7 +263,7 @@ def cmd_report() -> int:
         cases = []
         for case in dict.fromkeys(row["case"] for row in predicted["rows"]):
             rows = [row for row in predicted["rows"] if row["case"] == case]
-            cases.append(case_report(case, rows, measured))
+            cases.append(case_report(case, rows, measured, predicted["gpu"]))
         doc["leases"].append(
             {
                 "folder": kind_dir.name,

@@ -3,6 +3,7 @@
 # the cost model needs at 2 and 4 GPUs. Run from the repository root on the GPU machine, after ../shared/gpu's install:
 #     bash benchmarks/validation/x4_plan_regret.sh part1   # the two dense cases                         ~8 min
 #     bash benchmarks/validation/x4_plan_regret.sh part2   # the two MoE cases, then NCCL sweeps / memory ~8 min
+#     bash benchmarks/validation/x4_plan_regret.sh r2      # round 2 (plan_regret.CASES_R2): two new cases ~9 min
 # Each part stops starting layouts at its deadline (DEADLINE_S, default 540 s) and packs what it has; a part run again
 # on the same machine resumes (mat validate skips finished layouts). The layouts and the predictions made before the
 # runs come from `python benchmarks/plan_regret.py predict` (x4_plan_regret_<h100|h200>_layouts.json,
@@ -18,7 +19,9 @@ case "$(head -1 "$OUT/gpus.txt")" in
   *H100*) KIND=h100 ;;
   *) echo "not an H100 or H200: $(head -1 "$OUT/gpus.txt")"; exit 3 ;;
 esac
-LAYOUTS="$HERE/x4_plan_regret_${KIND}_layouts.json"
+SUFFIX=""
+[ "$PART" = r2 ] && SUFFIX="_r2"
+LAYOUTS="$HERE/x4_plan_regret_${KIND}${SUFFIX}_layouts.json"
 # one layouts file per case (the case is the first word of each layout's name)
 $PY - "$LAYOUTS" "$OUT" <<'EOF'
 import json, sys
@@ -56,6 +59,9 @@ run_torch() {
 if [ "$PART" = part1 ]; then
   run_case qwen3-4b
   run_case llama31-8b
+elif [ "$PART" = r2 ]; then
+  run_case qwen3-8b-s4096
+  run_case qwen3-moe-e32-12l-s8192
 else
   run_case qwen3-moe-e32-24l
   run_case qwen3-moe-e64-12l
@@ -66,7 +72,7 @@ else
 fi
 
 EV="$OUT/evidence"
-for c in qwen3-4b llama31-8b qwen3-moe-e32-24l qwen3-moe-e64-12l; do
+for c in qwen3-4b llama31-8b qwen3-moe-e32-24l qwen3-moe-e64-12l qwen3-8b-s4096 qwen3-moe-e32-12l-s8192; do
   [ -d "$OUT/$c" ] && collect_batch "$c" "$EV/$c"
 done
 cp "$OUT"/nccl_*.json "$OUT"/nccl_*.txt "$EV/" 2>/dev/null

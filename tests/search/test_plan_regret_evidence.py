@@ -26,7 +26,7 @@ def test_the_committed_report_is_what_the_script_makes_of_the_runs():
     predicted = json.loads((kind_dir / "predicted.json").read_text())
     measured = plan_regret._measured_rows(kind_dir)
     cases = [
-        plan_regret.case_report(case, [r for r in predicted["rows"] if r["case"] == case], measured)
+        plan_regret.case_report(case, [r for r in predicted["rows"] if r["case"] == case], measured, predicted["gpu"])
         for case in dict.fromkeys(r["case"] for r in predicted["rows"])
     ]
     assert cases == LEASE["cases"]
