@@ -56,3 +56,23 @@ def test_where_the_plan_missed_the_measured_winner_it_had_named_it_for_a_faster_
     )  # fmt: skip
     named = [result.candidates[rank - 1].label for rank in result.pace_alternatives]
     assert report["measured_best"].split(" ", 2)[2] in named
+
+
+def test_round_two_planned_with_the_overlap_cost_measured_its_dense_pick_best():
+    """Round 2 (`plan_regret.CASES_R2`), planned and predicted by the model that charges hidden NCCL collectives
+    (`defaults.NCCL_OVERLAP_COST`) before the runs: the dense case's #1 ran fastest, every step within 10% and every
+    peak within 5%; the report is what the script makes of the runs."""
+    (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4_r2"]
+    kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r2"
+    predicted = json.loads((kind_dir / "predicted.json").read_text())
+    measured = plan_regret._measured_rows(kind_dir)
+    cases = [
+        plan_regret.case_report(case, [r for r in predicted["rows"] if r["case"] == case], measured, predicted["gpu"])
+        for case in dict.fromkeys(r["case"] for r in predicted["rows"])
+    ]
+    assert cases == lease["cases"]
+    dense = next(c for c in cases if c["case"] == "qwen3-8b-s4096")
+    assert dense["measured"] == 6 and dense["regret"] == 0.0
+    assert all(
+        abs(lay["step_time_error"]) <= 0.10 and abs(lay["peak_memory_error"]) <= 0.05 for lay in dense["layouts"]
+    )
