@@ -34,11 +34,13 @@ def test_recipes_against_the_best_layout(launch, base):
         # (userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192) runs them by ring exchange on the copy engines;
         # priced as ring exchange, the gap is 9.6% (exposed TP 4.7 -> 3.7 s). The model prices the launch as written.
         # Since every layout is planned with the launch's own run settings (its TP overlap, fusions), the best found is
-        # 13.6% faster (tp2 pp32 vpp4 cp8), where it was 10.8% with the tool's former defaults.
-        assert row["best_over_recipe_speedup"] < 1.14
-    else:  # the MoE recipes: the EP all-to-all the model leaves exposed is most of the gap (docs/recipes.md)
+        # 13.6% faster (tp2 pp32 vpp4 cp8), where it was 10.8% with the tool's former defaults; charging the compute
+        # that hidden NVLink collectives slow (defaults.NCCL_OVERLAP_COST; inter-node ones unmeasured, so not charged)
+        # makes the recipe's TP 8 dearer again: 17.1%.
+        assert row["best_over_recipe_speedup"] < 1.18
+    else:  # the MoE recipes: the EP all-to-all the model leaves exposed is nearly all the gap (docs/recipes.md)
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]
         ep_gap = (
             row["recipe_time_breakdown_s"]["exposed_comm"]["ep"] - row["best_time_breakdown_s"]["exposed_comm"]["ep"]
         )
-        assert ep_gap > gap
+        assert ep_gap > 0.95 * gap

@@ -49,14 +49,15 @@ def test_predicted_tp1_is_the_tuners_measured_tp1(model):
 
 @pytest.mark.parametrize("model", ["Llama-3.1-8B", "Qwen3-8B"])
 def test_measured_verdict_differs_by_the_per_op_fixed_cost(model):
-    """Measured on 2x H200 TP=2 is 24-26% over ideal (recommended TP 1); predicted 6-7% (TP 2 scales). The gap is
+    """Measured on 2x H200 TP=2 is 24-26% over ideal (recommended TP 1); predicted 6-11% (TP 2 scales; the upper
+    end with the compute the hidden NCCL collectives slow, `defaults.NCCL_OVERLAP_COST`). The gap is
     in the GEMM ops timed from an idle GPU, not in the collectives: the TP=2 ops took more than half their TP=1
     time plus the predicted exposed communication, for every op."""
     tp1, tp2 = _measured(model, 1), _measured(model, 2)
     measured = REPORT["scaling"][model]
     assert measured["recommended_tp"] == 1
     tuner, pred = predicted_scaling(model, "H200", 8192, (2,))
-    assert tuner.largest_efficient_tp == 2 and pred.points[0].time_ms / pred.points[0].ideal_ms - 1 < 0.1
+    assert tuner.largest_efficient_tp == 2 and pred.points[0].time_ms / pred.points[0].ideal_ms - 1 < 0.12
     comm_ms = pred.points[0].exposed_comm_ms
     assert comm_ms < 1.0
     for op in ("qkv", "proj", "fc1", "fc2"):

@@ -35,3 +35,34 @@ def add_precision_arguments(parser: argparse.ArgumentParser | argparse._Argument
         help="with --precision fp8: keep TE linear weights in fp8 and all-gather them in fp8 (Megatron-LM's flag; "
         "2 bytes per weight less, needs the distributed optimizer; default: off)",
     )
+
+
+def add_launch_reading_arguments(parser: argparse.ArgumentParser, strict: bool) -> None:
+    """--var (what only the user knows of a launch script) and, for Megatron-LM launches, --strict."""
+    parser.add_argument(
+        "--var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        type=launch_variable,
+        help="a shell variable the launch script reads from its environment or arguments (repeatable); the script "
+        "is read, never run: what it leaves unknown is assumed and said in a note",
+    )
+    if strict:
+        parser.add_argument(
+            "--strict", action="store_true", help="a flag Megatron-LM does not have is an error (default: a note)"
+        )
+
+
+def launch_variable(text: str) -> tuple[str, str]:
+    """argparse type of --var NAME=VALUE."""
+    from ..specs.launch_script import parse_var
+
+    try:
+        return parse_var(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def launch_variables(args: argparse.Namespace) -> dict[str, str]:
+    return dict(getattr(args, "var", None) or [])

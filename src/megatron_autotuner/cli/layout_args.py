@@ -6,7 +6,12 @@ import argparse
 from dataclasses import dataclass
 
 from ..argspec.argtypes import non_empty_path, positive_int
-from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
+from ..argspec.common import (
+    add_grad_reduce_argument,
+    add_launch_reading_arguments,
+    add_precision_arguments,
+    launch_variables,
+)
 from ..errors import ConfigError
 from ..specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
 from ..specs.hardware import GPUSpec
@@ -16,8 +21,9 @@ from ..specs.model import ModelSpec
 from ..specs.pipeline import PipelineLayout
 
 MEGATRON_ARGS_HELP = (
-    "a Megatron-LM launch as you have it (- for stdin): flags on one or several lines, with trailing "
-    "backslashes, or a whole `torchrun ... pretrain_gpt.py ...` command; the model, layout and workload come "
+    "a Megatron-LM launch as you have it (- for stdin): your launch script (read, never run: arrays, defaults, "
+    "if / case, sourced files, srun ... bash -c), a `torchrun ... pretrain_gpt.py ...` command, a model's flags "
+    "alone, or flags on one or several lines; the model, layout and workload come "
     "from it (Megatron's defaults for what it does not say), --model fills in what its flags leave out"
 )
 
@@ -35,6 +41,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, megatron_args: bool = T
     )
     if megatron_args:
         parser.add_argument("--megatron-args", metavar="FILE", type=non_empty_path, help=MEGATRON_ARGS_HELP)
+        add_launch_reading_arguments(parser, strict=True)
 
 
 def add_gpu_arguments(parser: argparse.ArgumentParser, required: bool = False) -> None:
@@ -308,7 +315,7 @@ def import_launch(args: argparse.Namespace, need_layout: bool = True) -> Importe
             raise ConfigError(dest, f"{option} goes in the Megatron-LM launch ({flag}) when --megatron-args is given")
     base = load_model_spec(args.model) if getattr(args, "model", None) else None
     imported = launch_to_specs(
-        read_launch_file(args.megatron_args),
+        read_launch_file(args.megatron_args, launch_variables(args), getattr(args, "strict", False)),
         base,
         num_gpus=getattr(args, "num_gpus", None),
         mode=getattr(args, "mode", "train"),

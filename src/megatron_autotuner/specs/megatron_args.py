@@ -20,7 +20,7 @@ import argparse
 import ast
 import difflib
 import json
-import re
+import math
 import shlex
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -307,6 +307,7 @@ class Launch:
     given: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     num_gpus: int | None = None
+    notes: tuple[str, ...] = ()  # what reading the script had to assume, flags dropped
 
     def value(self, dest: str) -> Any:
         """The launch's value of `dest`, or Megatron-LM's default."""
@@ -314,67 +315,6 @@ class Launch:
 
     def gave(self, dest: str) -> bool:
         return dest in self.given
-
-
-def _launch_commands(text: str) -> list[list[str]]:
-    """Shell commands of `text` (comments dropped, backslash-newlines joined, split at newlines and ; && ||),
-    each as a list of shell words."""
-    text = re.sub(r"\\\r?\n", " ", text)
-    commands: list[list[str]] = []
-    for line in text.splitlines():
-        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-        lexer.whitespace_split = True
-        try:
-            words = list(lexer)
-        except ValueError as exc:
-            raise ConfigError("megatron_args", f"cannot split {line.strip()[:60]!r}: {exc}") from exc
-        current: list[str] = []
-        for word in words:
-            if word and set(word) <= set(";&|"):
-                commands.append(current)
-                current = []
-            else:
-                current.append(word)
-        commands.append(current)
-    return [c for c in commands if c]
-
-
-def _torchrun_gpus(tokens: list[str]) -> int | None:
-    """nproc-per-node x nnodes of a torchrun / python -m torch.distributed.run prefix, when both are numbers."""
-    values: dict[str, str] = {}
-    for i, tok in enumerate(tokens):
-        name, _, inline = tok.partition("=")
-        key = name.lstrip("-").replace("_", "-")
-        if key in ("nproc-per-node", "nnodes"):
-            values[key] = inline or (tokens[i + 1] if i + 1 < len(tokens) else "")
-    try:
-        return int(values.get("nproc-per-node", "")) * int(values.get("nnodes", "1"))
-    except ValueError:
-        return None
-
-
-def _split_launch(text: str) -> tuple[list[str], dict[str, str], int | None]:
-    """(flag tokens, environment, GPU count) of a launch text: flags after the training script (`*.py`) of a
-    torchrun / python command, or every line's tokens when no script is named."""
-    env: dict[str, str] = {}
-    script_tokens: list[str] | None = None
-    bare: list[str] = []
-    num_gpus = None
-    for tokens in _launch_commands(text):
-        if tokens[0] == "export":
-            tokens = tokens[1:]
-        while tokens and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[0]):
-            name, _, value = tokens.pop(0).partition("=")
-            env[name] = value
-        if not tokens:
-            continue
-        scripts = [i for i, tok in enumerate(tokens) if tok.endswith(".py")]
-        if scripts:
-            num_gpus = _torchrun_gpus(tokens[: scripts[0]])
-            script_tokens = (script_tokens or []) + tokens[scripts[0] + 1 :]
-        else:
-            bare += tokens
-    return (script_tokens if script_tokens is not None else bare), env, num_gpus
 
 
 class _FlagParser(argparse.ArgumentParser):
@@ -407,26 +347,90 @@ def _parser() -> _FlagParser:
     return parser
 
 
-def read_launch(text: str) -> Launch:
-    """Parse a launch: one line, several lines, trailing backslashes, or a whole `torchrun ... pretrain_gpt.py`
-    command with `export` lines. Raises `ConfigError` for an unknown flag (naming the nearest real one)."""
-    tokens, env, num_gpus = _split_launch(text)
+def _is_flag(token: str) -> bool:
+    return token in catalog()[1]
+
+
+def _clean_tokens(tokens: tuple[str, ...], strict: bool) -> tuple[list[str], list[str]]:
+    """The flags Megatron-LM's parser can take, and a note for each dropped: a flag it does not have (with its
+    values: every Megatron-LM option is a `--flag`), a value-taking flag left without a value (an empty
+    variable), a stray word. `strict`: an unknown flag is an error, naming the nearest real one."""
     by_flag = catalog()[1]
-    for tok in tokens:
-        if tok.startswith("--"):
-            name = tok.split("=", 1)[0]
-            if name not in by_flag:
-                near = difflib.get_close_matches(name, list(by_flag), n=1, cutoff=0.6)
-                hint = f" (did you mean {near[0]}?)" if near else ""
+    kept: list[str] = []
+    notes: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        name = tok.split("=", 1)[0]
+        if not tok.startswith("--") or tok == "--":
+            notes.append(f"{tok!r}: not a value of any flag, ignored")
+            i += 1
+            continue
+        j = i + 1
+        while j < len(tokens) and not (tokens[j].startswith("--") and len(tokens[j]) > 2):
+            j += 1
+        dashed = "--" + name[2:].replace("_", "-")
+        if name not in by_flag and dashed in by_flag and not strict:
+            notes.append(f"{name}: read as {dashed}")
+            tok = dashed + tok[len(name) :]
+            name = dashed
+        if name not in by_flag:
+            near = difflib.get_close_matches(name, list(by_flag), n=1, cutoff=0.6)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            if strict:
                 raise ConfigError("megatron_args", f"unknown Megatron-LM flag {name}{hint}")
+            notes.append(f"{name}: not a Megatron-LM flag{hint}, ignored")
+            i = j
+            continue
+        entry = by_flag[name]
+        takes = entry.action not in ("store_true", "store_false", "boolean_optional")
+        if takes and "=" not in tok and j == i + 1 and entry.nargs not in ("?", "*"):
+            notes.append(f"{name} has no value (an empty variable?): ignored")
+            i = j
+            continue
+        if not takes and j > i + 1:
+            notes.append(f"{' '.join(tokens[i + 1 : j])!r} after {name}: not a value of any flag, ignored")
+            kept.append(tok)
+            i = j
+            continue
+        if "=" in tok and j > i + 1:
+            notes.append(f"{' '.join(tokens[i + 1 : j])!r} after {tok}: ignored")
+            kept.append(tok)
+            i = j
+            continue
+        if takes and entry.nargs is None and "=" not in tok and j > i + 2:
+            notes.append(f"{' '.join(tokens[i + 2 : j])!r} after {name} {tokens[i + 1]}: ignored")
+            kept += [tok, tokens[i + 1]]
+            i = j
+            continue
+        kept += [tok, *tokens[i + 1 : j]]
+        i = j
+    return kept, notes
+
+
+def read_launch(
+    text: str, variables: dict[str, str] | None = None, script: str | None = None, strict: bool = False
+) -> Launch:
+    """Parse a launch: a bash launch script (read statically: `specs.shell`), a `torchrun ... pretrain_gpt.py`
+    command, or bare flags. `variables`: the environment the script starts with (`--var`). Flags Megatron-LM
+    does not have are dropped with a note (`strict`: an error)."""
+    from .launch_script import read_launch_text
+
+    command = read_launch_text(text, _is_flag, variables, script)
+    tokens, notes = _clean_tokens(command.tokens, strict)
     if not any(tok.startswith("--") for tok in tokens):
         raise ConfigError("megatron_args", "holds no Megatron-LM flags (--num-layers ... or a pretrain_gpt.py command)")
     namespace, extra = _parser().parse_known_args(tokens)
     if extra:
         raise ConfigError("megatron_args", f"unexpected argument {extra[0]!r} (not a value of any flag)")
     args = vars(namespace)
-    given = tuple(dest for dest in args)
-    return Launch(args=args, given=given, env=env, num_gpus=num_gpus)
+    return Launch(
+        args=args,
+        given=tuple(args),
+        env=command.env,
+        num_gpus=command.num_gpus,
+        notes=tuple(dict.fromkeys((*command.notes, *notes))),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -520,6 +524,29 @@ def _eval_list_expression(node: ast.AST) -> Any:
     raise ValueError("only integer lists, + and * are allowed")
 
 
+def _normalization(value: Any, notes: list[str]) -> Any:
+    """Megatron-LM's spelling of a normalization a fork wrote in another case (Megatron-DeepSpeed's `rmsnorm`)."""
+    for name in ("RMSNorm", "LayerNorm"):
+        if isinstance(value, str) and value != name and value.lower() == name.lower():
+            notes.append(f"--normalization {value}: read as {name}")
+            return name
+    return value
+
+
+def _tokenizer_vocab(launch: Launch, notes: list[str]) -> int:
+    """The vocabulary Megatron-LM would read from the launch's tokenizer, as far as its name tells
+    (`specs.tokenizers`); the fallback otherwise. Always noted."""
+    from .tokenizers import FALLBACK_VOCAB, tokenizer_vocab
+
+    names = [str(launch.value(d) or "") for d in ("tokenizer_model", "tokenizer_type", "vocab_file", "load")]
+    found = tokenizer_vocab(names)
+    if found is None:
+        notes.append(f"vocab_size: no --vocab-size, no tokenizer the tool knows: assumed {FALLBACK_VOCAB} (Llama 3's)")
+        return FALLBACK_VOCAB
+    notes.append(f"vocab_size: no --vocab-size: {found[0]} from {found[1]}")
+    return found[0]
+
+
 def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str]) -> ModelSpec | None:
     given_model = [d for d in launch.given if d in _MODEL_DESTS]
     if base is None and not all(launch.gave(d) for d in _MODEL_SHAPE_REQUIRED):
@@ -561,9 +588,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         kv_channels = base.kv_channels if base is not None and not launch.gave("hidden_size") else None
     vocab = _int(launch, "vocab_size") if launch.gave("vocab_size") else (base.vocab_size if base else None)
     if vocab is None:
-        raise ConfigError(
-            "vocab_size", "the launch does not give --vocab-size (Megatron-LM reads it from the tokenizer): add it"
-        )
+        vocab = _tokenizer_vocab(launch, notes)
     seq = _int(launch, "seq_length")
     max_pos = _int(launch, "max_position_embeddings") if launch.gave("max_position_embeddings") else None
     if max_pos is None:
@@ -583,7 +608,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         "kv_channels": kv_channels,
         "gated_linear_unit": gated,
         "activation": activation,
-        "normalization": pick("normalization", base.normalization if base else None),
+        "normalization": _normalization(pick("normalization", base.normalization if base else None), notes),
         "add_bias_linear": bool(pick("add_bias_linear", base.add_bias_linear if base else None)),
         "add_qkv_bias": bool(pick("add_qkv_bias", base.add_qkv_bias if base else None)),
         "qk_layernorm": bool(pick("qk_layernorm", base.qk_layernorm if base else None)),
@@ -643,8 +668,12 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         raise ConfigError("megatron_args", f"cannot build the model: {exc}") from exc
 
 
-def _pipeline_layout(launch: Launch, num_layers: int, mtp: int, pp: int) -> tuple[PipelineLayout | None, int | None]:
-    """(uneven layout or None, vpp) from Megatron-LM's pipeline flags, with its `validate_args` rules."""
+def _pipeline_layout(
+    launch: Launch, num_layers: int, mtp: int, pp: int, notes: list[str] | None = None
+) -> tuple[PipelineLayout | None, int | None]:
+    """(uneven layout or None, vpp) from Megatron-LM's pipeline flags, with its `validate_args` rules. Layers that
+    do not divide over the stages, with no flag that splits them, are read as Megatron-DeepSpeed splits them (the
+    embedding and the loss each a stage slot) when that divides, with a note."""
     layout_str = _str(launch, "pipeline_model_parallel_layout")
     per_vstage = _int(launch, "num_layers_per_virtual_pipeline_stage")
     vstages = _int(launch, "num_virtual_stages_per_pipeline_rank")
@@ -692,7 +721,26 @@ def _pipeline_layout(launch: Launch, num_layers: int, mtp: int, pp: int) -> tupl
         return PipelineLayout.first_last(num_layers, pp, vpp, first, last, mtp), vpp
     if emb or loss:
         return PipelineLayout.accounting(num_layers, pp, vpp, emb, loss, mtp), vpp
+    if pp > 1 and num_layers % pp and (num_layers + 2) % pp == 0 and notes is not None:
+        notes.append(
+            f"pipeline: {num_layers} layers do not divide over {pp} stages; read with the embedding and the loss "
+            "as a stage slot each (--account-for-embedding/loss-in-pipeline-split, Megatron-DeepSpeed's split)"
+        )
+        return PipelineLayout.accounting(num_layers, pp, vpp, True, True, mtp), vpp
     return None, vpp
+
+
+# what a launch without --seq-length is read with (Megatron-LM has no default: its launches always say)
+DEFAULT_SEQ_LENGTH = 4096
+
+
+def _smallest_world(tp: int, pp: int, cp: int, ep: int, etp: int) -> int:
+    """The fewest GPUs a layout fits: tp x pp x cp x dp with the smallest dp whose dense ranks per stage
+    (tp x cp x dp) the expert layout (ep x etp) divides (megatron-core's parallel_state)."""
+    dp = 1
+    while (tp * cp * dp) % (ep * etp) and dp < ep * etp:
+        dp += 1
+    return tp * pp * cp * dp
 
 
 def launch_to_specs(
@@ -704,7 +752,7 @@ def launch_to_specs(
 ) -> ImportedLaunch:
     """The model, layout, workload and cost options a launch describes. `base_model` (from --model) is used for
     what the flags leave out (flags win); `num_gpus` (from --num-gpus) over the torchrun world size."""
-    notes: list[str] = []
+    notes: list[str] = list(launch.notes)
     not_modelled: list[str] = []
     by_dest = catalog()[2]
     for dest in launch.given:
@@ -749,13 +797,31 @@ def launch_to_specs(
                         ("context_parallel_size", cp), ("expert_model_parallel_size", ep)):  # fmt: skip
         if value < 1:
             raise ConfigError(dest, f"must be a positive integer, got {value}")
+    if etp is not None and not model.is_moe:
+        notes.append("--expert-tensor-parallel-size: ignored, the model has no experts (as Megatron-LM ignores it)")
+        etp = None
+    smallest = _smallest_world(tp, pp, cp, ep, etp or tp)
     if gpus is None:
-        raise ConfigError(
-            "num_gpus", "the launch does not say how many GPUs (torchrun --nproc-per-node x --nnodes): give --num-gpus"
+        gpus = smallest
+        notes.append(
+            f"num_gpus: the launch does not say how many GPUs (torchrun --nproc-per-node x --nnodes): assumed {gpus}, "
+            "the fewest its parallel sizes fit (give --num-gpus)"
         )
+    elif gpus % smallest and num_gpus is None:
+        fitted = math.lcm(gpus, smallest)
+        notes.append(
+            f"num_gpus: the launch's {gpus} GPUs cannot hold tp {tp} x pp {pp} x cp {cp} (ep {ep}): read with "
+            f"{fitted}, the fewest multiple of {gpus} that can (its node count is set outside the script?)"
+        )
+        gpus = fitted
+    sequence_parallel = bool(launch.value("sequence_parallel"))
+    if tp > 1 and ep > 1 and model.is_moe and not sequence_parallel:
+        notes.append("sequence_parallel: on, as megatron-core's TransformerConfig turns it on for tp > 1 with ep > 1")
+        sequence_parallel = True
     if seq is None:
-        raise ConfigError("seq_length", "the launch gives no --seq-length")
-    layout, vpp = _pipeline_layout(launch, model.num_layers, model.mtp_num_layers, pp)
+        seq = DEFAULT_SEQ_LENGTH
+        notes.append(f"seq_length: the launch gives no --seq-length: assumed {seq}")
+    layout, vpp = _pipeline_layout(launch, model.num_layers, model.mtp_num_layers, pp, notes)
     if _str(launch, "fp8_recipe") == "mxfp8" and launch.value("fp8"):
         not_modelled.append("--fp8-recipe mxfp8 (predicted as blockwise, the nearest block-scaled recipe)")
     cp_type = _str(launch, "cp_comm_type") or "p2p"
@@ -769,7 +835,7 @@ def launch_to_specs(
         ep=ep,
         etp=etp,
         vpp=vpp,
-        sequence_parallel=bool(launch.value("sequence_parallel")),
+        sequence_parallel=sequence_parallel,
         use_distributed_optimizer=bool(launch.value("use_distributed_optimizer")),
         grad_reduce_in_fp32=not launch.value("grad_reduce_in_bf16"),
         tp_comm_overlap=bool(launch.value("tp_comm_overlap")) and tp > 1,
@@ -946,14 +1012,15 @@ def _activation_offload(launch: Launch, not_modelled: list[str]) -> ActivationOf
     )
 
 
-def read_launch_file(path: str) -> Launch:
+def read_launch_file(path: str, variables: dict[str, str] | None = None, strict: bool = False) -> Launch:
     """`read_launch` of a file (`-`: standard input), with one-line errors for unreadable, non-UTF-8 or
-    oversized input."""
+    oversized input; a file's `source`d helpers are read next to it."""
     from ..files import CONFIG_LIMIT_BYTES, read_stdin_bounded, read_text_bounded
 
     if path == "-":
-        return read_launch(read_stdin_bounded("megatron_args", CONFIG_LIMIT_BYTES))
-    return read_launch(read_text_bounded(path, "megatron_args", CONFIG_LIMIT_BYTES))
+        return read_launch(read_stdin_bounded("megatron_args", CONFIG_LIMIT_BYTES), variables, None, strict)
+    text = read_text_bounded(path, "megatron_args", CONFIG_LIMIT_BYTES)
+    return read_launch(text, variables, path, strict)
 
 
 # ---------------------------------------------------------------------------------------------------------------

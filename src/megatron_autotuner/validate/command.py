@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from .. import SCHEMA_VERSION, __version__
+from ..argspec.common import add_launch_reading_arguments
 from ..errors import ConfigError
 
 
@@ -63,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="one layout from a Megatron-LM launch (flags, or a torchrun ... pretrain_gpt.py command; - for stdin); "
         "--model fills in what its flags leave out, --num-layers reduces the model",
     )
+    add_launch_reading_arguments(p, strict=True)
     p.add_argument("--model", help="preset name or HF config path (single layout; required without --layouts)")
     p.add_argument(
         "--num-layers",
@@ -293,13 +295,15 @@ def _layouts(args: argparse.Namespace, out: Path):
 def _launch_layout(args: argparse.Namespace, out: Path):
     """The layout of `--megatron-args`: the launch read against --model; a model the launch's flags describe is
     written next to the results (`out/launch_model.json`) for the workers to load."""
+    from ..argspec.common import launch_variables
     from ..files import ensure_output_dir
     from ..specs import load_model_spec
     from ..specs.megatron_args import launch_to_specs, read_launch_file
     from .layout import Layout
 
     base = load_model_spec(args.model) if args.model else None
-    imported = launch_to_specs(read_launch_file(args.megatron_args), base, mode=args.mode)
+    launch = read_launch_file(args.megatron_args, launch_variables(args), args.strict)
+    imported = launch_to_specs(launch, base, mode=args.mode)
     if imported.model is None or imported.parallel is None:
         raise ConfigError("megatron_args", "the launch must describe the model (or give --model) and its GPU count")
     model_ref = args.model
