@@ -55,7 +55,7 @@ def test_theory_and_validate_dry_run_take_a_launch(tmp_path, capsys):
 def test_bad_launches_and_conflicting_options_are_one_line_errors(tmp_path, capsys):
     launch = tmp_path / "launch.sh"
     launch.write_text(SMALL.replace("--swiglu", "--swigloo"))
-    assert main(["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM"]) == 2
+    assert main(["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--strict"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown Megatron-LM flag --swigloo (did you mean --swiglu?)" in err
     launch.write_text(SMALL)

@@ -9,8 +9,8 @@ import sys
 from dataclasses import replace
 
 from ..argspec.argtypes import margin_fraction, non_empty_path, non_negative_float, positive_float, positive_int
+from ..argspec.common import add_launch_reading_arguments, launch_variables
 from ..costmodel import DEFAULT_MEMORY_MARGIN, load_calibration
-from ..errors import ConfigError
 from ..export import megatron_args
 from ..export.verl import override_lines, verl_step_overrides
 from ..files import ensure_output_dir
@@ -48,9 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="FILE",
         type=non_empty_path,
         required=True,
-        help="the verl launch (- for stdin): key=value overrides, a whole `python3 -m verl.trainer.main_ppo ...` "
-        "command with backslashes and quotes (no $VARIABLES: mat runs no shell), or a yaml of the same keys",
+        help="the verl launch (- for stdin): your launch script as it is (read, never run), a whole "
+        "`python3 -m verl.trainer.main_ppo ...` command, key=value override lines, or a yaml of the same keys",
     )
+    add_launch_reading_arguments(p, strict=False)
     p.add_argument("--gpu", required=True, help="GPU preset (mat hardware) or a name in --hardware-file")
     p.add_argument(
         "--hardware-file",
@@ -125,7 +126,7 @@ def overrides_for(result: StepResult, options) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     gpu = gpu_from_args(args)
-    launch = read_verl_file(args.verl_args)
+    launch = read_verl_file(args.verl_args, launch_variables(args))
     model, model_note = model_from_launch(launch, args.model)
     calibration = load_calibration(args.calibration) if args.calibration else None
     out_dir = ensure_output_dir(args.output_dir) if args.output_dir else None
@@ -139,8 +140,14 @@ def run(args: argparse.Namespace) -> int:
     search_options = replace(inputs.options, overlap_grad_reduce=True)
     ranked = search_step(inputs.spec, inputs.choice, gpu, search_options, args.top_k)
     if not ranked and not user.fits:
-        raise ConfigError(
-            "num_gpus", f"no layout of {model.name} on {inputs.spec.num_gpus} x {gpu.name} fits every phase"
+        bad = ", ".join(f"{ph.name} {ph.peak_memory_gib:.0f} GiB" for ph in user.phases if not ph.fits)
+        user = replace(
+            user,
+            notes=user.notes
+            + (
+                f"no layout of {model.name} on {inputs.spec.num_gpus} x {gpu.name} is predicted to fit every phase; "
+                f"the launch's own needs per GPU: {bad} (with the lengths assumed above: give the real means)",
+            ),
         )
     lines = overrides_for(ranked[0], search_options) if ranked else None
     report = step_report(user, ranked, lines)

@@ -3,8 +3,8 @@ launch's own `StepChoice` (its layout, batching and offload) and `CostOptions` (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions
@@ -14,6 +14,8 @@ from ..specs.lengths import SequenceLengths
 from ..specs.loader import load_model_spec
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig
+from ..specs.pipeline import PipelineLayout
+from ..specs.tokenizers import preset_named_by
 from .phases import Batching
 from .step import StepChoice, StepSpec
 from .verl_args import DDP_READ, TRANSFORMER_READ, VerlLaunch
@@ -39,11 +41,12 @@ def model_from_launch(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelS
     try:
         return load_model_spec(str(path)), None
     except SpecNotFoundError:
-        tail = Path(str(path).rstrip("/")).name
-        try:
-            return load_model_spec(tail), f"{key}={path} read as the preset {tail} (no config.json there)"
-        except SpecNotFoundError:
+        preset = preset_named_by(str(path))
+        if preset is None:
             raise ConfigError(key, f"{path!r} is not a preset, a config path or a cached HF id: give --model") from None
+        return load_model_spec(
+            preset
+        ), f"{key}={path} read as the preset {preset}, which it names (no config.json there)"
 
 
 def launch_lengths(
@@ -95,10 +98,38 @@ def _recompute(otc: dict[str, Any]) -> RecomputeConfig:
     return RecomputeConfig(gran)
 
 
-def _parallel(launch: VerlLaunch, role: str, num_gpus: int, dist_opt: bool, fp32_grads: bool) -> ParallelConfig:
-    lay = launch.layout(role)
+def _pipeline(launch: VerlLaunch, role: str, model: ModelSpec, pp: int, vpp: int | None) -> PipelineLayout | None:
+    """The uneven pipeline a role's override_transformer_config gives (megatron-core TransformerConfig fields):
+    `pipeline_model_parallel_layout`, `num_layers_in_first/last_pipeline_stage`, or
+    `account_for_embedding/loss_in_pipeline_split`; None for Megatron's even split."""
+    name = f"{role}_transformer_overrides"
+    otc = launch.pass_through(name) if name in VERL_KEYS else {}
+    if otc.get("pipeline_model_parallel_layout"):
+        return PipelineLayout.from_string(str(otc["pipeline_model_parallel_layout"]), pp)
+    first, last = otc.get("num_layers_in_first_pipeline_stage"), otc.get("num_layers_in_last_pipeline_stage")
+    if first is not None or last is not None:
+        return PipelineLayout.first_last(
+            model.num_layers, pp, vpp, None if first is None else int(first), None if last is None else int(last),
+            model.mtp_num_layers,
+        )  # fmt: skip
+    emb, loss = (bool(otc.get(f"account_for_{k}_in_pipeline_split")) for k in ("embedding", "loss"))
+    if emb or loss:
+        return PipelineLayout.accounting(model.num_layers, pp, vpp, emb, loss, model.mtp_num_layers)
+    return None
+
+
+def _parallel(
+    launch: VerlLaunch, role: str, num_gpus: int, dist_opt: bool, fp32_grads: bool, model: ModelSpec
+) -> ParallelConfig:
+    lay = dict(launch.layout(role))
+    if not model.is_moe and lay["expert_tensor_parallel_size"] is not None:
+        lay["expert_tensor_parallel_size"] = None  # Megatron ignores it for a dense model
     sp = bool(lay["sequence_parallel"]) and int(lay["tensor_model_parallel_size"]) > 1
+    pp, vpp = int(lay["pipeline_model_parallel_size"]), lay["virtual_pipeline_model_parallel_size"]
     try:
+        layout = _pipeline(launch, "ref" if role == "ref" else role, model, pp, vpp) if pp > 1 else None
+        if layout is None and role == "ref" and pp > 1:
+            layout = _pipeline(launch, "actor", model, pp, vpp)
         return ParallelConfig(
             num_gpus,
             int(lay["tensor_model_parallel_size"]),
@@ -111,6 +142,7 @@ def _parallel(launch: VerlLaunch, role: str, num_gpus: int, dist_opt: bool, fp32
             dist_opt,
             fp32_grads,
             False,  # verl does not turn TE userbuffers TP overlap on
+            pipeline_layout=layout,
         )
     except ConfigError as exc:
         raise ConfigError(f"{VERL_KEYS[role + '_megatron']} ({exc.field})", exc.rule) from None
@@ -135,11 +167,18 @@ def launch_inputs(
     launch_gpus = launch.num_gpus
     if num_gpus is None:
         num_gpus = launch_gpus
+        lay = launch.layout("actor")
+        model_ranks = math.prod(int(lay[k]) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                                                      "context_parallel_size"))  # fmt: skip
+        if num_gpus % model_ranks:
+            fitted = math.lcm(num_gpus, model_ranks)
+            notes.append(
+                f"num_gpus: the launch's {num_gpus} GPUs (trainer.n_gpus_per_node x trainer.nnodes) cannot hold its "
+                f"tp x pp x cp = {model_ranks}: read with {fitted} (its node count is set outside the script?)"
+            )
+            num_gpus = fitted
     elif (launch.given("n_gpus_per_node") or launch.given("nnodes")) and num_gpus != launch_gpus:
-        raise ConfigError(
-            "num_gpus",
-            f"{num_gpus} differs from the launch's trainer.n_gpus_per_node x trainer.nnodes = {launch_gpus}",
-        )
+        notes.append(f"num_gpus: {num_gpus} (--num-gpus) in place of the launch's {launch_gpus}")
     if lengths is None:
         lengths, note = launch_lengths(launch, mean_prompt_len, mean_response_len)
         if note:
@@ -151,12 +190,17 @@ def launch_inputs(
         notes.append(f"override_ddp_config keys not modelled: {', '.join(unknown_ddp)}")
     fp32_grads = bool(ddp.get("grad_reduce_in_fp32", True))  # verl's default (verl/utils/megatron_utils.py)
     dist_opt = launch.flag("actor_distributed_optimizer")
-    parallel = _parallel(launch, "actor", num_gpus, dist_opt, fp32_grads)
+    parallel = _parallel(launch, "actor", num_gpus, dist_opt, fp32_grads, model)
     actor_b = _batching(launch, "actor_dynamic_bsz", "actor_max_token_len", "actor_micro_batch")
     old_b = _batching(
         launch, "rollout_log_prob_dynamic_bsz", "rollout_log_prob_max_token_len", "rollout_log_prob_micro_batch"
     )
-    ref_b = _batching(launch, "ref_log_prob_dynamic_bsz", "ref_log_prob_max_token_len", "ref_log_prob_micro_batch")
+    # the reference pass runs only with a KL term (verl need_reference_policy); its batch keys matter only then
+    ref_b = (
+        _batching(launch, "ref_log_prob_dynamic_bsz", "ref_log_prob_max_token_len", "ref_log_prob_micro_batch")
+        if launch.use_reference
+        else old_b
+    )
     if launch.flag("actor_grad_offload"):
         notes.append(
             "grad_offload is read by no verl code (b178a3c megatron_workers.py:363; gone in 0.9.1): grads follow "
@@ -166,7 +210,7 @@ def launch_inputs(
     critic_kw: dict[str, Any] = {}
     if use_critic:
         critic_kw = dict(
-            critic_parallel=_parallel(launch, "critic", num_gpus, True, True),
+            critic_parallel=_parallel(launch, "critic", num_gpus, True, True, model),
             critic_batching=_batching(launch, "critic_dynamic_bsz", "critic_max_token_len", "critic_micro_batch"),
             critic_forward_batching=_batching(
                 launch, "critic_dynamic_bsz", "critic_forward_max_token_len", "critic_forward_micro_batch"

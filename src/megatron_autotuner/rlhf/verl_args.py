@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +114,6 @@ _NEUTRAL = frozenset(
     }
 )
 _PASS_THROUGH = ("override_transformer_config", "override_ddp_config", "override_optimizer_config")
-_SHELL_STOP = {"|", "||", "&&", ";", "&", ">", ">>", "2>&1", "2>", "1>", "<"}
 _VAR = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -164,62 +162,122 @@ def _value(text: str) -> Any:
         return text
 
 
-def _check_key(key: str, values: dict[str, Any]) -> None:
+def _unknown_key_note(key: str) -> str | None:
+    """A note for a key `mat rlhf` does not read although it can change speed or memory (None for the others)."""
     if key in KNOWN_KEYS or not matters(key):
-        return
+        return None
+    known = _KNOWN_UNMODELLED.get(key)
+    if known:
+        return f"{key}: {known}"
     near = difflib.get_close_matches(key, sorted(KNOWN_KEYS), n=1, cutoff=0.6)
     hint = f" (nearest known key: {near[0]})" if near else ""
-    raise ConfigError(key, f"is not a verl key mat rlhf knows, and it would change speed or memory{hint}")
+    return f"{key}: not a verl key mat rlhf reads{hint}; predicted without it"
 
 
-def parse_override_text(text: str, source: str = FIELD) -> dict[str, Any]:
-    """Dotted key -> value from override lines or a whole `python -m verl.trainer.main_ppo ...` command."""
-    joined = re.sub(r"\\\r?\n", " ", text)
-    try:
-        tokens = shlex.split(joined, comments=True, posix=True)
-    except ValueError as exc:
-        raise ConfigError(source, f"cannot be split like a shell line: {exc}") from exc
-    start = 0
-    for i, tok in enumerate(tokens):
-        if tok.endswith("verl.trainer.main_ppo") or tok.endswith("main_ppo.py"):
-            start = i + 1
+# keys of verl's Megatron trainer that can change the step, which the cost model does not price: what it assumes
+_KNOWN_UNMODELLED = {
+    "trainer.balance_batch": "not modelled: sequences are assumed balanced over the data-parallel ranks",
+    "actor_rollout_ref.rollout.max_num_batched_tokens": "not modelled: the rollout engine's own batching",
+    "actor_rollout_ref.rollout.expert_parallel_size": "not modelled: the rollout engine's layout is its own",
+    "actor_rollout_ref.rollout.data_parallel_size": "not modelled: the rollout engine's layout is its own",
+    "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload": (
+        "not modelled: the optimizer step is priced on the GPU"
+    ),
+    "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction": (
+        "not modelled: the optimizer step is priced on the GPU"
+    ),
+}
+# the modules and scripts that run verl's trainer
+_ENTRY = re.compile(r"(^|[./])(main_ppo|main_dapo|main_grpo|main_[a-z_]*ppo[a-z_]*)(\.py)?$")
+
+
+def _is_entry(word: str) -> bool:
+    return bool(_ENTRY.search(word))
+
+
+def _override_words(text: str, source: str, variables: dict[str, str] | None, script: str | None):
+    """(words after verl's entry module, notes): the script read statically (`specs.shell`); a file of bare
+    override lines gives its words as they stand."""
+    from ..specs.shell import read_shell
+
+    reading = read_shell(text, env=variables, script=script)
+    best: tuple[int, list[str]] | None = None
+    for command in reading.commands:
+        words = list(command.words)
+        for k, word in enumerate(words):
+            if word.rsplit("/", 1)[-1] in ("bash", "sh") and "-c" in words[k + 1 : k + 3]:
+                inner = read_shell(words[words.index("-c", k + 1) + 1], env=reading.variables)
+                words = [w for c in inner.commands for w in c.words]
+                break
+        entries = [i for i, w in enumerate(words) if _is_entry(w)]
+        if entries:
+            rest = words[entries[0] + 1 :]
+            score = sum("=" in w for w in rest)
+            if best is None or score >= best[0]:
+                best = (score, rest)
+    if best is not None:
+        return best[1], list(reading.notes)
+    bare = [w for c in reading.commands for w in c.words if "=" in w or w.startswith("--config")]
+    return bare, list(reading.notes)
+
+
+def _joined_config_options(words: list[str]) -> list[str]:
+    """`--config-name NAME` (two words) as `--config-name=NAME`."""
+    out: list[str] = []
+    skip = False
+    for k, word in enumerate(words):
+        if skip:
+            skip = False
+        elif word in ("--config-name", "--config-path") and k + 1 < len(words):
+            out.append(f"{word}={words[k + 1]}")
+            skip = True
+        else:
+            out.append(word)
+    return out
+
+
+def parse_override_text(
+    text: str, source: str = FIELD, variables: dict[str, str] | None = None, script: str | None = None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """(dotted key -> value, notes) of a verl launch: a bash script (read statically, `specs.shell`), a whole
+    `python -m verl.trainer.main_ppo ...` command, or override lines. Keys that cannot change a step and came out
+    empty (a variable not set here: data paths, project names) are dropped silently; a key that can, left empty,
+    is dropped with a note (verl's default is used)."""
+    words, notes = _override_words(text, source, variables, script)
     values: dict[str, Any] = {}
-    for tok in tokens[start:]:
-        if tok in _SHELL_STOP or tok.startswith(("2>", "1>", ">")):
-            break
-        if tok.startswith("$"):
-            raise ConfigError(tok, "is a shell variable: mat runs no shell, write the overrides it stands for")
+    words = _joined_config_options(words)
+    for tok in words:
         if tok.startswith("--config-path"):
             continue  # verl's own config folder (its examples pass --config-path=config)
         if tok.startswith("--config-name"):
-            name = tok.split("=", 1)[1] if "=" in tok else ""
-            if name.removesuffix(".yaml") != "ppo_megatron_trainer":
+            name = (tok.split("=", 1)[1] if "=" in tok else "").removesuffix(".yaml")
+            if "megatron" not in name:
                 raise ConfigError(
                     "--config-name",
-                    f"{name or '(a separate argument)'} is not read: only verl's ppo_megatron_trainer is known; give "
-                    "the overrides themselves (key=value lines or a yaml of them)",
+                    f"{name or '(a separate argument)'}: not a Megatron trainer config (mat rlhf reads verl's "
+                    "ppo_megatron_trainer and the configs built on it)",
                 )
+            if name != "ppo_megatron_trainer":
+                notes.append(f"--config-name {name}: read with ppo_megatron_trainer's defaults, which it builds on")
             values.setdefault(VERL_KEYS["model_engine"], "megatron")
             continue
         if "=" not in tok:
-            if start == 0 and not values:
-                continue  # the launcher before the first override (no main_ppo module named)
-            raise ConfigError(source, f"{tok!r} is not a key=value override")
+            continue  # a launcher word between overrides (ray's --, hydra flags)
         key, raw = tok.split("=", 1)
         key = key.lstrip("+~")
-        var = _VAR.search(tok)
-        if var:
-            raise ConfigError(
-                key, f"uses the shell variable ${var.group(1)}: mat runs no shell, write the value in its place"
-            )
+        if "@" in key:
+            key = key.split("@", 1)[1]
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", key):
-            if start == 0 and not values:
-                continue  # an environment assignment before the command
-            raise ConfigError(source, f"{tok!r} is not a key=value override")
+            continue
+        if raw == "" and matters(key):
+            notes.append(f"{key}: empty (a variable not set here?), verl's default used")
+            continue
+        if raw == "":
+            continue
         values[key] = _value(raw)
     if not values:
         raise ConfigError(source, "holds no key=value overrides of verl.trainer.main_ppo")
-    return values
+    return values, tuple(dict.fromkeys(notes))
 
 
 def _flatten(prefix: str, node: Any, out: dict[str, Any]) -> None:
@@ -239,8 +297,9 @@ class VerlLaunch:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        for key in self.values:
-            _check_key(key, self.values)
+        unknown = tuple(n for n in (_unknown_key_note(k) for k in self.values) if n)
+        if unknown:
+            object.__setattr__(self, "notes", tuple(dict.fromkeys((*self.notes, *unknown))))
         engine = self.get("model_engine")
         if engine != "megatron":
             raise ConfigError(VERL_KEYS["model_engine"], f"must be megatron for mat rlhf, got {engine!r}")
@@ -323,7 +382,9 @@ class VerlLaunch:
         return int(self.integer("n_gpus_per_node")) * int(self.integer("nnodes"))
 
 
-def read_verl_text(text: str, source: str = FIELD) -> VerlLaunch:
+def read_verl_text(
+    text: str, source: str = FIELD, variables: dict[str, str] | None = None, script: str | None = None
+) -> VerlLaunch:
     """A launch from text: a yaml mapping (nested or dotted keys), else override lines / a command."""
     stripped = text.lstrip()
     data = None
@@ -341,14 +402,17 @@ def read_verl_text(text: str, source: str = FIELD) -> VerlLaunch:
             if isinstance(value, str) and _VAR.search(value) and not value.startswith("${oc."):
                 raise ConfigError(key, f"uses the shell variable ${_VAR.search(value).group(1)}: write the value")
         return VerlLaunch(values, source)
-    return VerlLaunch(parse_override_text(text, source), source)
+    values, notes = parse_override_text(text, source, variables, script)
+    return VerlLaunch(values, source, notes)
 
 
-def read_verl_file(path: str) -> VerlLaunch:
-    """`read_verl_text` of a file (`-`: stdin), with one-line errors for unreadable or oversized input."""
+def read_verl_file(path: str, variables: dict[str, str] | None = None) -> VerlLaunch:
+    """`read_verl_text` of a file (`-`: stdin), with one-line errors for unreadable or oversized input; a
+    script's `source`d helpers are read next to it."""
     if path == "-":
-        return read_verl_text(read_stdin_bounded(FIELD, CONFIG_LIMIT_BYTES), "<stdin>")
-    return read_verl_text(read_text_bounded(path, FIELD, CONFIG_LIMIT_BYTES), str(Path(path)))
+        return read_verl_text(read_stdin_bounded(FIELD, CONFIG_LIMIT_BYTES), "<stdin>", variables)
+    text = read_text_bounded(path, FIELD, CONFIG_LIMIT_BYTES)
+    return read_verl_text(text, str(Path(path)), variables, path)
 
 
 __all__ = [

@@ -31,10 +31,23 @@ TOKENIZER_VOCAB: tuple[tuple[str, int, str], ...] = (
 FALLBACK_VOCAB = 128256
 
 
+# name parts that mark a fine-tune of the same architecture (Qwen2.5-Math-7B is Qwen2.5-7B's shape)
+VARIANT_WORDS = ("math", "coder", "instruct", "chat", "base", "it", "distill")
+
+
+# short names launches use for a preset's model (verl's DeepSeek-V3 recipes: `<path_to_dsv3_config>`)
+ALIASES = {"dsv3": "DeepSeek-V3", "ds-v3": "DeepSeek-V3", "deepseekv3": "DeepSeek-V3"}
+
+
 def preset_named_by(path: str) -> str | None:
     """The shipped preset a path's last parts name (`/data/models/Qwen/Qwen3-8B-Instruct` -> Qwen3-8B): the
-    longest preset name that a last part starts with, case-insensitively; None when none does."""
+    longest preset name that a last part starts with, case-insensitively, also with a fine-tune's variant words
+    (`VARIANT_WORDS`) left out; None when none does."""
     parts = [p for p in re.split(r"[/\\]", path.strip().rstrip("/")) if p][-2:]
+    parts += ["-".join(w for w in p.split("-") if w.lower() not in VARIANT_WORDS) for p in parts]
+    for alias, name in ALIASES.items():
+        if any(re.search(rf"(^|[^a-z0-9]){re.escape(alias)}([^a-z0-9]|$)", p.lower()) for p in parts):
+            return name
     best = None
     for name in preset_names():
         low = name.lower()
