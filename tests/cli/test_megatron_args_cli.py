@@ -63,3 +63,21 @@ def test_bad_launches_and_conflicting_options_are_one_line_errors(tmp_path, caps
     assert "--tp goes in the Megatron-LM launch (--tensor-model-parallel-size)" in capsys.readouterr().err
     assert main(["estimate", "--megatron-args", str(tmp_path / "missing.sh"), "--gpu", "H100-SXM"]) == 2
     assert "megatron_args: cannot read" in capsys.readouterr().err
+
+
+def test_plan_of_a_launch_that_does_not_fit_names_the_fastest_layout_that_does(tmp_path, capsys):
+    launch = tmp_path / "launch.sh"
+    launch.write_text(
+        "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 "
+        "--num-attention-heads 32 --group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm "
+        "--position-embedding-type rope --seq-length 8192 --micro-batch-size 8 --global-batch-size 64 "
+        "--vocab-size 128256 --bf16 --use-distributed-optimizer\n"
+    )
+    out_dir = tmp_path / "p"
+    assert main(["plan", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--no-chart", "--top", "1",
+                 "--output-dir", str(out_dir)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "your launch does not fit" in out and "the fastest layout that does" in " ".join(out.split())
+    plan = json.loads((out_dir / "plan.json").read_text())
+    assert not plan["current_run"]["fits"] and plan["current_run"]["flag_changes"]
+    assert "does not fit; rank 1 is the fastest layout that does" in (out_dir / "flag_changes.txt").read_text()

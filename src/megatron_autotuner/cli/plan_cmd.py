@@ -372,7 +372,15 @@ def print_current_run(out, comparison: CurrentRun) -> None:
         f"{e.mfu:.3f}, {e.peak_memory_gib:.1f} GiB ({fits})"
     )
     gain = comparison.speedup - 1
-    if gain > 0:
+    if not e.fits:
+        b = comparison.best
+        out.print(
+            f"your launch does not fit ({e.peak_memory_gib:.1f} of {e.usable_memory_gib:.1f} GiB usable); the fastest "
+            f"layout that does runs {b.step_time_s:.3f} s/step; change these Megatron-LM flags:"
+        )
+        for change in comparison.changes:
+            out.print(f"  {change}")
+    elif gain > 0:
         out.print(f"the best layout is predicted {gain:.1%} faster; change these Megatron-LM flags:")
         for change in comparison.changes:
             out.print(f"  {change}")

@@ -87,7 +87,12 @@ def write_plan_report(
     if current is not None:
         data["current_run"] = current.to_dict()
         changes = out_dir / "flag_changes.txt"
-        lines = [f"# your launch -> rank 1 (predicted {current.speedup - 1:+.1%} faster)"]
+        said = (
+            "does not fit; rank 1 is the fastest layout that does"
+            if not current.estimate.fits
+            else (f"predicted {current.speedup - 1:+.1%} faster")
+        )
+        lines = [f"# your launch -> rank 1 ({said})"]
         changes.write_text("\n".join(lines + [str(c) for c in current.changes]) + "\n")
         files["flag_changes"] = str(changes)
     data["files"] = files
