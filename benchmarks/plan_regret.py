@@ -163,7 +163,9 @@ def cmd_predict() -> int:
                 "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                 "gpu": gpu_name,
                 "num_gpus": NUM_GPUS,
-                "assumptions": {k: v for k, v in runner_options().__dict__.items() if isinstance(v, (bool, str, float))},
+                "assumptions": {
+                    k: v for k, v in runner_options().__dict__.items() if isinstance(v, (bool, str, float))
+                },
                 "rows": rows,
             }
             folder.mkdir(parents=True, exist_ok=True)
