@@ -30,15 +30,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .shell_syntax import (
+    ASSIGNMENT,
+    FIELD,
+    NAME,
+    AndOr,
+    Case,
+    Function,
+    Group,
+    If,
+    Lexer,
+    Loop,
+    Simple,
+    Token,
+    array_words,
+    parse,
+)
 
 MAX_STEPS = 200_000  # simple commands and assignments executed
 MAX_DEPTH = 32  # nested source / eval / function calls / substitutions
 MAX_WORD_CHARS = 1 << 20
 MAX_ARRAY_ITEMS = 100_000
 MAX_LOOP_ROUNDS = 1_000
-FIELD = "launch"
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?(\+?=)")
 DECLARATIONS = ("export", "declare", "typeset", "local", "readonly")
 # commands that change nothing a launch reads (their output, files and the working directory are not followed)
 IGNORED = frozenset(
@@ -65,468 +78,6 @@ class ShellReading:
     arrays: dict[str, tuple[str, ...]]
     exported: frozenset[str]
     notes: tuple[str, ...]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Lexing: words (raw, quotes kept), operators, array literals
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Tok:
-    kind: str  # "word", "op", "array"
-    text: str
-    name: str = ""  # array: NAME and "=" / "+="
-
-
-def _command_start(out: list[_Tok]) -> bool:
-    """The next token starts a command (so `((` opens arithmetic, not two subshells)."""
-    return not out or out[-1].kind == "op" or out[-1].text in ("for", "if", "elif", "while", "until", "then", "do",
-                                                               "else", "!", "{")  # fmt: skip
-
-
-class _Lexer:
-    def __init__(self, text: str):
-        self.s = text
-        self.i = 0
-        self.heredocs: list[tuple[str, bool]] = []
-
-    def error(self, what: str) -> ConfigError:
-        line = self.s.count("\n", 0, self.i) + 1
-        return ConfigError(FIELD, f"line {line}: {what}")
-
-    def tokens(self) -> list[_Tok]:
-        out: list[_Tok] = []
-        s = self.s
-        in_test = False  # inside [[ ... ]]
-        while self.i < len(s):
-            c = s[self.i]
-            if c in " \t\r":
-                self.i += 1
-            elif c == "\\" and s.startswith("\\\n", self.i):
-                self.i += 2
-            elif c == "\n":
-                self.i += 1
-                self._skip_heredocs()
-                out.append(_Tok("op", "\n"))
-            elif c == "#":
-                end = s.find("\n", self.i)
-                self.i = len(s) if end < 0 else end
-            elif s.startswith("((", self.i) and not in_test and _command_start(out):
-                end = self._balanced(self.i + 1, ")")
-                out.append(_Tok("arith", s[self.i + 2 : end - 2]))
-                self.i = end
-            elif c in ";&|()<>" and not in_test:
-                if c in "<>" and out and out[-1].kind == "word" and out[-1].text.isdigit() and s[self.i - 1].isdigit():
-                    out.pop()  # the descriptor of 2> / 1>>
-                out.append(self._operator())
-            elif c in ";&|()<>":  # inside [[ ]]: && || < > ( ) are words of the test
-                j = self.i + 1
-                while j < len(s) and s[j] in "&|<>=" and s[self.i] in "&|<>":
-                    j += 1
-                out.append(_Tok("word", s[self.i : j]))
-                self.i = j
-            else:
-                out.append(self._word())
-                in_test = (in_test or out[-1].text == "[[") and out[-1].text != "]]"
-            if out and out[-1].kind == "op" and out[-1].text == "\n":
-                in_test = False
-        out.append(_Tok("op", "\n"))
-        return [t for t in out if t.text != "<redirect>"]
-
-    def _operator(self) -> _Tok:
-        s = self.s
-        for op in (";;&", ";;", ";&", "&&", "||", "|&", "&>>", "&>"):
-            if s.startswith(op, self.i):
-                self.i += len(op)
-                if op.startswith("&>"):
-                    return self._redirect()
-                return _Tok("op", {";;&": ";;", ";&": ";;", "|&": "|"}.get(op, op))
-        c = s[self.i]
-        if c in "<>":
-            return self._redirect()
-        self.i += 1
-        return _Tok("op", c)
-
-    def _redirect(self) -> _Tok:
-        """Skip a redirection and its target (here-documents: their body after the line ends)."""
-        s = self.s
-        start = self.i
-        while self.i < len(s) and s[self.i] in "<>&|":
-            self.i += 1
-        op = s[start : self.i]
-        if s.startswith("(", self.i) and op in ("<", ">"):  # process substitution <( ... )
-            self._balanced(self.i + 1, ")")
-            return _Tok("op", "<redirect>")
-        while self.i < len(s) and s[self.i] in " \t":
-            self.i += 1
-        if op in (">&", "<&"):  # duplicate a descriptor: >&2, 2>&1, >&-
-            fd_start = self.i
-            while self.i < len(s) and (s[self.i].isdigit() or s[self.i] == "-"):
-                self.i += 1
-            if self.i > fd_start:
-                return _Tok("op", "<redirect>")
-        if self.i < len(s) and s[self.i] not in "\n;&|":
-            target = self._word().text
-            if op in ("<<", "<<-"):
-                self.heredocs.append((target.strip("'\""), op == "<<-"))
-        return _Tok("op", "<redirect>")
-
-    def _skip_heredocs(self) -> None:
-        for delim, strip_tabs in self.heredocs:
-            while self.i < len(self.s):
-                end = self.s.find("\n", self.i)
-                line = self.s[self.i : len(self.s) if end < 0 else end]
-                self.i = len(self.s) if end < 0 else end + 1
-                if (line.lstrip("\t") if strip_tabs else line) == delim:
-                    break
-        self.heredocs = []
-
-    def _word(self) -> _Tok:
-        s = self.s
-        start = self.i
-        while self.i < len(s):
-            c = s[self.i]
-            if c in " \t\r\n;&|<>":
-                break
-            if c in "()":
-                if self.i == start:
-                    break
-                m = ASSIGNMENT.fullmatch(s[start : self.i])
-                if c == "(" and m and not m.group(2):
-                    content_start = self.i + 1
-                    self.i = self._balanced(content_start, ")")
-                    return _Tok("array", s[content_start : self.i - 1], name=f"{m.group(1)}{m.group(3)}")
-                if c == "(" and s[start : self.i] in ("$", "<", ">"):
-                    self.i = self._balanced(self.i + 1, ")")
-                    continue
-                break
-            if c == "\\":
-                self.i += 2
-            elif c == "'":
-                end = s.find("'", self.i + 1)
-                if end < 0:
-                    raise self.error("a ' quote is never closed")
-                self.i = end + 1
-            elif c == '"':
-                self.i = self._double_quoted(self.i + 1)
-            elif c == "`":
-                end = s.find("`", self.i + 1)
-                if end < 0:
-                    raise self.error("a ` quote is never closed")
-                self.i = end + 1
-            elif c == "$" and s.startswith("$(", self.i):
-                self.i = self._balanced(self.i + 2, ")")
-            elif c == "$" and s.startswith("${", self.i):
-                self.i = self._balanced(self.i + 2, "}")
-            else:
-                self.i += 1
-        return _Tok("word", s[start : self.i])
-
-    def _double_quoted(self, i: int) -> int:
-        s = self.s
-        while i < len(s):
-            c = s[i]
-            if c == "\\":
-                i += 2
-            elif c == '"':
-                return i + 1
-            elif s.startswith("$(", i):
-                i = self._balanced(i + 2, ")")
-            elif s.startswith("${", i):
-                i = self._balanced(i + 2, "}")
-            elif c == "`":
-                end = s.find("`", i + 1)
-                i = len(s) if end < 0 else end + 1
-            else:
-                i += 1
-        raise self.error('a " quote is never closed')
-
-    def _balanced(self, i: int, close: str) -> int:
-        """Index just past the `close` that balances an opening before `i` (quotes and nesting respected)."""
-        s = self.s
-        opener = "(" if close == ")" else "{"
-        depth = 1
-        while i < len(s):
-            c = s[i]
-            if c == "\\":
-                i += 2
-                continue
-            if c == "'" and close == ")":
-                end = s.find("'", i + 1)
-                i = len(s) if end < 0 else end + 1
-                continue
-            if c == '"':
-                i = self._double_quoted(i + 1)
-                continue
-            if c == "#" and close == ")" and (i == 0 or s[i - 1] in " \t\n("):
-                end = s.find("\n", i)
-                i = len(s) if end < 0 else end
-                continue
-            if c == opener:
-                depth += 1
-            elif c == close:
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-            i += 1
-        raise self.error(f"a '{opener}' is never closed")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Parsing: lists, pipelines, if / case / for / while, functions, groups
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Simple:
-    words: list[_Tok]
-
-
-@dataclass
-class _If:
-    branches: list[tuple[list, list]]
-    otherwise: list | None
-
-
-@dataclass
-class _Case:
-    word: str
-    items: list[tuple[list[str], list]]
-
-
-@dataclass
-class _Loop:
-    kind: str  # "for" / "while"
-    var: str
-    items: list[str] | None
-    condition: list
-    body: list
-
-
-@dataclass
-class _Function:
-    name: str
-    body: list
-
-
-@dataclass
-class _Group:
-    body: list
-    subshell: bool
-
-
-@dataclass
-class _AndOr:
-    parts: list  # [(op, pipeline)], op "" for the first, else "&&" / "||"
-
-
-_RESERVED_END = {"then", "elif", "else", "fi", "do", "done", "esac", "}", ";;"}
-
-
-class _Parser:
-    def __init__(self, tokens: list[_Tok], lexer: _Lexer):
-        self.t = tokens
-        self.i = 0
-        self.lexer = lexer
-
-    def peek(self) -> _Tok:
-        return self.t[self.i] if self.i < len(self.t) else _Tok("op", "\n")
-
-    def is_word(self, text: str) -> bool:
-        tok = self.peek()
-        return tok.kind == "word" and tok.text == text
-
-    def skip_newlines(self) -> None:
-        while self.i < len(self.t) and self.t[self.i].kind == "op" and self.t[self.i].text in ("\n", ";", "&"):
-            self.i += 1
-
-    def expect(self, text: str) -> None:
-        self.skip_newlines()
-        tok = self.peek()
-        if tok.text != text:
-            raise ConfigError(FIELD, f"expected '{text}', found {tok.text!r} (an unfinished if / case / loop?)")
-        self.i += 1
-
-    def parse_list(self, stops: set[str]) -> list:
-        nodes: list = []
-        while True:
-            self.skip_newlines()
-            tok = self.peek()
-            if self.i >= len(self.t) or (tok.kind in ("word", "op") and tok.text in stops):
-                return nodes
-            if tok.kind == "op" and tok.text == ")" and ")" not in stops:
-                raise ConfigError(FIELD, "an unmatched ')'")
-            nodes.append(self.and_or())
-
-    def and_or(self) -> _AndOr:
-        parts = [("", self.pipeline())]
-        while self.peek().kind == "op" and self.peek().text in ("&&", "||"):
-            op = self.peek().text
-            self.i += 1
-            while self.peek().kind == "op" and self.peek().text == "\n":
-                self.i += 1
-            parts.append((op, self.pipeline()))
-        return _AndOr(parts)
-
-    def pipeline(self) -> list:
-        if self.is_word("!") or self.is_word("time"):
-            self.i += 1
-        cmds = [self.command()]
-        while self.peek().kind == "op" and self.peek().text == "|":
-            self.i += 1
-            while self.peek().kind == "op" and self.peek().text == "\n":
-                self.i += 1
-            cmds.append(self.command())
-        return cmds
-
-    def command(self):
-        tok = self.peek()
-        if tok.kind == "word":
-            keywords = {"if": self.parse_if, "case": self.parse_case, "for": self.parse_for,
-                        "while": self.parse_while, "until": self.parse_while, "function": self.parse_function,
-                        "{": self.parse_brace}  # fmt: skip
-            keyword = keywords.get(tok.text)
-            if keyword:
-                return keyword()
-            nxt = self.t[self.i + 1] if self.i + 1 < len(self.t) else None
-            if NAME.fullmatch(tok.text) and nxt is not None and nxt.text == "(":
-                after = self.t[self.i + 2] if self.i + 2 < len(self.t) else None
-                if after is not None and after.text == ")":
-                    self.i += 3
-                    return _Function(tok.text, self._function_body())
-        if tok.kind == "arith":
-            self.i += 1
-            return _Simple([_Tok("word", "(("), _Tok("word", tok.text)])
-        if tok.kind == "op" and tok.text == "(":
-            self.i += 1
-            body = self.parse_list({")"})
-            self.expect(")")
-            return _Group(body, subshell=True)
-        words: list[_Tok] = []
-        while True:
-            tok = self.peek()
-            if tok.kind == "op":
-                break
-            if tok.kind == "word" and tok.text in _RESERVED_END and not words:
-                break
-            words.append(tok)
-            self.i += 1
-        if not words:
-            raise ConfigError(FIELD, f"unexpected {tok.text!r}")
-        return _Simple(words)
-
-    def _function_body(self) -> list:
-        self.skip_newlines()
-        node = self.command()
-        return node.body if isinstance(node, _Group) else [node]
-
-    def parse_function(self):
-        self.i += 1
-        name = self.peek().text
-        self.i += 1
-        if self.peek().text == "(":
-            self.i += 2
-        return _Function(name, self._function_body())
-
-    def parse_brace(self):
-        self.i += 1
-        body = self.parse_list({"}"})
-        self.expect("}")
-        return _Group(body, subshell=False)
-
-    def parse_if(self):
-        self.i += 1
-        branches = []
-        cond = self.parse_list({"then"})
-        self.expect("then")
-        body = self.parse_list({"elif", "else", "fi"})
-        branches.append((cond, body))
-        otherwise = None
-        while True:
-            self.skip_newlines()
-            tok = self.peek().text
-            self.i += 1
-            if tok == "elif":
-                cond = self.parse_list({"then"})
-                self.expect("then")
-                branches.append((cond, self.parse_list({"elif", "else", "fi"})))
-            elif tok == "else":
-                otherwise = self.parse_list({"fi"})
-                self.expect("fi")
-                return _If(branches, otherwise)
-            elif tok == "fi":
-                return _If(branches, otherwise)
-            else:
-                raise ConfigError(FIELD, f"an 'if' without 'fi' (found {tok!r})")
-
-    def parse_case(self):
-        self.i += 1
-        word = self.peek().text
-        self.i += 1
-        self.expect("in")
-        items = []
-        while True:
-            self.skip_newlines()
-            if self.is_word("esac"):
-                self.i += 1
-                return _Case(word, items)
-            if self.peek().text == "(":
-                self.i += 1
-            patterns = []
-            while self.peek().text != ")":
-                tok = self.peek()
-                if self.i >= len(self.t):
-                    raise ConfigError(FIELD, "a 'case' without 'esac'")
-                if tok.text != "|":
-                    patterns.append(tok.text)
-                self.i += 1
-            self.i += 1
-            body = self.parse_list({";;", "esac"})
-            if self.peek().text == ";;":
-                self.i += 1
-            items.append((patterns, body))
-
-    def parse_for(self):
-        self.i += 1
-        if self.peek().kind == "arith":  # for (( init; condition; step ))
-            header = self.peek().text
-            self.i += 1
-            self.expect("do")
-            body = self.parse_list({"done"})
-            self.expect("done")
-            return _Loop("for", "", None, [header], body)
-        var = self.peek().text
-        self.i += 1
-        items = None
-        self.skip_newlines()
-        if self.is_word("in"):
-            self.i += 1
-            items = []
-            while self.peek().kind == "word" and self.peek().text != "do":
-                items.append(self.peek().text)
-                self.i += 1
-        self.expect("do")
-        body = self.parse_list({"done"})
-        self.expect("done")
-        return _Loop("for", var, items, [], body)
-
-    def parse_while(self):
-        self.i += 1
-        cond = self.parse_list({"do"})
-        self.expect("do")
-        body = self.parse_list({"done"})
-        self.expect("done")
-        return _Loop("while", "", None, cond, body)
-
-
-def _parse(text: str) -> list:
-    lexer = _Lexer(text)
-    parser = _Parser(lexer.tokens(), lexer)
-    nodes = parser.parse_list(set())
-    if parser.i < len(parser.t):
-        raise ConfigError(FIELD, f"unexpected {parser.peek().text!r}")
-    return nodes
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -929,7 +480,7 @@ class _Shell:
         self.unknown_run.append(False)
         try:
             with self.nested():
-                self.run(_parse(command))
+                self.run(parse(command))
         except (_Exit, _Break):
             pass
         except ConfigError:
@@ -989,7 +540,7 @@ class _Shell:
             status = self.and_or(node)
         return status
 
-    def and_or(self, node: _AndOr) -> int:
+    def and_or(self, node: AndOr) -> int:
         status = 0
         for op, pipeline in node.parts:
             if (op == "&&" and status != 0) or (op == "||" and status == 0):
@@ -1005,9 +556,9 @@ class _Shell:
 
     def command(self, node) -> int:
         self.step()
-        if isinstance(node, _Simple):
+        if isinstance(node, Simple):
             return self.simple(node)
-        if isinstance(node, _If):
+        if isinstance(node, If):
             reads = self.unset_reads
             for cond, body in node.branches:
                 if self.run(cond) == 0:
@@ -1016,7 +567,7 @@ class _Shell:
                 self.note("if on unset variables: no branch matches, read the first")
                 return self.run(node.branches[0][1])
             return self.run(node.otherwise) if node.otherwise is not None else 0
-        if isinstance(node, _Case):
+        if isinstance(node, Case):
             reads = self.unset_reads
             word = self.expand_one(node.word)
             unknown = self.unset_reads > reads
@@ -1029,12 +580,12 @@ class _Shell:
                 self.note(f"case {node.word}: unset, read the first branch ({'|'.join(node.items[0][0])})")
                 return self.run(node.items[0][1])
             return 0
-        if isinstance(node, _Loop):
+        if isinstance(node, Loop):
             return self.loop(node)
-        if isinstance(node, _Function):
+        if isinstance(node, Function):
             self.functions[node.name] = node.body
             return 0
-        if isinstance(node, _Group):
+        if isinstance(node, Group):
             if not node.subshell:
                 return self.run(node.body)
             saved = (dict(self.vars), {k: list(v) for k, v in self.arrays.items()})
@@ -1043,7 +594,7 @@ class _Shell:
             return status
         raise ConfigError(FIELD, f"cannot read {type(node).__name__}")
 
-    def loop(self, node: _Loop) -> int:
+    def loop(self, node: Loop) -> int:
         """for over its items (each), C-style for and while (their conditions, at most MAX_LOOP_ROUNDS rounds)."""
         status = 0
         try:
@@ -1073,7 +624,7 @@ class _Shell:
             pass
         return status
 
-    def simple(self, node: _Simple) -> int:
+    def simple(self, node: Simple) -> int:
         toks = list(node.words)
         if toks[0].text == "((":
             return 0 if self.arith_command(toks[1].text) else 1
@@ -1088,10 +639,10 @@ class _Shell:
             return 0
         return self.builtin(words, toks, tuple(assignments))
 
-    def assign(self, tok: _Tok, local: bool = False) -> tuple[str, str]:
+    def assign(self, tok: Token, local: bool = False) -> tuple[str, str]:
         if tok.kind == "array":
             name, op = tok.name.rstrip("+="), tok.name
-            items = [w for raw in _array_words(tok.text) for w in self.expand(raw)]
+            items = [w for raw in array_words(tok.text) for w in self.expand(raw)]
             self.set_array(name, items, append=op.endswith("+="))
             return name, " ".join(items)
         m = ASSIGNMENT.match(tok.text)
@@ -1129,7 +680,7 @@ class _Shell:
             return 1
         return int(self.arith(expr))
 
-    def builtin(self, words: list[str], toks: list[_Tok], assignments: tuple) -> int:
+    def builtin(self, words: list[str], toks: list[Token], assignments: tuple) -> int:
         name = words[0]
         if name in DECLARATIONS:
             for tok in toks[1:]:
@@ -1151,7 +702,7 @@ class _Shell:
             return self.source(words[1])
         if name == "eval":
             with self.nested():
-                return self.run(_parse(" ".join(words[1:])))
+                return self.run(parse(" ".join(words[1:])))
         if name == "exit":
             if len(words) > 1 and words[1] not in ("0",):
                 self.note(f"exit {words[1]}: ignored, read on")
@@ -1202,7 +753,7 @@ class _Shell:
         self.script = path
         try:
             with self.nested():
-                return self.run(_parse(text))
+                return self.run(parse(text))
         finally:
             self.script = saved
 
@@ -1269,39 +820,16 @@ class _Break(Exception):
 
 
 def _matching(raw: str, i: int, opener: str, closer: str) -> int:
-    """Index past the closer balancing raw[i] (an opener), quotes respected."""
-    depth = 0
-    n = len(raw)
-    while i < n:
-        c = raw[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "'" and opener == "(":
-            i = raw.index("'", i + 1) + 1 if "'" in raw[i + 1 :] else n
-            continue
-        if c == '"':
-            j = i + 1
-            while j < n and raw[j] != '"':
-                j += 2 if raw[j] == "\\" else 1
-            i = j + 1
-            continue
-        if c == opener:
-            depth += 1
-        elif c == closer:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-        i += 1
-    raise ConfigError(FIELD, f"a '{opener}' is never closed in {raw[:60]!r}")
+    """Index past the closer balancing raw[i] (an opener), quotes respected (the lexer's own scan)."""
+    return Lexer(raw).balanced(i + 1, closer)
 
 
 def _only_fails(body: list) -> bool:
     """A branch that only reports and stops (echo / printf / exit): a usage error, not a choice of values."""
     for node in body:
-        for _, pipeline in node.parts if isinstance(node, _AndOr) else []:
+        for _, pipeline in node.parts if isinstance(node, AndOr) else []:
             for command in pipeline:
-                if not isinstance(command, _Simple) or command.words[0].text not in ("echo", "printf", "exit"):
+                if not isinstance(command, Simple) or command.words[0].text not in ("echo", "printf", "exit"):
                     return False
     return True
 
@@ -1331,12 +859,6 @@ def _printf(fmt: str, args: list[str]) -> str:
             return "".join(out)
 
 
-def _array_words(content: str) -> list[str]:
-    """The raw words of an array literal's content (comments and newlines dropped)."""
-    tokens = _Lexer(content).tokens()
-    return [t.text for t in tokens if t.kind == "word"]
-
-
 def _glob_regex(pattern: str) -> str:
     return fnmatch.translate(pattern).removeprefix("(?s:").removesuffix(")\\Z")
 
@@ -1357,7 +879,7 @@ def read_shell(text: str, env: dict[str, str] | None = None, script: str | Path 
     `$0` and `source`)."""
     shell = _Shell(dict(env or {}), Path(script) if script else None)
     try:
-        nodes = _parse(text)
+        nodes = parse(text)
         shell.run(nodes)
     except (_Exit, _Break):
         pass
