@@ -281,6 +281,13 @@ def test_bridge_recompute_full_and_mla_mtp_keys():
     assert "q_lora_rank" not in bridge_overrides(EXAMPLE)["model"]
 
 
+def test_bridge_gets_moe_layer_freq_as_the_list_megatron_lm_evaluates():
+    """Megatron-LM's command line writes '[0]*3+[1]*58' (argparse evaluates it); Bridge's TransformerConfig takes
+    the list itself: the string passed validate() and failed the model build ('Invalid moe_layer_freq')."""
+    args = example(num_layers=8, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=64, moe_layer_freq="[0]*3+[1]*5")
+    assert bridge_overrides(args)["model"]["moe_layer_freq"] == [0, 0, 0, 1, 1, 1, 1, 1]
+
+
 def test_bridge_yaml_round_trip():
     text = bridge_overrides_yaml(EXAMPLE)
     assert text.startswith("#")

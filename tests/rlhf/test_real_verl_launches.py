@@ -55,3 +55,24 @@ def test_each_verl_launch_is_planned_as_is(name, verl_tree, tmp_path, capsys):
         assert rc == 2 and err.startswith("mat: error: ") and "\n" not in err
     else:
         assert rc == 0, err
+
+
+def test_mat_rlhf_reads_back_the_overrides_it_prints_appended_to_the_launch(verl_tree, tmp_path, capsys):
+    """verl's Qwen2-7B GRPO example passes `$@` to the trainer: run with the overrides `mat rlhf` prints, it is read
+    as the plan's best layout (an interleaved uneven pipeline: its layout string and vpp keys)."""
+    import json
+
+    from megatron_autotuner.rlhf import read_verl_file
+
+    script = verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2-7b_math_megatron.sh"]
+    assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--json", "--top-k", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    best, lines = report["best"], report["verl_overrides"]
+    assert best["parallel"]["vpp"] and best["parallel"]["pipeline_layout"]["form"] == "string"
+    launch = read_verl_file(str(script), args=lines)
+    actor = launch.layout("actor")
+    assert (actor["pipeline_model_parallel_size"], actor["virtual_pipeline_model_parallel_size"]) == (
+        best["parallel"]["pp"], best["parallel"]["vpp"],
+    )  # fmt: skip
+    overrides = launch.pass_through("actor_transformer_overrides")
+    assert overrides["pipeline_model_parallel_layout"] == best["parallel"]["pipeline_layout"]["layout"]

@@ -256,6 +256,12 @@ class MegatronArgs:
                 # arguments.py:1661-1664 @ d98e8a6: one-element lists become scalars.
                 if isinstance(value, (list, tuple)) and len(value) == 1 and key != "moe_layer_freq":
                     value = value[0]
+                if key == "moe_layer_freq" and isinstance(value, str):
+                    # Megatron-LM's argparse evaluates the expression ('[0]*3+[1]*58', arguments.py moe_freq_type);
+                    # TransformerConfig takes the int or the list itself: a string fails its model build
+                    from ..specs.megatron_args import moe_layer_pattern
+
+                    value = list(moe_layer_pattern(value, int(self["num_layers"])))
                 out[key] = list(value) if isinstance(value, tuple) else value
         return out
 

@@ -195,12 +195,14 @@ def _is_entry(word: str) -> bool:
     return bool(_ENTRY.search(word))
 
 
-def _override_words(text: str, source: str, variables: dict[str, str] | None, script: str | None):
+def _override_words(
+    text: str, source: str, variables: dict[str, str] | None, script: str | None, args: list[str] | None = None
+):
     """(words after verl's entry module, notes): the script read statically (`specs.shell`); a file of bare
     override lines gives its words as they stand."""
     from ..specs.shell import read_shell
 
-    reading = read_shell(text, env=variables, script=script)
+    reading = read_shell(text, env=variables, script=script, args=args)
     best: tuple[int, list[str]] | None = None
     for command in reading.commands:
         words = list(command.words)
@@ -237,13 +239,17 @@ def _joined_config_options(words: list[str]) -> list[str]:
 
 
 def parse_override_text(
-    text: str, source: str = FIELD, variables: dict[str, str] | None = None, script: str | None = None
+    text: str,
+    source: str = FIELD,
+    variables: dict[str, str] | None = None,
+    script: str | None = None,
+    args: list[str] | None = None,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     """(dotted key -> value, notes) of a verl launch: a bash script (read statically, `specs.shell`), a whole
     `python -m verl.trainer.main_ppo ...` command, or override lines. Keys that cannot change a step and came out
     empty (a variable not set here: data paths, project names) are dropped silently; a key that can, left empty,
     is dropped with a note (verl's default is used)."""
-    words, notes = _override_words(text, source, variables, script)
+    words, notes = _override_words(text, source, variables, script, args)
     values: dict[str, Any] = {}
     words = _joined_config_options(words)
     for tok in words:
@@ -383,7 +389,11 @@ class VerlLaunch:
 
 
 def read_verl_text(
-    text: str, source: str = FIELD, variables: dict[str, str] | None = None, script: str | None = None
+    text: str,
+    source: str = FIELD,
+    variables: dict[str, str] | None = None,
+    script: str | None = None,
+    args: list[str] | None = None,
 ) -> VerlLaunch:
     """A launch from text: a yaml mapping (nested or dotted keys), else override lines / a command."""
     stripped = text.lstrip()
@@ -402,17 +412,17 @@ def read_verl_text(
             if isinstance(value, str) and _VAR.search(value) and not value.startswith("${oc."):
                 raise ConfigError(key, f"uses the shell variable ${_VAR.search(value).group(1)}: write the value")
         return VerlLaunch(values, source)
-    values, notes = parse_override_text(text, source, variables, script)
+    values, notes = parse_override_text(text, source, variables, script, args)
     return VerlLaunch(values, source, notes)
 
 
-def read_verl_file(path: str, variables: dict[str, str] | None = None) -> VerlLaunch:
+def read_verl_file(path: str, variables: dict[str, str] | None = None, args: list[str] | None = None) -> VerlLaunch:
     """`read_verl_text` of a file (`-`: stdin), with one-line errors for unreadable or oversized input; a
-    script's `source`d helpers are read next to it."""
+    script's `source`d helpers are read next to it; `args`: the script's arguments (`$@`: overrides appended)."""
     if path == "-":
         return read_verl_text(read_stdin_bounded(FIELD, CONFIG_LIMIT_BYTES), "<stdin>", variables)
     text = read_text_bounded(path, FIELD, CONFIG_LIMIT_BYTES)
-    return read_verl_text(text, str(Path(path)), variables, path)
+    return read_verl_text(text, str(Path(path)), variables, path, args)
 
 
 __all__ = [

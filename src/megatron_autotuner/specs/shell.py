@@ -873,11 +873,14 @@ def _strip(value: str, pattern: str, op: str) -> str:
     return value
 
 
-def read_shell(text: str, env: dict[str, str] | None = None, script: str | Path | None = None) -> ShellReading:
+def read_shell(
+    text: str, env: dict[str, str] | None = None, script: str | Path | None = None, args: list[str] | None = None
+) -> ShellReading:
     """Read a bash script statically (nothing runs): the commands it would run, in order, with their words
     expanded; `env` is the environment it starts with (the user's `--var NAME=VALUE`), `script` its path (for
-    `$0` and `source`)."""
+    `$0` and `source`), `args` its arguments (`$1 ...`, `$@`; none by default)."""
     shell = _Shell(dict(env or {}), Path(script) if script else None)
+    shell.positional = list(args or [])
     try:
         nodes = parse(text)
         shell.run(nodes)
