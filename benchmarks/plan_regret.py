@@ -254,6 +254,14 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
     return out
 
 
+def lease_cases(predicted: dict[str, Any], measured: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """`case_report` of every case of one lease's predictions (predicted.json), in their order."""
+    return [
+        case_report(case, [r for r in predicted["rows"] if r["case"] == case], measured, predicted["gpu"])
+        for case in dict.fromkeys(r["case"] for r in predicted["rows"])
+    ]
+
+
 def cmd_report() -> int:
     doc: dict[str, Any] = {"kind": "plan-regret", "tool_version": __version__, "leases": []}
     for kind_dir in sorted(RESULTS.glob("plan_regret_*_x4*")):
@@ -262,10 +270,7 @@ def cmd_report() -> int:
         if not measured:
             continue
         env = next(iter(measured.values())).get("env", {})
-        cases = []
-        for case in dict.fromkeys(row["case"] for row in predicted["rows"]):
-            rows = [row for row in predicted["rows"] if row["case"] == case]
-            cases.append(case_report(case, rows, measured, predicted["gpu"]))
+        cases = lease_cases(predicted, measured)
         doc["leases"].append(
             {
                 "folder": kind_dir.name,

@@ -24,11 +24,7 @@ REPORT = json.loads((ROOT / "benchmarks/results/plan_regret.json").read_text())
 def test_the_committed_report_is_what_the_script_makes_of_the_runs():
     kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4"
     predicted = json.loads((kind_dir / "predicted.json").read_text())
-    measured = plan_regret._measured_rows(kind_dir)
-    cases = [
-        plan_regret.case_report(case, [r for r in predicted["rows"] if r["case"] == case], measured, predicted["gpu"])
-        for case in dict.fromkeys(r["case"] for r in predicted["rows"])
-    ]
+    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
     assert cases == LEASE["cases"]
     assert len(cases) == 4 and all(c["measured"] == c["planned"] == 6 for c in cases)
 
@@ -65,11 +61,7 @@ def test_round_two_planned_with_the_overlap_cost_measured_its_dense_pick_best():
     (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4_r2"]
     kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r2"
     predicted = json.loads((kind_dir / "predicted.json").read_text())
-    measured = plan_regret._measured_rows(kind_dir)
-    cases = [
-        plan_regret.case_report(case, [r for r in predicted["rows"] if r["case"] == case], measured, predicted["gpu"])
-        for case in dict.fromkeys(r["case"] for r in predicted["rows"])
-    ]
+    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
     assert cases == lease["cases"]
     dense = next(c for c in cases if c["case"] == "qwen3-8b-s4096")
     assert dense["measured"] == 6 and dense["regret"] == 0.0

@@ -708,17 +708,13 @@ def stage_time(
         window_fwd = sum(fwd.values())
         dense_stride, expert_stride = tp, parallel.etp * parallel.ep
         bucket = max(d.DDP_BUCKET_PARAMS, 1_000_000 * parallel.dp)
-        grad_t = gather_t = 0.0
         grad_calls, gather_calls = [], []
         for v in dp_step_volumes(counts, parallel, workload):
             stride = dense_stride if v.dimension == "dp" else expert_stride
             t = collective_time_s(v.collective, v.group_size, v.message_bytes, cluster, stride)
-            if v.collective == "all_gather":
-                gather_t += t
-                gather_calls.append((v, stride, t))
-            else:
-                grad_t += t
-                grad_calls.append((v, stride, t))
+            (gather_calls if v.collective == "all_gather" else grad_calls).append((v, stride, t))
+        grad_t = sum(t for _, _, t in grad_calls)
+        gather_t = sum(t for _, _, t in gather_calls)
         # A bucket never splits a parameter, so the last gradient bucket of the backward (and the first
         # parameter bucket of the forward) holds at least the word embedding, on the stage that has it:
         # 2x H200, 4-layer Qwen3-8B DP2 (benchmarks/results/validation_h200_x2): its 622 M-parameter

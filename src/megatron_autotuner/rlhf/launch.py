@@ -127,7 +127,7 @@ def _parallel(
     sp = bool(lay["sequence_parallel"]) and int(lay["tensor_model_parallel_size"]) > 1
     pp, vpp = int(lay["pipeline_model_parallel_size"]), lay["virtual_pipeline_model_parallel_size"]
     try:
-        layout = _pipeline(launch, "ref" if role == "ref" else role, model, pp, vpp) if pp > 1 else None
+        layout = _pipeline(launch, role, model, pp, vpp) if pp > 1 else None
         if layout is None and role == "ref" and pp > 1:
             layout = _pipeline(launch, "actor", model, pp, vpp)
         return ParallelConfig(

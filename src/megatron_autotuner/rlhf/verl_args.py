@@ -200,23 +200,20 @@ def _override_words(
 ):
     """(words after verl's entry module, notes): the script read statically (`specs.shell`); a file of bare
     override lines gives its words as they stand."""
+    from ..specs.launch_script import inner_commands
     from ..specs.shell import read_shell
 
     reading = read_shell(text, env=variables, script=script, args=args)
     best: tuple[int, list[str]] | None = None
     for command in reading.commands:
-        words = list(command.words)
-        for k, word in enumerate(words):
-            if word.rsplit("/", 1)[-1] in ("bash", "sh") and "-c" in words[k + 1 : k + 3]:
-                inner = read_shell(words[words.index("-c", k + 1) + 1], env=reading.variables)
-                words = [w for c in inner.commands for w in c.words]
-                break
-        entries = [i for i, w in enumerate(words) if _is_entry(w)]
-        if entries:
-            rest = words[entries[0] + 1 :]
-            score = sum("=" in w for w in rest)
-            if best is None or score >= best[0]:
-                best = (score, rest)
+        for prefix, inner in inner_commands(command, reading):
+            words = prefix + list(inner.words)
+            entries = [i for i, w in enumerate(words) if _is_entry(w)]
+            if entries:
+                rest = words[entries[0] + 1 :]
+                score = sum("=" in w for w in rest)
+                if best is None or score >= best[0]:
+                    best = (score, rest)
     if best is not None:
         return best[1], list(reading.notes)
     bare = [w for c in reading.commands for w in c.words if "=" in w or w.startswith("--config")]

@@ -34,7 +34,7 @@ class TrainingCommand:
     notes: tuple[str, ...]
 
 
-def _inner_commands(command: ShellCommand, reading: ShellReading) -> list[tuple[list[str], ShellCommand]]:
+def inner_commands(command: ShellCommand, reading: ShellReading) -> list[tuple[list[str], ShellCommand]]:
     """(launcher prefix words, command) pairs: the command itself, and for `... bash -c "STRING"` the commands
     of STRING, read with the script's variables, behind the words before the shell."""
     words = list(command.words)
@@ -70,7 +70,7 @@ def training_command(reading: ShellReading, is_flag: Callable[[str], bool]) -> T
     chosen: TrainingCommand | None = None
     exported = {k: v for k, v in reading.variables.items() if k in reading.exported}
     for order, command in enumerate(reading.commands):
-        for prefix, inner in _inner_commands(command, reading):
+        for prefix, inner in inner_commands(command, reading):
             words = prefix + list(inner.words)
             scripts = [i for i, w in enumerate(words) if w.endswith(".py")]
             if not scripts:
