@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from megatron_autotuner.cli import main
 
 LAUNCHES = Path(__file__).resolve().parents[1] / "fixtures" / "launches"
@@ -81,3 +83,14 @@ def test_plan_of_a_launch_that_does_not_fit_names_the_fastest_layout_that_does(t
     plan = json.loads((out_dir / "plan.json").read_text())
     assert not plan["current_run"]["fits"] and plan["current_run"]["flag_changes"]
     assert "does not fit; rank 1 is the fastest layout that does" in (out_dir / "flag_changes.txt").read_text()
+
+
+@pytest.mark.parametrize("command", ["estimate", "plan", "rlhf"])
+def test_a_var_without_a_value_is_one_line_exit_2(tmp_path, capsys, command):
+    launch = tmp_path / "launch.sh"
+    launch.write_text("--num-layers 2\n")
+    flag = "--verl-args" if command == "rlhf" else "--megatron-args"
+    with pytest.raises(SystemExit) as info:
+        main([command, flag, str(launch), "--gpu", "H100-SXM", "--var", "TP"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and "argument --var: expected NAME=VALUE, got 'TP'" in err[-1]
