@@ -134,3 +134,20 @@ def test_real_h200_snapshot_replays_to_the_measured_peak():
     assert h.peak_reserved_bytes == sum(seg["total_size"] for seg in snap["segments"])
     assert h.growths == () and h.initial_reserved_bytes == h.peak_reserved_bytes
     assert any("layernorm_linear.py" in f for a in h.largest_allocations for f in a.frames)
+
+
+def test_what_is_held_at_the_peak_is_grouped_by_the_code_that_allocated_it():
+    h = replay_history(_hole_snapshot())
+    sites = {s.site: (s.bytes, s.blocks) for s in h.held_at_peak_by_site}
+    # a was freed before the peak; b, c and d are held when d arrives
+    assert sites == {"m.py:1 logits": (10 * MIB, 1), "m.py:1 c": (6 * MIB, 1), "m.py:1 b": (4 * MIB, 1)}
+    assert sum(b for b, _ in sites.values()) == h.peak_held_bytes
+    assert h.to_dict()["held_at_peak_by_site"][0] == {"site": "m.py:1 logits", "bytes": 10 * MIB, "blocks": 1}
+    # a history that starts late: what was held before it, and not freed by the peak, is its own site
+    late = [_ev("free_completed", 7, 3 * MIB), _ev("alloc", 9, 5 * MIB), _ev("free_completed", 9, 5 * MIB)]
+    late += [_ev("alloc", 9, 6 * MIB)]
+    h = replay_history({"device_traces": [[_ev("free_completed", 6, 2 * MIB), *late]]})
+    assert h.initial_held_bytes == 5 * MIB
+    assert {s.site: s.bytes for s in h.held_at_peak_by_site} == {"m.py:1 fn": 6 * MIB}
+    h = replay_history({"device_traces": [late]})
+    assert {s.site: s.bytes for s in h.held_at_peak_by_site} == {"m.py:1 fn": 6 * MIB}

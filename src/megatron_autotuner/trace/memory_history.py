@@ -13,7 +13,9 @@ were free could, with perfect packing, have grown by only max(0, r - f): the res
     excess = g - max(0, r - f),
 
 was needed because the free bytes were in pieces (or in another stream's or the small-block pool). The
-requests with the largest excess are where the peak's reserved-unallocated memory came from.
+requests with the largest excess are where the peak's reserved-unallocated memory came from. What was held at the
+peak is grouped by the code that allocated it (the innermost model frame of each live block's `alloc`), so a
+predicted memory breakdown can be set beside it part by part.
 
 Pure Python (standard library); the pickle is read with an unpickler that only builds plain containers.
 """
@@ -144,6 +146,18 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class HeldSite:
+    """Blocks still held at the peak that one code site allocated (blocks from before the history: site '')."""
+
+    site: str
+    bytes: int
+    blocks: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"site": self.site, "bytes": self.bytes, "blocks": self.blocks}
+
+
+@dataclass(frozen=True)
 class MemoryHistory:
     """Replay of one device's allocator history.
 
@@ -162,6 +176,7 @@ class MemoryHistory:
     largest_allocations: tuple[Allocation, ...]
     top: int = 10
     notes: tuple[str, ...] = field(default=())
+    held_at_peak_by_site: tuple[HeldSite, ...] = ()
 
     @property
     def excess_growth_bytes(self) -> int:
@@ -188,6 +203,7 @@ class MemoryHistory:
             "excess_growth_bytes": self.excess_growth_bytes,
             "largest_excess_growths": [g.to_dict() for g in worst if g.excess_bytes > 0],
             "largest_allocations": [a.to_dict() for a in self.largest_allocations],
+            "held_at_peak_by_site": [h.to_dict() for h in self.held_at_peak_by_site[: 3 * self.top]],
             "notes": list(self.notes),
         }
 
@@ -205,6 +221,25 @@ def _deltas(event: dict[str, Any], live: dict[Any, int]) -> tuple[int, int]:
     if action in SHRINK_ACTIONS:
         return 0, -size
     return 0, 0
+
+
+def _held_by_site(trace: list[dict[str, Any]], peak_index: int, initial_held: int) -> tuple[HeldSite, ...]:
+    """The blocks held right after event `peak_index`, summed by the innermost model frame of their `alloc`,
+    largest first; what was held before the history began is the site ''."""
+    live: dict[Any, int] = {}  # address -> index of its alloc event
+    earlier = initial_held  # of the blocks from before the history, what is still held
+    for i, e in enumerate(trace[: peak_index + 1]):
+        if e.get("action") == "alloc":
+            live[e.get("addr")] = i
+        elif e.get("action") == "free_completed" and live.pop(e.get("addr"), None) is None:
+            earlier -= int(e.get("size", 0))
+    sites: dict[str, list[int]] = {"": [earlier, 0]} if earlier > 0 else {}
+    for i in live.values():
+        frames = _frames(trace[i], limit=1)
+        entry = sites.setdefault(frames[0] if frames else "?", [0, 0])
+        entry[0] += int(trace[i].get("size", 0))
+        entry[1] += 1
+    return tuple(HeldSite(site, b, n) for site, (b, n) in sorted(sites.items(), key=lambda kv: -kv[1][0]))
 
 
 def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int = 10) -> MemoryHistory:
@@ -249,6 +284,7 @@ def _replay_history(snapshot: dict[str, Any], device: int | None, top: int) -> M
         )
     held, reserved = initial_held, initial_reserved
     peak_held, peak_reserved, held_at_peak = held, reserved, held
+    peak_index = -1
     live.clear()
     growths: list[Growth] = []
     allocations: list[tuple[int, int]] = []  # (size, event index) of every alloc
@@ -268,7 +304,8 @@ def _replay_history(snapshot: dict[str, Any], device: int | None, top: int) -> M
         if d_reserved > 0 and reserved > peak_reserved:
             peak_reserved, held_at_peak = reserved, held
         if d_held > 0:
-            peak_held = max(peak_held, held)
+            if held > peak_held:
+                peak_held, peak_index = held, i
             if reserved == peak_reserved:
                 held_at_peak = max(held_at_peak, held)
             allocations.append((d_held, i))
@@ -279,6 +316,7 @@ def _replay_history(snapshot: dict[str, Any], device: int | None, top: int) -> M
         for size, i in heapq.nlargest(top, allocations, key=lambda a: (a[0], -a[1]))  # ties: earliest first
     )
     return MemoryHistory(
+        held_at_peak_by_site=_held_by_site(trace, peak_index, initial_held),
         device=device,
         events=len(trace),
         initial_reserved_bytes=initial_reserved,
