@@ -147,12 +147,17 @@ def extract_ub_kernels(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+# defaults.LINK_EFFICIENCY["nvlink"] when NCCL's protocol curves replaced the alpha-beta model for ring collectives (it
+# was an assumption then; the all-to-all / send-recv sweep measured 0.64 since)
+REPLACED_NVLINK_EFFICIENCY = 0.8
+
+
 def alpha_beta_old_s(collective: str, n: int, nbytes: float, nvlink_gbps: float) -> float:
-    """The NVLink alpha-beta model this module replaced (defaults LINK_EFFICIENCY / COLLECTIVE_BASE_LATENCY_S /
-    HOP_LATENCY_S)."""
+    """The NVLink alpha-beta model this module replaced (defaults COLLECTIVE_BASE_LATENCY_S / HOP_LATENCY_S, and the
+    NVLink efficiency of that time, `REPLACED_NVLINK_EFFICIENCY`)."""
     steps = 2 * (n - 1) if collective == "all_reduce" else n - 1
     alpha = d.COLLECTIVE_BASE_LATENCY_S + steps * d.HOP_LATENCY_S["nvlink"]
-    return alpha + nbytes * wire_factor(collective, n) / (nvlink_gbps * 1e9 * d.LINK_EFFICIENCY["nvlink"])
+    return alpha + nbytes * wire_factor(collective, n) / (nvlink_gbps * 1e9 * REPLACED_NVLINK_EFFICIENCY)
 
 
 def fit_simple(calls: list[dict[str, Any]], gpu) -> dict[str, Any]:

@@ -39,9 +39,10 @@ def test_host_floor_constants_are_the_testbench_moe_block():
     assert floor["fwd_s"] == pytest.approx(d.MOE_HOST_FLOOR_FWD_S, rel=0.02)
     assert floor["bwd_s"] == pytest.approx(d.MOE_HOST_FLOOR_BWD_S, rel=0.02)
     assert floor["bwd_per_local_expert_s"] == pytest.approx(d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S, rel=0.02)
-    # measured 5-7x the GPU time of the whole layer: the host, not the GPU, sets the pace
+    # measured 4-6x the modelled GPU time of the whole layer (dispatcher kernels at their measured rates, the EP 2
+    # all-to-all included): the host, not the GPU, sets the pace
     assert all(
-        p["fwd_ms"] > 5 * p["layer_gpu_fwd_ms"] and p["bwd_ms"] > 4 * p["layer_gpu_bwd_ms"] for p in floor["cases"]
+        p["fwd_ms"] > 4 * p["layer_gpu_fwd_ms"] and p["bwd_ms"] > 4 * p["layer_gpu_bwd_ms"] for p in floor["cases"]
     )
 
 

@@ -83,6 +83,24 @@ QKV_SPLIT_COPY_HBM_EFFICIENCY = 0.3
 # at TP1, 65 k at TP2): one for q and one for k per layer and micro-batch (same traces).
 QK_NORM_BWD_FINALIZE_S = 78e-6
 
+# MoE token movement (megatron-core's alltoall dispatcher; `layer._moe_dispatch_work`). benchmarks/moe_permute.py ran
+# megatron-core 0.19.2's permute / sort_chunks_by_idxs / unpermute, unfused and with TE 2.20.2's fused kernels, on one
+# H200 over 4k-32k tokens, hidden 2048 / 4096, 32 / 128 experts, top-2 / top-8
+# (benchmarks/results/moe_permute_h200/moe_permute.json; `--fit` gives these). Gathers, the sort's cat and the fused
+# kernels stream at HBM_EFFICIENCY (1.04 ps per permuted element for 2 accesses, measured 0.95-1.04 unfused;
+# fused 0.45-0.55 per element of each side). Below it:
+# - the unfused backward of the permute, autograd's atomic bf16 `index_add_` (torch's indexFuncLargeIndex): 8.27 ps per
+#   permuted element (max residual 2%), i.e. 4 bytes per element at 0.101 of 4.8 TB/s;
+# - the unfused unpermute's atomic `scatter_add_`: 3.76 ps per element (max residual 3%): 0.222;
+# - the pass over the T x E routing map (1 byte per entry) that builds the permutation: 25.2 ps per entry unfused
+#   (`masked_select`), 70.2 ps with TE's fused row-id map: 0.0083 and 0.0030.
+# The rank-0 trace of the 4-GPU E32 run (plan_regret_h200_x4_r2/moe_traces) shows the same kernels at 32 k tokens,
+# top-8: index_add 4.98 ms, scatter_add 2.11 ms per layer (this benchmark: 4.58 / 2.07 ms of kernel time).
+MOE_INDEX_ADD_HBM_EFFICIENCY = 0.101
+MOE_SCATTER_ADD_HBM_EFFICIENCY = 0.222
+MOE_ROUTING_MAP_UNFUSED_HBM_EFFICIENCY = 0.0083
+MOE_ROUTING_MAP_FUSED_HBM_EFFICIENCY = 0.0030
+
 # ---- attention --------------------------------------------------------------------------------
 # cuDNN flash attention (what TE's DotProductAttention uses on Hopper), fraction of the bf16 dense
 # peak, counting the work actually done (causal = half of the s x s square), from [M3]:
@@ -149,7 +167,10 @@ NCCL_CHUNKED_BW_FRACTION = {2: 0.75, 8: 1.0}
 # 18 links x 25 GB/s, ~0.8 after packet headers and synchronisation; InfiniBand / RoCE with GPUDirect RDMA,
 # one NIC per GPU: ~0.9 of the line rate) and a per-call latency: a launch / synchronisation base plus one hop
 # per ring step (NCCL's tuning model uses ~1 us per NVLink hop and a few us per network hop).
-LINK_EFFICIENCY = {"nvlink": 0.8, "scale_out": 0.9}
+# NVLink: measured. NCCL 2.28.9's all-to-all and send/recv on 2 and 4 H200 (benchmarks/results/nccl_sweep_fit.json,
+# bus bandwidth at 64 MiB-1 GiB): 155-355 GB/s, median 287 of NVLink's 450 per direction: 0.64. (0.8 was assumed
+# before; the 4-GPU traces' EP all-to-all ran 1.78 ms per 1 GiB call at 2 ranks where 0.8 gave 1.5 ms.)
+LINK_EFFICIENCY = {"nvlink": 0.64, "scale_out": 0.9}
 COLLECTIVE_BASE_LATENCY_S = 10e-6
 HOP_LATENCY_S = {"nvlink": 1e-6, "scale_out": 5e-6}
 # TE userbuffers (tp_comm_overlap) move the same bytes without NCCL (transformer_engine/common/comm_gemm_overlap:

@@ -18,8 +18,9 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   copies 4(a + 2g)d*T/tp forward and TE's fixed-cost dgamma finalize of both norms backward. The
   fused SwiGLU backward, RoPE and the split copies stream below the default HBM fraction (measured
   fractions in `defaults`). MoE adds router softmax/top-k (fp32,
-  10*E*T/x each way), token permute + unpermute 8h*R (R = routed tokens on the rank) each way and
-  the expert activation on R tokens. fp8 adds a cast of every TE GEMM input (fwd) and output grad
+  10*E*T/x each way), the dispatcher's token permute / sort / unpermute (`moe_dispatch_work`: gathers and
+  copies at the default fraction, the unfused path's atomic accumulates at their measured rates) and the expert
+  activation on R tokens (R = routed tokens on the rank). fp8 adds a cast of every TE GEMM input (fwd) and output grad
   (bwd): 4 bytes per element with delayed scaling (read bf16, write fp8 and its transpose), 6 with
   per-tensor current scaling (an amax pass first; `defaults.FP8_CAST_BYTES_PER_ELEMENT`).
 - exposed tensor-parallel communication (NCCL's protocol curves inside a node, `collectives`; TE userbuffers
@@ -287,7 +288,7 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
         experts = model.num_moe_experts
         routed = t * model.moe_router_topk * ctx.etp / tp
         out["router"] = (10.0 * experts * tt, 10.0 * experts * tt, 4, None)
-        out["moe_permute"] = (4 * e * h * routed, 4 * e * h * routed, 4, None)
+        out.update(moe_dispatch_work(model, ctx, tt, routed))
         out["activation"] = (act_fwd * model.moe_ffn_hidden_size / ctx.etp * routed, 0.0, 1, None)
         out["activation_bwd"] = (0.0, act_bwd * model.moe_ffn_hidden_size / ctx.etp * routed, 1, act_bwd_eff)
         s = model.moe_shared_expert_intermediate_size
@@ -298,6 +299,48 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
         f = model.ffn_hidden_size / tp
         out["activation"] = (dense_fwd * f * t, 0.0, 1, None)
         out["activation_bwd"] = (0.0, dense_bwd * f * t, 1, dense_bwd_eff)
+    return out
+
+
+MOE_DISPATCH_WORK = (
+    "moe_permute",
+    "moe_permute_atomic",
+    "moe_sort_chunks",
+    "moe_unpermute",
+    "moe_unpermute_atomic",
+    "moe_routing_map",
+)
+
+
+def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed: float) -> dict[str, MemoryBoundWork]:
+    """The alltoall dispatcher's token movement on one rank (megatron-core token_dispatcher.py / moe_utils.py) for
+    T = `tokens` local rows of h bf16 elements, P = T x top-k permuted rows and R = `routed` rows after the
+    all-to-all (R = P without tensor parallelism), by the bytes each step moves and the rate measured for its kernels
+    (`benchmarks/moe_permute.py` on H200, `defaults.MOE_*`):
+    - unfused (megatron-core's default, an eager block: `ctx.moe_host_bound`): permute = `index_select` gather
+      (2 accesses per permuted element) forward, an atomic `index_add_` backward; unpermute = atomic `scatter_add_`
+      forward, a gather backward; the permute walks the T x E routing map forward (`masked_select`);
+    - TE's fused kernels (`--moe-permute-fusion`): permute and unpermute each read one side and write the other
+      (P + T rows) each way; the permute builds its row-id map from the routing map forward;
+    - sort by local expert (only with more than one local expert): a split + `torch.cat` (or TE's fused sort) of the
+      R rows each way."""
+    e, h = E_BF16, model.hidden_size
+    permuted = e * h * tokens * model.moe_router_topk
+    out: dict[str, MemoryBoundWork] = {}
+    if model.num_moe_experts // max(1, ctx.ep) > 1:
+        out["moe_sort_chunks"] = (2 * e * h * routed, 2 * e * h * routed, 1, None)
+    map_entries = tokens * model.num_moe_experts  # one byte each (bool)
+    if ctx.moe_host_bound:
+        out["moe_permute"] = (2 * permuted, 0.0, 1, None)
+        out["moe_permute_atomic"] = (0.0, 2 * permuted, 2, d.MOE_INDEX_ADD_HBM_EFFICIENCY)
+        out["moe_unpermute"] = (0.0, 2 * permuted, 1, None)
+        out["moe_unpermute_atomic"] = (2 * permuted, 0.0, 2, d.MOE_SCATTER_ADD_HBM_EFFICIENCY)
+        out["moe_routing_map"] = (map_entries, 0.0, 3, d.MOE_ROUTING_MAP_UNFUSED_HBM_EFFICIENCY)
+    else:
+        both = permuted + e * h * tokens
+        out["moe_permute"] = (both, both, 1, None)
+        out["moe_unpermute"] = (both, both, 1, None)
+        out["moe_routing_map"] = (map_entries, 0.0, 2, d.MOE_ROUTING_MAP_FUSED_HBM_EFFICIENCY)
     return out
 
 
@@ -460,8 +503,8 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
     # ---- host-bound MoE block ----
     if is_moe and ctx.moe_host_bound:
         moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
-        moe_mem = ("router", "moe_permute", "activation", "activation_bwd")
-        moe_mem += ("shared_activation", "shared_activation_bwd")
+        moe_mem = ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
+        moe_mem += MOE_DISPATCH_WORK
         gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
         cal = ctx.calibration
         floor = cal.moe_host_floor(ctx.precision, ctx.fp8_recipe) if cal is not None else None
@@ -496,7 +539,8 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
             if "moe" in mods and is_moe:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)))
-                _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in ("router", "moe_permute", "activation")))
+                redone = ("router", "activation") + MOE_DISPATCH_WORK
+                _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in redone))
                 _add(rec, "ep", 2 * a2a)
             if "moe_act" in mods and is_moe:
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
