@@ -74,8 +74,22 @@ CASES_R2: list[dict[str, Any]] = [
         "global_batch_size": 16,
     },
 ]
+# round 3, planned after the MoE dispatcher's permute / unpermute kernels and the NVLink all-to-all / send-recv
+# bandwidth were measured (benchmarks/moe_permute.py, nccl_sweep_fit.json): two MoE shapes no run had (few large
+# experts at top-2; the full 128 experts at top-8) and a dense model of a larger hidden size
+CASES_R3: list[dict[str, Any]] = [
+    {"case": "mixtral-8l-s4096", "model": "Mixtral-8x7B", "num_layers": 8, "seq_length": 4096, "global_batch_size": 16},
+    {
+        "case": "qwen3-moe-e128-8l",
+        "model": "Qwen3-30B-A3B",
+        "num_layers": 8,
+        "seq_length": 4096,
+        "global_batch_size": 32,
+    },
+    {"case": "qwen3-32b-16l", "model": "Qwen3-32B", "num_layers": 16, "seq_length": 4096, "global_batch_size": 16},
+]
 # folder / layouts-file suffix of each round
-ROUNDS: dict[str, list[dict[str, Any]]] = {"": CASES, "_r2": CASES_R2}
+ROUNDS: dict[str, list[dict[str, Any]]] = {"": CASES, "_r2": CASES_R2, "_r3": CASES_R3}
 
 
 def runner_options() -> CostOptions:

@@ -4,6 +4,8 @@
 #     bash benchmarks/validation/x4_plan_regret.sh part1   # the two dense cases                         ~8 min
 #     bash benchmarks/validation/x4_plan_regret.sh part2   # the two MoE cases, then NCCL sweeps / memory ~8 min
 #     bash benchmarks/validation/x4_plan_regret.sh r2      # round 2 (plan_regret.CASES_R2): two new cases ~9 min
+#     bash benchmarks/validation/x4_plan_regret.sh r3      # round 3 (plan_regret.CASES_R3): the two MoE cases ~9 min
+#     bash benchmarks/validation/x4_plan_regret.sh r3b     # round 3's dense case (resumes what r3 left)
 # Each part stops starting layouts at its deadline (DEADLINE_S, default 540 s) and packs what it has; a part run again
 # on the same machine resumes (mat validate skips finished layouts). The layouts and the predictions made before the
 # runs come from `python benchmarks/plan_regret.py predict` (x4_plan_regret_<h100|h200>_layouts.json,
@@ -21,6 +23,7 @@ case "$(head -1 "$OUT/gpus.txt")" in
 esac
 SUFFIX=""
 [ "$PART" = r2 ] && SUFFIX="_r2"
+case "$PART" in r3*) SUFFIX="_r3" ;; esac
 LAYOUTS="$HERE/x4_plan_regret_${KIND}${SUFFIX}_layouts.json"
 # one layouts file per case (the case is the first word of each layout's name)
 $PY - "$LAYOUTS" "$OUT" <<'EOF'
@@ -62,6 +65,12 @@ if [ "$PART" = part1 ]; then
 elif [ "$PART" = r2 ]; then
   run_case qwen3-8b-s4096
   run_case qwen3-moe-e32-12l-s8192
+elif [ "$PART" = r3 ]; then
+  run_case mixtral-8l-s4096
+  run_case qwen3-moe-e128-8l
+elif [ "$PART" = r3b ]; then
+  run_case qwen3-32b-16l
+  run_case qwen3-moe-e128-8l   # resumes what r3 left
 else
   run_case qwen3-moe-e32-24l
   run_case qwen3-moe-e64-12l
@@ -72,7 +81,8 @@ else
 fi
 
 EV="$OUT/evidence"
-for c in qwen3-4b llama31-8b qwen3-moe-e32-24l qwen3-moe-e64-12l qwen3-8b-s4096 qwen3-moe-e32-12l-s8192; do
+for c in qwen3-4b llama31-8b qwen3-moe-e32-24l qwen3-moe-e64-12l qwen3-8b-s4096 qwen3-moe-e32-12l-s8192 \
+  mixtral-8l-s4096 qwen3-moe-e128-8l qwen3-32b-16l; do
   [ -d "$OUT/$c" ] && collect_batch "$c" "$EV/$c"
 done
 cp "$OUT"/nccl_*.json "$OUT"/nccl_*.txt "$EV/" 2>/dev/null
