@@ -579,6 +579,48 @@ def plan_regret(root: Path) -> str:
     return out
 
 
+MOE_PERMUTE_SHAPE = {"tokens": 32768, "experts": 128, "topk": 8}  # the 4-GPU runs' micro-batch at s8192 x 4, top-8
+
+
+def moe_permute(root: Path) -> str:
+    """megatron-core's dispatcher steps measured (kernel time) at 32 k tokens, top-8, unfused and fused."""
+    rel = "moe_permute_h200/moe_permute.json"
+    data = load(root, rel)
+    rows = []
+    for r in data["rows"]:
+        if any(r[k] != v for k, v in MOE_PERMUTE_SHAPE.items()):
+            continue
+        cells = [f"{sum(s['kernel_us'][p].values()) / 1e3:.2f}" for s in r["steps"].values() for p in ("fwd", "bwd")]
+        rows.append([str(r["hidden"]), "TE fused" if r["fused"] else "unfused (default)", *cells])
+    env = data["env"]
+    out = source(rel) + (
+        f"{env['device']}, megatron-core {env['megatron_core']}, TE {env['transformer_engine']}, torch {env['torch']}; "
+        f"kernel milliseconds per MoE layer and micro-batch at {MOE_PERMUTE_SHAPE['tokens']} tokens, "
+        f"{MOE_PERMUTE_SHAPE['experts']} experts, top-{MOE_PERMUTE_SHAPE['topk']}.\n\n"
+    )
+    head = ["hidden", "permutation", "permute fwd", "permute bwd", "sort fwd", "sort bwd", "unpermute fwd",
+            "unpermute bwd"]  # fmt: skip
+    return out + table(head, rows)
+
+
+def moe_memory(root: Path) -> str:
+    """What rank 0 held at its peak, by allocating site (allocator history of round 2's E32 layouts)."""
+    rel = "moe_permute_h200/moe_memory"
+    out = source(f"{rel}/memory/*/rank_0.history.json")
+    rows = []
+    for path in sorted((root / RESULTS / rel / "memory").glob("*/rank_0.history.json")):
+        doc = json.loads(path.read_text())
+        layout = path.parent.name.split(".")[3:7]  # tp pp cp ep of the layout id
+        for site in doc["held_at_peak_by_site"][:8]:
+            where, _, function = site["site"].partition(" ")
+            where = "torch.compile'd kernel" if "torchinductor" in where else where.split(":")[0]
+            rows.append([" ".join(layout), f"{function} ({where})", f"{site['bytes'] / 2**30:.2f}",
+                         str(site["blocks"])])  # fmt: skip
+        rows.append([" ".join(layout), "**peak held / reserved**", f"{doc['peak_held_bytes'] / 2**30:.2f}",
+                     f"{doc['peak_reserved_bytes'] / 2**30:.2f} GiB reserved"])  # fmt: skip
+    return out + table(["layout", "allocated by", "GiB held at peak", "blocks"], rows)
+
+
 def plan_validate(root: Path) -> str:
     rel = "plan_validate_h100_x4"
     plan_doc = load(root, f"{rel}/plan/plan.json")
@@ -932,6 +974,8 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "recipes_vs_best": recipes_vs_best,
     "plan_regret": plan_regret,
     "plan_validate": plan_validate,
+    "moe_permute": moe_permute,
+    "moe_memory": moe_memory,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
     "scaling_pairs": scaling_pairs,
