@@ -62,7 +62,10 @@ def test_mat_rlhf_reads_back_the_overrides_it_prints_appended_to_the_launch(verl
     as the plan's best layout (an interleaved uneven pipeline: its layout string and vpp keys)."""
     import json
 
-    from megatron_autotuner.rlhf import read_verl_file
+    from megatron_autotuner.costmodel import DEFAULT_MEMORY_MARGIN
+    from megatron_autotuner.rlhf import evaluate_step, read_verl_file
+    from megatron_autotuner.rlhf.launch import launch_inputs, model_from_launch
+    from megatron_autotuner.specs import get_gpu_spec
 
     script = verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2-7b_math_megatron.sh"]
     assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--json", "--top-k", "1"]) == 0
@@ -76,3 +79,8 @@ def test_mat_rlhf_reads_back_the_overrides_it_prints_appended_to_the_launch(verl
     )  # fmt: skip
     overrides = launch.pass_through("actor_transformer_overrides")
     assert overrides["pipeline_model_parallel_layout"] == best["parallel"]["pipeline_layout"]["layout"]
+    # one prediction: the launch run with the overrides is predicted at the plan's step (its log-prob passes keep the
+    # micro-batch the search gave them, not the actor's)
+    inputs = launch_inputs(launch, model_from_launch(launch, None)[0], None, None, None, None, DEFAULT_MEMORY_MARGIN)
+    back = evaluate_step(inputs.spec, inputs.choice, get_gpu_spec("H100-SXM"), inputs.options)
+    assert back.total_s == pytest.approx(best["total_s"], rel=1e-9)

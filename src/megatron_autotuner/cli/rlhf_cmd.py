@@ -113,10 +113,14 @@ def overrides_for(result: StepResult, options) -> list[str]:
     w = pass_workload(c.actor_batching, c.parallel, spec.lengths, spec.mini_batch_sequences, "train", c.recompute, True)
     args = megatron_args(spec.model, c.parallel, w, options)
     lp = c.old_log_prob_batching
+    # fixed-size micro-batches: each log-prob pass's own size (the search may give them more than the actor's)
+    fixed = not (lp.dynamic or w.max_token_len)
+    fixed_log_prob = (lp.micro_batch_size, c.ref_log_prob_batching.micro_batch_size) if fixed else None
     tree = verl_step_overrides(
         args,
         max_token_len=w.max_token_len,
         log_prob_max_token_len=(lp.max_token_len_per_gpu * c.parallel.cp) if (lp.dynamic and w.max_token_len) else None,
+        log_prob_micro_batch_sizes=fixed_log_prob,
         param_offload=c.param_offload,
         optimizer_offload=c.optimizer_offload,
         ref_param_offload=c.ref_param_offload if spec.use_reference else None,

@@ -255,13 +255,16 @@ def verl_step_overrides(
     *,
     max_token_len: int | None,
     log_prob_max_token_len: int | None = None,
+    log_prob_micro_batch_sizes: tuple[int, int] | None = None,
     param_offload: bool | None = None,
     optimizer_offload: bool | None = None,
     ref_param_offload: bool | None = None,
 ) -> dict[str, Any]:
     """`verl_overrides(mode="train")` for a whole colocated verl step: the actor's layout and training micro-batch,
     the log-prob passes' own token budget (`log_prob_max_token_len`, one micro-batch before the CP split; a
-    forward pass holds no activations for a backward, so it may pack more than the training micro-batch), and the
+    forward pass holds no activations for a backward, so it may pack more than the training micro-batch) or, with
+    fixed-size micro-batches, their own micro-batch sizes (`log_prob_micro_batch_sizes`: old / ref log-prob, sequences
+    per GPU), and the
     offload switches `mat rlhf` chose (None: not written, verl's default stays)."""
     out = verl_overrides(args, mode="train", max_token_len=max_token_len)
     K = VERL_KEYS
@@ -271,6 +274,12 @@ def verl_step_overrides(
         budget = _token_budget(int(log_prob_max_token_len), MegatronArgs(args).cp)
         _put(out, K["ref_log_prob_max_token_len"], budget)
         _put(out, K["rollout_log_prob_max_token_len"], budget)
+    if log_prob_micro_batch_sizes is not None:
+        if max_token_len is not None:
+            raise ValueError("log_prob_micro_batch_sizes are for fixed-size micro-batches (no max_token_len)")
+        old, ref = log_prob_micro_batch_sizes
+        _put(out, K["rollout_log_prob_micro_batch"], int(old))
+        _put(out, K["ref_log_prob_micro_batch"], int(ref))
     for key, value in (
         ("actor_param_offload", param_offload),
         ("actor_optimizer_offload", optimizer_offload),
