@@ -504,24 +504,59 @@ def moe_layer_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
         if n < 1:
             raise ConfigError("moe_layer_freq", f"must be >= 1, got {n}")
         return tuple(1 if i % n == 0 else 0 for i in range(num_layers))
+    if len(freq) > MAX_LIST_EXPRESSION_CHARS:
+        raise ConfigError("moe_layer_freq", f"is {len(freq)} characters (limit {MAX_LIST_EXPRESSION_CHARS})")
     try:
         pattern = _eval_list_expression(ast.parse(freq.strip(), mode="eval").body)
-    except (SyntaxError, ValueError) as exc:
-        raise ConfigError("moe_layer_freq", f"cannot read {freq!r}: {exc}") from exc
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ConfigError("moe_layer_freq", f"cannot read {freq[:60]!r}: {exc}") from exc
+    if not isinstance(pattern, list) or any(not isinstance(x, int) or isinstance(x, bool) for x in pattern):
+        raise ConfigError("moe_layer_freq", f"{freq[:60]!r} must make a flat list of 0 / 1 integers")
     if len(pattern) != num_layers:
         raise ConfigError("moe_layer_freq", f"has {len(pattern)} entries, the model has num_layers={num_layers}")
     return tuple(pattern)
 
 
-def _eval_list_expression(node: ast.AST) -> Any:
+# `--moe-layer-freq` list expressions: their text, the entries they make (one per layer) and their nesting
+MAX_LIST_EXPRESSION_CHARS = 4096
+MAX_LIST_ENTRIES = 10_000
+MAX_LIST_EXPRESSION_DEPTH = 16
+
+
+def _eval_list_expression(node: ast.AST, depth: int = 0) -> Any:
+    """Integer lists, + and * only. A chain of + is walked in a loop (a long chain is deep on its left side); any
+    other nesting is bounded, and no list grows past MAX_LIST_ENTRIES."""
+    if depth > MAX_LIST_EXPRESSION_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_LIST_EXPRESSION_DEPTH}")
     if isinstance(node, ast.List):
-        return [_eval_list_expression(e) for e in node.elts]
+        return _bounded([_eval_list_expression(e, depth + 1) for e in node.elts])
     if isinstance(node, ast.Constant) and isinstance(node.value, int):
         return node.value
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Mult):
-        left, right = _eval_list_expression(node.left), _eval_list_expression(node.right)
-        return left + right if isinstance(node.op, ast.Add) else left * right
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        terms = []
+        while isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            terms.append(node.right)
+            node = node.left
+        total = _eval_list_expression(node, depth + 1)
+        for term in reversed(terms):
+            value = _eval_list_expression(term, depth + 1)
+            if isinstance(total, list) and isinstance(value, list):
+                _bounded(range(len(total) + len(value)))
+            total = total + value
+        return total
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        left, right = _eval_list_expression(node.left, depth + 1), _eval_list_expression(node.right, depth + 1)
+        items, count = (left, right) if isinstance(left, list) else (right, left)
+        if isinstance(items, list) and isinstance(count, int):
+            _bounded(range(len(items) * max(count, 0)))
+        return left * right
     raise ValueError("only integer lists, + and * are allowed")
+
+
+def _bounded(items: Any) -> Any:
+    if len(items) > MAX_LIST_ENTRIES:
+        raise ValueError(f"makes {len(items)} entries (limit {MAX_LIST_ENTRIES})")
+    return items
 
 
 def _normalization(value: Any, notes: list[str]) -> Any:
@@ -700,6 +735,8 @@ def _pipeline_layout(
             "decoder_first_pipeline_num_layers",
             "cannot be set with --account-for-embedding/loss-in-pipeline-split (megatron-core)",
         )
+    if vstages is not None and vstages < 1:
+        raise ConfigError("num_virtual_stages_per_pipeline_rank", f"must be a positive integer, got {vstages}")
     vpp = vstages
     if per_vstage is not None:
         if first is not None or last is not None:
@@ -707,6 +744,8 @@ def _pipeline_layout(
                 "num_layers_per_virtual_pipeline_stage",
                 "use --num-virtual-stages-per-pipeline-rank with uneven first / last stages (Megatron-LM)",
             )
+        if per_vstage < 1:
+            raise ConfigError("num_layers_per_virtual_pipeline_stage", f"must be a positive integer, got {per_vstage}")
         slots = num_layers + emb + loss
         if slots % pp or (slots // pp) % per_vstage:
             raise ConfigError(

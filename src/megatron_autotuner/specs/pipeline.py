@@ -30,6 +30,9 @@ from typing import Any
 from ..errors import ConfigError
 
 FORMS = ("even", "account", "first_last", "string")
+# a layout string, repeats unrolled: one character per embedding / layer / loss plus the stage separators (the largest
+# published layouts, DeepSeek-V3 / Qwen3-235B at pp 16 vpp 8, are a few hundred)
+MAX_LAYOUT_CHARS = 100_000
 _LAYER_CHARS = {"E": "embedding", "L": "loss", "t": "decoder", "m": "mtp"}
 
 
@@ -39,8 +42,20 @@ def parse_layout_string(layout: str) -> list[str]:
     if not isinstance(layout, str) or not layout.strip():
         raise ConfigError("pipeline_model_parallel_layout", "must be a non-empty layout string such as 'Et|(tt|)*30mL'")
     text = layout.replace(",", "").replace(" ", "").replace('"', "").replace("'", "")
+    if len(text) > MAX_LAYOUT_CHARS:
+        raise ConfigError("pipeline_model_parallel_layout", f"is {len(text)} characters (limit {MAX_LAYOUT_CHARS})")
+
+    def repeat(m: re.Match) -> str:
+        count = int(m.group(2)) if len(m.group(2)) < 12 else MAX_LAYOUT_CHARS + 1
+        if len(text) - len(m.group(0)) + len(m.group(1)) * count > MAX_LAYOUT_CHARS:
+            raise ConfigError(
+                "pipeline_model_parallel_layout",
+                f"{m.group(0)[:40]!r}: unrolled, the layout would pass {MAX_LAYOUT_CHARS} characters (the limit)",
+            )
+        return m.group(1) * count
+
     for pattern in (r"\(([^()]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        text = re.sub(pattern, lambda m: m.group(1) * int(m.group(2)), text)
+        text = re.sub(pattern, repeat, text)
     stages = text.split("|")
     for stage in stages:
         for ch in stage:

@@ -1,0 +1,124 @@
+"""Inputs that once expanded without bound or divided by zero: one line naming the field and the limit, exit 2, and
+the legitimate forms beside them still read."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_autotuner.cli import main
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs.megatron_args import moe_layer_pattern
+from megatron_autotuner.specs.pipeline import parse_layout_string
+
+SMALL = (
+    "--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+    "--micro-batch-size 1 --global-batch-size 8 "
+)
+
+
+def _one_line_error(capsys, argv: list[str], field: str) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"mat: error: {field}: "), err
+    return err
+
+
+@pytest.mark.parametrize("layout", ["Et*99999999999L", "E(t|)*99999999999999999999999L", "E" + "t" * 100_001 + "L"])
+def test_a_layout_string_that_unrolls_past_the_limit_is_refused(capsys, layout):
+    argv = ["estimate", "--model", "Llama-3.1-8B", "--gpu", "H100-SXM", "--num-gpus", "8", "--pipeline-layout", layout]
+    assert "100000" in _one_line_error(capsys, argv, "pipeline_model_parallel_layout")
+
+
+def test_layout_strings_of_real_size_still_unroll():
+    assert len(parse_layout_string("Et|(tt|)*30mL")) == 32
+    assert parse_layout_string("Et*3|t*4L") == ["Ettt", "ttttL"]
+
+
+@pytest.mark.parametrize(
+    ("freq", "problem"),
+    [
+        ("[1]*100000000000", "limit 10000"),
+        ("+".join(["[1]"] * 200_000), "limit 4096"),
+        ("2*[1,0]*3000", "limit 10000"),
+        ("[[1]*3]*2", "flat list"),
+    ],
+)
+def test_a_moe_layer_freq_expression_past_its_limits_is_refused(capsys, tmp_path, freq, problem):
+    launch = tmp_path / "launch.txt"
+    launch.write_text(SMALL + f"--num-experts 4 --moe-layer-freq {freq}\n")
+    argv = ["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM"]
+    assert problem in _one_line_error(capsys, argv, "moe_layer_freq")
+
+
+def test_long_and_real_moe_layer_freq_expressions_still_read():
+    assert len(moe_layer_pattern("+".join(["[1]"] * 1000), 1000)) == 1000  # a 1000-term chain: walked, not recursed
+    assert moe_layer_pattern("[0]*3+[1]*58", 61) == (0, 0, 0) + (1,) * 58  # DeepSeek-V3
+    assert moe_layer_pattern("([0]+[1])*2", 4) == (0, 1, 0, 1)
+    with pytest.raises(ConfigError):
+        moe_layer_pattern("[1]*3", 4)
+
+
+@pytest.mark.parametrize("flag", ["--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"])
+def test_zero_virtual_stage_settings_are_refused(capsys, tmp_path, flag):
+    launch = tmp_path / "launch.txt"
+    launch.write_text(SMALL + f"--pipeline-model-parallel-size 2 {flag} 0\n")
+    argv = ["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM"]
+    assert "positive integer, got 0" in _one_line_error(capsys, argv, flag[2:].replace("-", "_"))
+
+
+ALIAS_BOMB = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"{b}: &{b} [{', '.join(['*' + a] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        (ALIAS_BOMB, "unfolds its aliases to more than 1000000 values (the limit)"),  # 9^9 values from 760 bytes
+        ("data:\n  train_batch_size: 32\nnest: " + "[" * 5000 + "]" * 5000 + "\n", "is nested deeper than 64 levels"),
+    ],
+)
+def test_a_verl_yaml_past_the_yaml_limits_is_refused(capsys, tmp_path, text, problem):
+    path = tmp_path / "verl.yaml"
+    path.write_text(text)
+    assert problem in _one_line_error(capsys, ["rlhf", "--verl-args", str(path), "--gpu", "H100-SXM"], "verl_args")
+
+
+def test_yaml_with_a_few_aliases_still_reads():
+    from megatron_autotuner.files import load_yaml_bounded
+
+    assert load_yaml_bounded("a: &x [1, 2]\nb: *x\nc: {d: 1}") == {"a": [1, 2], "b": [1, 2], "c": {"d": 1}}
+    assert load_yaml_bounded("") is None
+
+
+VERL = (
+    "actor_rollout_ref.model.path=Qwen/Qwen2.5-7B-Instruct data.max_prompt_length=512 data.max_response_length=1024 "
+    "actor_rollout_ref.rollout.n=4 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 "
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2 actor_rollout_ref.actor.ppo_mini_batch_size=16 "
+    "algorithm.adv_estimator=grpo "
+)
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "problem"),
+    [
+        ("data.train_batch_size=null", "data.train_batch_size", "must be an integer >= 1, got null"),
+        (
+            "data.train_batch_size=32 actor_rollout_ref.rollout.gpu_memory_utilization=high",
+            "actor_rollout_ref.rollout.gpu_memory_utilization",
+            "must be a number, got 'high'",
+        ),
+    ],
+)
+def test_verl_values_of_the_wrong_type_are_one_line_errors(capsys, tmp_path, extra, field, problem):
+    path = tmp_path / "verl.txt"
+    path.write_text(VERL + extra + "\n")
+    assert problem in _one_line_error(capsys, ["rlhf", "--verl-args", str(path), "--gpu", "H100-SXM"], field)
+
+
+def test_validate_report_only_on_a_file_or_a_missing_folder_is_a_one_line_error(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in (afile, tmp_path / "missing"):
+        argv = ["validate", "--report-only", "--output-dir", str(out), "--model", "Qwen3-0.6B", "--seq-len", "128"]
+        assert "is not a folder" in _one_line_error(capsys, [*argv, "--gpu", "H100-SXM"], "output_dir")
