@@ -154,6 +154,66 @@ def read_json_bounded(
         raise ConfigError(field, f"{path} is not valid JSON (nested too deeply)") from None
 
 
+# a user's yaml: nesting, alias references and the size its aliases unfold to (an 811-byte alias bomb unfolds to
+# gigabytes when walked)
+MAX_YAML_DEPTH = 64
+MAX_YAML_ALIASES = 1000
+MAX_YAML_NODES = 1_000_000
+
+
+def _unfolded_nodes(node: Any, memo: dict[int, int]) -> int:
+    """Nodes of a composed yaml node with every alias unfolded, capped just past MAX_YAML_NODES (shared nodes are
+    counted once per reference, each computed once)."""
+    import yaml
+
+    if id(node) in memo:
+        return memo[id(node)]
+    count = 1
+    if isinstance(node, yaml.SequenceNode):
+        count += sum(_unfolded_nodes(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        count += sum(_unfolded_nodes(k, memo) + _unfolded_nodes(v, memo) for k, v in node.value)
+    memo[id(node)] = min(count, MAX_YAML_NODES + 1)
+    return memo[id(node)]
+
+
+def load_yaml_bounded(text: str) -> Any:
+    """`yaml.safe_load` of `text` that refuses, as `yaml.YAMLError`, documents nested deeper than MAX_YAML_DEPTH,
+    referring to anchors more than MAX_YAML_ALIASES times or unfolding to more than MAX_YAML_NODES values."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        depth = aliases = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise yaml.YAMLError(f"has more than {MAX_YAML_ALIASES} alias references (the limit)")
+            self.depth += 1
+            if self.depth > MAX_YAML_DEPTH:
+                raise yaml.YAMLError(f"is nested deeper than {MAX_YAML_DEPTH} levels (the limit)")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    loader = Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            unfolded = _unfolded_nodes(node, {})
+        except RecursionError:
+            unfolded = MAX_YAML_NODES + 1
+        if unfolded > MAX_YAML_NODES:
+            raise yaml.YAMLError(f"unfolds its aliases to more than {MAX_YAML_NODES} values (the limit)")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def read_yaml_bounded(
     path: str | PathLike[str],
     field: str = "path",
@@ -167,9 +227,11 @@ def read_yaml_bounded(
 
     text = read_text_bounded(path, field, limit_bytes, error=error)
     try:
-        return yaml.safe_load(text)
+        return load_yaml_bounded(text)
     except yaml.YAMLError as exc:
         first = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
+        if first.endswith("(the limit)"):
+            raise ConfigError(field, f"{path} {first}") from None
         raise ConfigError(field, f"{path} is not valid yaml: {first}") from None
     except RecursionError:
         raise ConfigError(field, f"{path} is not valid yaml (nested too deeply)") from None

@@ -232,7 +232,7 @@ def launch_inputs(
         ppo_epochs=launch.integer("actor_epochs"),
         use_reference=launch.use_reference,
         rollout_tp=launch.integer("rollout_tp"),
-        rollout_memory_utilization=float(launch.get("rollout_memory_utilization")),
+        rollout_memory_utilization=launch.number("rollout_memory_utilization"),
         free_cache_engine=launch.flag("rollout_free_cache_engine"),
         rollout_s=rollout_s,
         use_critic=use_critic,

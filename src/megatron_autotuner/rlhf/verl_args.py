@@ -25,7 +25,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
-from ..files import CONFIG_LIMIT_BYTES, read_stdin_bounded, read_text_bounded
+from ..files import CONFIG_LIMIT_BYTES, load_yaml_bounded, read_stdin_bounded, read_text_bounded
 
 FIELD = "verl_args"
 
@@ -157,7 +157,7 @@ def matters(key: str) -> bool:
 def _value(text: str) -> Any:
     """A Hydra override value: yaml scalars and lists (true, 8, null, [a,b]); anything else stays text."""
     try:
-        return yaml.safe_load(text) if text != "" else ""
+        return load_yaml_bounded(text) if text != "" else ""
     except yaml.YAMLError:
         return text
 
@@ -354,12 +354,22 @@ class VerlLaunch:
         return out
 
     def integer(self, name: str, minimum: int = 1) -> int | None:
+        """An integer key; None only where verl's own default is None (null for a key verl gives a number is an
+        error, as verl's config checks find it)."""
         value = self.get(name)
-        if value is None:
+        if value is None and VERL_DEFAULTS[name] is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(VERL_KEYS[name], f"must be an integer >= {minimum}, got {value!r}")
+            shown = "null" if value is None else repr(value)
+            raise ConfigError(VERL_KEYS[name], f"must be an integer >= {minimum}, got {shown}")
         return value
+
+    def number(self, name: str) -> float:
+        """A real-valued key (an int is read as a float)."""
+        value = self.get(name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(VERL_KEYS[name], f"must be a number, got {'null' if value is None else repr(value)}")
+        return float(value)
 
     def flag(self, name: str) -> bool:
         value = self.get(name)
@@ -397,8 +407,10 @@ def read_verl_text(
     data = None
     if stripped and not stripped.startswith(("python", "torchrun", "PYTHON")) and "=" not in stripped.split("\n")[0]:
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
+            data = load_yaml_bounded(text)
+        except yaml.YAMLError as exc:
+            if str(exc).endswith("(the limit)"):
+                raise ConfigError("verl_args", f"the yaml {exc}") from None
             data = None
     if isinstance(data, dict):
         data.pop("defaults", None)

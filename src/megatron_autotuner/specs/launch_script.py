@@ -110,8 +110,10 @@ def functional_test_case(text: str, variables: dict[str, str] | None = None) -> 
     `${VAR}` read as the shell reads them; None when the text is not such a file."""
     import yaml
 
+    from ..files import load_yaml_bounded
+
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_bounded(text)
     except yaml.YAMLError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("MODEL_ARGS"), dict):

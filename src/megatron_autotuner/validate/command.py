@@ -336,6 +336,8 @@ def run(args: argparse.Namespace) -> int:
     # where results go is checked before the layouts are built and run (--report-only reads the folder)
     if not args.report_only:
         check_output_dir(out, "output_dir")
+    elif not out.is_dir():
+        raise ConfigError("output_dir", f"{out} is not a folder (--report-only reads the folder of an earlier run)")
     for flag in ("emit_slurm", "write_calibration"):
         if getattr(args, flag) is not None:
             check_output_file(getattr(args, flag), flag)
