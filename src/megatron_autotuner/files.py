@@ -296,6 +296,28 @@ def check_output_dir(path: str | PathLike[str], field: str = "output_dir") -> Pa
     return p
 
 
+def write_text_atomic(path: str | PathLike[str], text: str) -> Path:
+    """Write `text` to `path` through a temporary file in the same folder, flushed and renamed over it: a reader
+    (or a later run) sees the old complete file or the new one, never a part. A failure (a full disk, no permission)
+    removes the temporary file and is a one-line `ConfigError` naming the path; the old file stays."""
+    p = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+        tmp = None
+    except OSError as exc:
+        raise ConfigError("output", f"cannot write {p}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return p
+
+
 def ensure_output_dir(path: str | PathLike[str], field: str = "output_dir") -> Path:
     """Create the output directory (and its parents) and check that a file can be written in it; a one-line
     `ConfigError` otherwise (a file in the way, no permission, a read-only file system, an empty path)."""

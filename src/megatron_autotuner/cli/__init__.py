@@ -90,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mat: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # the machine, not the input: a full disk, a file that vanished, no permission
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"mat: error: system: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

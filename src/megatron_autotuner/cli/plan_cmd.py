@@ -15,7 +15,7 @@ from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
 from ..costmodel.defaults import HOST_PACE_RANGE
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, estimate
 from ..errors import AutotunerError, ConfigError
-from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded
+from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded, write_text_atomic
 from ..report import output_dir_for, write_plan_report
 from ..search import GRAPH_MODES, plan_with_graphs
 from ..search.current import CurrentRun, compare_with_best
@@ -312,7 +312,7 @@ def add_measured_to_plan_json(path: Path, measured: dict) -> None:
     """plan.json gains what --validate measured (`validate.batch.plan_measured`) under "validation"."""
     data = json.loads(path.read_text())
     data["validation"] = measured
-    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_text_atomic(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def print_measured(out, measured: dict) -> None:

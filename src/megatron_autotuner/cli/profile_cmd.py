@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..argspec.argtypes import non_empty_path, non_negative_int, positive_float, positive_int, positive_int_list
 from ..errors import ConfigError
-from ..files import check_output_dir, check_output_file
+from ..files import check_output_dir, check_output_file, write_text_atomic
 from ..testbench.cases import MODES, OPERATORS, expand_cases, load_case_file
 from .output import console, make_table, print_json
 
@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
     )
     records = all_records(out_dir)
     rows = [r for r in summary_rows(records) if r["case_id"] in {c.case_id for c in cases}]
-    (out_dir / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
+    write_text_atomic(out_dir / "summary.json", json.dumps(rows, indent=1) + "\n")
     if not any(r["status"] == "ok" for r in rows):
         from ..errors import NothingMeasuredError
 

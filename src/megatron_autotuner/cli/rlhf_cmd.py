@@ -13,7 +13,7 @@ from ..argspec.common import add_launch_reading_arguments, launch_variables
 from ..costmodel import DEFAULT_MEMORY_MARGIN, load_calibration
 from ..export import megatron_args
 from ..export.verl import override_lines, verl_step_overrides
-from ..files import ensure_output_dir
+from ..files import ensure_output_dir, write_text_atomic
 from ..rlhf import (
     evaluate_step,
     launch_inputs,
@@ -156,9 +156,9 @@ def run(args: argparse.Namespace) -> int:
     lines = overrides_for(ranked[0], search_options) if ranked else None
     report = step_report(user, ranked, lines)
     if out_dir is not None:
-        (out_dir / "rlhf.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        write_text_atomic(out_dir / "rlhf.json", json.dumps(report, indent=2, default=str) + "\n")
         if lines:
-            (out_dir / "verl_overrides.txt").write_text(" \\\n".join(shlex.quote(x) for x in lines) + "\n")
+            write_text_atomic(out_dir / "verl_overrides.txt", " \\\n".join(shlex.quote(x) for x in lines) + "\n")
     if args.json:
         print_json(report)
         return 0

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..files import write_text_atomic
+
 SETUPS = ("nccl", "te_default", "tuned")
 
 
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     if rank == 0:
-        Path(args.out).write_text(json.dumps(results, indent=1))
+        write_text_atomic(Path(args.out), json.dumps(results, indent=1))
     dist.barrier()
     dist.destroy_process_group()
     return 0

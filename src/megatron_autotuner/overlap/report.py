@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
+from ..files import write_text_atomic
 from .analysis import Candidate, RunAnalysis, best_candidate
 from .rules import cfg_from_dict, cfg_violations
 from .scaling import scaling_check, whole_layer_scaling
@@ -278,8 +279,8 @@ def write_reports(
             if p:
                 files["plots"].append(str(p))
     report["files"] = files
-    (out / "tuning_report.json").write_text(json.dumps(report, indent=1, default=str))
-    (out / "summary.txt").write_text(summary_text(report))
+    write_text_atomic(out / "tuning_report.json", json.dumps(report, indent=1, default=str))
+    write_text_atomic(out / "summary.txt", summary_text(report))
     return report
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import AutotunerError, ConfigError
-from ..files import CONFIG_LIMIT_BYTES, check_output_dir, ensure_output_dir, read_json_bounded
+from ..files import CONFIG_LIMIT_BYTES, check_output_dir, ensure_output_dir, read_json_bounded, write_text_atomic
 from ..launch import OutputLock, append_record
 from ..launch.records import LAUNCHER_FILE
 from ..specs import load_model_spec
@@ -76,7 +76,7 @@ class OverlapTuner:
 
     def run(self) -> dict[str, Any]:
         ensure_output_dir(self.out)
-        (self.out / "config.json").write_text(json.dumps(self.config.to_dict(), indent=1, default=str))
+        write_text_atomic(self.out / "config.json", json.dumps(self.config.to_dict(), indent=1, default=str))
         gpus = self._gpus()
         with OutputLock(self.out, "overlap"):
             self._run_jobs(gpus)

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from ..files import write_text_atomic
 from .rules import UB_NAMES, UbVariant, cfg_from_dict
 
 
@@ -20,7 +21,7 @@ def dump_ub_yaml(cfg: Mapping[str, UbVariant], path: str | Path, header: list[st
     text += yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
+    write_text_atomic(p, text)
     return p
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import AutotunerError
 from ..export import export_all
-from ..files import check_output_dir, ensure_output_dir
+from ..files import check_output_dir, ensure_output_dir, write_text_atomic
 
 
 def output_dir_for(command: str, output_dir: str | Path | None = None, create: bool = True) -> Path:
@@ -71,7 +71,49 @@ def write_plan_report(
 ) -> dict[str, Any]:
     """Write plan.json, top-K export snippets under rank_<k>/, and plan.png; return the index. `current`: the
     user's own launch against the best (`search.current.CurrentRun`), written into plan.json and
-    `flag_changes.txt`."""
+    `flag_changes.txt`. The folder is locked while it is written (`launch.OutputLock`), and what an earlier plan wrote
+    there that this one does not (its plan.json's index) is removed once the new plan.json is in place."""
+    from ..launch import OutputLock
+
+    with OutputLock(out_dir, "plan"):
+        previous = _previous_outputs(out_dir)
+        files = _write_plan_files(result, out_dir, top_k, chart, current, tuned_tp_overlap_yaml)
+        _remove_stale(out_dir, previous - _outputs(files))
+    return files
+
+
+def _outputs(files: dict[str, Any]) -> set[str]:
+    """The paths a plan.json's "files" index names (the rank folders, flag_changes.txt, plan.png)."""
+    return {str(v) for k, v in files.items() if k in ("chart", "flag_changes")} | {
+        str(v) for v in (files.get("exports") or {}).values()
+    }
+
+
+def _previous_outputs(out_dir: Path) -> set[str]:
+    try:
+        files = json.loads((out_dir / "plan.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return _outputs(files) if isinstance(files, dict) else set()
+
+
+def _remove_stale(out_dir: Path, stale: set[str]) -> None:
+    """Remove an earlier plan's outputs, only inside `out_dir` (a rank folder only with the files export_all writes)."""
+    import shutil
+
+    for name in stale:
+        path = Path(name)
+        if path.parent.resolve() != out_dir.resolve():
+            continue
+        if path.is_dir() and path.name.startswith("rank_"):
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file() and path.name in ("flag_changes.txt", "plan.png"):
+            path.unlink(missing_ok=True)
+
+
+def _write_plan_files(
+    result: Any, out_dir: Path, top_k: int, chart: bool, current: Any, tuned_tp_overlap_yaml: str | None
+) -> dict[str, Any]:
     files: dict[str, Any] = {"plan": str(out_dir / "plan.json"), "exports": {}}
     for c in result.top(top_k):
         sub = out_dir / f"rank_{c.rank}"
@@ -79,7 +121,7 @@ def write_plan_report(
         expandable = result.options.expandable_segments
         files_text = export_all(result.model, c.parallel, c.workload, expandable, result.options, tuned_tp_overlap_yaml)
         for name, text in files_text.items():
-            (sub / name).write_text(text)
+            write_text_atomic(sub / name, text)
         files["exports"][str(c.rank)] = str(sub)
     if chart and result.candidates:
         files["chart"] = str(plot_plan(result, out_dir / "plan.png", top_k))
@@ -93,8 +135,8 @@ def write_plan_report(
             else (f"predicted {current.speedup - 1:+.1%} faster")
         )
         lines = [f"# your launch -> rank 1 ({said})"]
-        changes.write_text("\n".join(lines + [str(c) for c in current.changes]) + "\n")
+        write_text_atomic(changes, "\n".join(lines + [str(c) for c in current.changes]) + "\n")
         files["flag_changes"] = str(changes)
     data["files"] = files
-    (out_dir / "plan.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    write_text_atomic(out_dir / "plan.json", json.dumps(data, indent=1, default=str) + "\n")
     return files

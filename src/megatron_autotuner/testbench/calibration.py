@@ -27,6 +27,7 @@ from typing import Any
 from .. import SCHEMA_VERSION, __version__
 from ..costmodel.calibration import precision_fields
 from ..errors import ConfigError
+from ..files import write_text_atomic
 from ..specs import ClusterSpec, get_gpu_spec, load_model_spec
 from .results import all_records, latest_by_case
 
@@ -306,7 +307,7 @@ def write_calibration(result_dirs: list[str | Path], out_path: str | Path, gpu: 
         records.extend(all_records(Path(d)))
     calibration = calibration_from_records(records, gpu)
     calibration["source"] = [str(d) for d in result_dirs]
-    Path(out_path).write_text(json.dumps(calibration, indent=1) + "\n")
+    write_text_atomic(Path(out_path), json.dumps(calibration, indent=1) + "\n")
     return calibration
 
 
@@ -348,5 +349,5 @@ def write_host_copy_calibration(summary: dict[str, Any], out_path: str | Path) -
         "interferences_not_run": summary.get("interferences_not_run", {}),
     }
     calibration_from_dict(calibration, source=str(path))
-    path.write_text(json.dumps(calibration, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(calibration, indent=1) + "\n")
     return calibration

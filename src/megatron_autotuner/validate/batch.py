@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
+from ..files import write_text_atomic
 from ..specs import get_gpu_spec
 from .agreement import BEST_TOLERANCE, rank_agreement
 from .calibration import held_out_memory
@@ -51,7 +52,7 @@ def predictions_for(layouts: list[Layout], gpu: str, out_dir: Path, calibration:
             {"layout_id": lay.layout_id, "layout": lay.to_dict(), "predicted": preds[lay.layout_id]} for lay in layouts
         ],
     }
-    (out_dir / "layouts.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(out_dir / "layouts.json", json.dumps(doc, indent=1) + "\n")
     return preds
 
 
@@ -104,8 +105,10 @@ def build_report(layouts: list[Layout], out_dir: Path, gpu: str, predictions: di
     }
     summary["targets"]["peak_memory_held_out_within_5pct"] = sum(abs(h["error"]) <= MEMORY_TARGET for h in held_out)
     summary["targets"]["peak_memory_held_out_compared"] = len(held_out)
-    (out_dir / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["status"] != "pending"))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_text_atomic(
+        out_dir / "results.jsonl", "".join(json.dumps(r) + "\n" for r in rows if r["status"] != "pending")
+    )
+    write_text_atomic(out_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
     return ValidationReport(out_dir, tuple(rows), tuple(agreement), summary)
 
 

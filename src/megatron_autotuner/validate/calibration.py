@@ -29,6 +29,7 @@ from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
 from ..errors import ConfigError
+from ..files import write_text_atomic
 from ..specs import get_gpu_spec
 from ..theory.flops import layer_forward_flops_per_token, phase_flops
 from ..theory.memory import GIB, ActivationOptions, MemoryAllowance, local_tokens, stage_memory
@@ -283,7 +284,7 @@ def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_calibration(rows: list[dict[str, Any]], gpu: str, path: str | Path) -> dict[str, Any]:
     """Write the calibration file and check that the cost model loads it back."""
     doc = calibration_from_rows(rows, gpu)
-    Path(path).write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(Path(path), json.dumps(doc, indent=1) + "\n")
     from ..costmodel import load_calibration
 
     load_calibration(path)

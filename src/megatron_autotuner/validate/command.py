@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import SCHEMA_VERSION, __version__
 from ..argspec.common import add_launch_reading_arguments
 from ..errors import ConfigError
+from ..files import write_text_atomic
 
 
 def add_stand_in_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -350,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
     if args.emit_slurm:
         ensure_output_dir(out)
         layouts_file = out / "slurm_layouts.json"
-        layouts_file.write_text(json.dumps([lay.to_dict() for lay in layouts], indent=1))
+        write_text_atomic(layouts_file, json.dumps([lay.to_dict() for lay in layouts], indent=1))
         worlds = {lay.world_size for lay in layouts}
         if worlds != {args.nodes * args.gpus_per_node}:
             raise ConfigError(
@@ -359,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
         if len({lay.expandable_segments for lay in layouts}) > 1:
             raise ConfigError("expandable_segments", "one Slurm job runs one allocator setting: split the layouts")
         script = launcher.slurm_script(layouts_file.resolve(), out.resolve(), args.nodes, args.gpus_per_node)
-        Path(args.emit_slurm).write_text(script)
+        write_text_atomic(Path(args.emit_slurm), script)
         print(f"wrote {args.emit_slurm} (sbatch {args.emit_slurm})")
         return 0
     calibration = None

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..files import write_text_atomic
 from .layout import Layout
 
 HOST_FLOOR_SEQ_LENGTH = 4096  # 4k tokens, micro-batch 1: host-bound for 128-expert Qwen3-30B-A3B shapes on H100 / H200
@@ -150,7 +151,7 @@ def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
                 variant = spec.replace(num_moe_experts=experts, name=f"{spec.name}-E{experts}")
                 models_dir.mkdir(parents=True, exist_ok=True)
                 path = models_dir / f"{Path(spec.name).name}-E{experts}.json"
-                path.write_text(json.dumps(variant.to_dict(), indent=1) + "\n")
+                write_text_atomic(path, json.dumps(variant.to_dict(), indent=1) + "\n")
                 model = str(path)
             case = Case(
                 model=model,
@@ -188,7 +189,7 @@ def measure_host_floor(
         doc["moe_host_floor"] = _moe_floors(cases, out_dir, num_gpus, log)
     if probes:
         doc["dense_host_floor"] = _dense_floors(probes, out_dir / "probes", num_gpus, log, device)
-    (out_dir / "host_floor.calibration.json").write_text(json.dumps(doc, indent=1) + "\n")
+    write_text_atomic(out_dir / "host_floor.calibration.json", json.dumps(doc, indent=1) + "\n")
     measured = calibration_from_dict(doc, source=str(out_dir / "host_floor.calibration.json"))
     if not measured.moe_host_floors and not measured.dense_host_floors:
         log("host floor: no case gave a host floor here; the default floors stay")
