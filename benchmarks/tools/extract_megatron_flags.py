@@ -1,5 +1,6 @@
 """Regenerate `src/megatron_autotuner/specs/presets/megatron_lm_flags.json`: every option of Megatron-LM's own
-argparse (`megatron.training.arguments.add_megatron_arguments`), with its dest, default, action, nargs and group.
+argparse (`megatron.training.arguments.add_megatron_arguments`), with its dest, default, action, nargs, group, and
+for a value flag its type (int / float / str; none for a converter of Megatron's own) and choices.
 
 Megatron-LM's training package imports GPU-only modules at import time; on a CPU machine they are replaced by
 empty stand-ins (nothing of them is called: only the parser is built). Triton must be importable (torch checks
@@ -76,16 +77,19 @@ def extract(megatron_lm: str, extra_path: list[str]) -> list[dict]:
             except TypeError:
                 default = repr(default)
             nargs = action.nargs if action.nargs not in (None, 0) else None
-            rows.append(
-                {
-                    "flags": action.option_strings,
-                    "dest": action.dest,
-                    "default": default,
-                    "action": kind,
-                    "nargs": nargs,
-                    "group": group.title,
-                }
-            )
+            row = {
+                "flags": action.option_strings,
+                "dest": action.dest,
+                "default": default,
+                "action": kind,
+                "nargs": nargs,
+                "group": group.title,
+            }
+            if kind == "store":
+                row["type"] = {int: "int", float: "float", str: "str"}.get(action.type)
+                if action.choices is not None:
+                    row["choices"] = [c if isinstance(c, (int, float, str)) else str(c) for c in action.choices]
+            rows.append(row)
     return rows
 
 

@@ -55,6 +55,8 @@ class CatalogFlag:
     action: str  # store | store_true | store_false | boolean_optional
     nargs: str | int | None
     group: str
+    type: str | None = None  # int | float | str for a value Megatron-LM's argparse converts so; None otherwise
+    choices: tuple[Any, ...] | None = None
 
 
 @lru_cache(maxsize=1)
@@ -65,7 +67,11 @@ def catalog() -> tuple[str, dict[str, CatalogFlag], dict[str, CatalogFlag]]:
     by_flag: dict[str, CatalogFlag] = {}
     by_dest: dict[str, CatalogFlag] = {}
     for row in data["flags"]:
-        entry = CatalogFlag(tuple(row["flags"]), row["dest"], row["default"], row["action"], row["nargs"], row["group"])
+        choices = tuple(row["choices"]) if row.get("choices") is not None else None
+        entry = CatalogFlag(
+            tuple(row["flags"]), row["dest"], row["default"], row["action"], row["nargs"], row["group"],
+            row.get("type"), choices,
+        )  # fmt: skip
         for name in entry.flags:
             by_flag[name] = entry
         by_dest.setdefault(entry.dest, entry)
@@ -424,6 +430,7 @@ def read_launch(
     if extra:
         raise ConfigError("megatron_args", f"unexpected argument {extra[0]!r} (not a value of any flag)")
     args = vars(namespace)
+    notes += [n for n in (_check_value(catalog()[2][dest], value) for dest, value in args.items()) if n]
     return Launch(
         args=args,
         given=tuple(args),
@@ -431,6 +438,52 @@ def read_launch(
         num_gpus=command.num_gpus,
         notes=tuple(dict.fromkeys((*command.notes, *notes))),
     )
+
+
+# Sizes that must be at least 1: Megatron-LM asserts micro_batch_size > 0 (arguments.py validate_args); the others
+# divide the model or the batch in megatron-core (0 is a ZeroDivisionError there, or an empty model)
+POSITIVE_DESTS = frozenset({
+    "micro_batch_size", "global_batch_size", "seq_length", "kv_channels", "ffn_hidden_size", "num_query_groups",
+    "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "max_position_embeddings", "num_layers", "hidden_size",
+    "num_attention_heads",
+})  # fmt: skip
+
+
+# values forks of Megatron-LM take that Megatron-LM refuses, read with a note (Megatron-DeepSpeed's BLOOM launches)
+FORK_VALUES = {
+    "position_embedding_type": "read as no rotary embedding (ALiBi's attention bias is not modelled)",
+}
+
+
+def _check_value(entry: CatalogFlag, value: Any) -> str | None:
+    """A given value as Megatron-LM's argparse would take it: its type converts it, it is one of the choices, and a
+    size is positive. Refused (one line) where the value changes the prediction (`FLAG_TABLE`); elsewhere a note, as
+    forks pass values of their own (a tokenizer type). Values still holding a shell variable are left to the reading
+    that reports them; choices behind a converter of Megatron's own (enums) are not checked."""
+    texts = value if isinstance(value, list) else [value]
+    convert = {"int": int, "float": float, "str": str}.get(entry.type or "")
+    for text in texts:
+        if not isinstance(text, str) or "$" in text or convert is None:
+            continue
+        problem = None
+        try:
+            typed = convert(text)
+        except ValueError:
+            typed, problem = None, f"must be {'an integer' if convert is int else 'a number'}, got {text!r}"
+        if entry.dest == "normalization" and isinstance(typed, str):  # forks' lower case: `_normalization` maps it
+            typed = next((c for c in entry.choices or () if str(c).lower() == typed.lower()), typed)
+        if problem is None and entry.choices is not None and typed not in entry.choices:
+            known = ", ".join(str(c) for c in entry.choices)
+            problem = f"{entry.flags[0]} {text!r} is not one of Megatron-LM's choices ({known})"
+        if problem is None and entry.dest in POSITIVE_DESTS and convert is int and typed < 1:
+            problem = f"must be a positive integer, got {typed}"
+        if problem is not None:
+            if entry.dest in FORK_VALUES:
+                return f"{entry.dest}: {problem}: {FORK_VALUES[entry.dest]}"
+            if entry.dest in FLAG_TABLE:
+                raise ConfigError(entry.dest, problem)
+            return f"{entry.dest}: {problem}: ignored (it does not change the prediction)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
