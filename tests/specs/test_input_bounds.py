@@ -104,13 +104,23 @@ VERL = (
     [
         ("data.train_batch_size=null", "data.train_batch_size", "must be an integer >= 1, got null"),
         (
+            "data.train_batch_size=32 actor_rollout_ref.rollout.tensor_model_parallel_size=3",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size",
+            "3 does not divide the 8 GPUs",
+        ),
+        (
+            "data.train_batch_size=32 actor_rollout_ref.actor.strategy=fsdp",
+            "actor_rollout_ref.actor.strategy",
+            "mat rlhf models verl's Megatron engine only",
+        ),
+        (
             "data.train_batch_size=32 actor_rollout_ref.rollout.gpu_memory_utilization=high",
             "actor_rollout_ref.rollout.gpu_memory_utilization",
             "must be a number, got 'high'",
         ),
     ],
 )
-def test_verl_values_of_the_wrong_type_are_one_line_errors(capsys, tmp_path, extra, field, problem):
+def test_verl_values_verl_would_refuse_are_one_line_errors(capsys, tmp_path, extra, field, problem):
     path = tmp_path / "verl.txt"
     path.write_text(VERL + extra + "\n")
     assert problem in _one_line_error(capsys, ["rlhf", "--verl-args", str(path), "--gpu", "H100-SXM"], field)

@@ -163,6 +163,7 @@ def launch_inputs(
     """The step model's inputs from a launch. `lengths`: token lengths (`specs.lengths.SequenceLengths`; default
     `launch_lengths` of the launch's maxima and `mean_prompt_len` / `mean_response_len`); `num_gpus`: the GPUs
     (default trainer.n_gpus_per_node x trainer.nnodes; a different value given on the command line is an error)."""
+    launch.check_engine()
     notes: list[str] = []
     launch_gpus = launch.num_gpus
     if num_gpus is None:

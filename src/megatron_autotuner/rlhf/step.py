@@ -74,6 +74,12 @@ class StepSpec:
                 "actor_rollout_ref.actor.ppo_mini_batch_size",
                 f"{self.mini_batch_size} does not divide data.train_batch_size {self.train_batch_size}",
             )
+        if self.num_gpus % self.rollout_tp:
+            # verl's rollout workers: world size = rollout TP x rollout DP (verl/workers/rollout, its config checks)
+            raise ConfigError(
+                "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                f"{self.rollout_tp} does not divide the {self.num_gpus} GPUs (verl splits them into rollout TP groups)",
+            )
         if self.rollout_s is not None and self.rollout_s < 0:
             raise ConfigError("rollout_s", f"must be >= 0, got {self.rollout_s}")
         if not 0 < self.rollout_memory_utilization < 1:

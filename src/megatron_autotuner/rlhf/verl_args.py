@@ -377,6 +377,17 @@ class VerlLaunch:
             raise ConfigError(VERL_KEYS[name], f"must be true or false, got {value!r}")
         return value
 
+    def check_engine(self) -> None:
+        """`mat rlhf` predicts verl's Megatron engine: an actor or critic on FSDP (verl's `strategy` key) is another
+        program, refused rather than predicted as Megatron."""
+        for role in ("actor_rollout_ref.actor", "critic"):
+            strategy = self.values.get(f"{role}.strategy")
+            if strategy is not None and strategy != "megatron":
+                raise ConfigError(
+                    f"{role}.strategy",
+                    f"is {strategy!r}: mat rlhf models verl's Megatron engine only (strategy=megatron)",
+                )
+
     @property
     def use_reference(self) -> bool:
         """verl/trainer/ppo/utils.py need_reference_policy: a KL loss or a KL penalty in the reward."""

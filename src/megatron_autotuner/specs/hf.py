@@ -222,6 +222,25 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
 }
 
 
+def _refuse_unmodelled_attention(cfg: dict[str, Any]) -> None:
+    """Layers the tool would otherwise predict as something else: a hybrid pattern (Nemotron-H's Mamba layers,
+    `hybrid_override_pattern`) and sliding-window attention that is on (`sliding_window` below the context, and
+    `use_sliding_window` not false, as transformers' Mistral / Qwen2 configs say)."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and any(ch != "*" and ch != "-" for ch in pattern):
+        raise ConfigError(
+            "hybrid_override_pattern",
+            f"{pattern[:40]!r}: hybrid (Mamba) models are not modelled, the tool predicts transformer layers only",
+        )
+    window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    if isinstance(window, int) and cfg.get("use_sliding_window", True) and (not context or window < context):
+        raise ConfigError(
+            "sliding_window",
+            f"{window}: sliding-window attention is not modelled (full causal attention would be predicted; "
+            "set sliding_window to null in a copy of config.json to predict that)",
+        )
+
+
 def model_spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
     """Build a `ModelSpec` from the dict of a Hugging Face `config.json`."""
     if not isinstance(cfg, dict):
@@ -233,6 +252,7 @@ def model_spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> M
         )
     if name is None:
         name = cfg.get("_name_or_path") or model_type
+    _refuse_unmodelled_attention(cfg)
     try:
         return HF_CONVERTERS[model_type](cfg, name)
     except (TypeError, ValueError, ArithmeticError, AttributeError, KeyError) as exc:

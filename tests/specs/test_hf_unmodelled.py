@@ -1,0 +1,29 @@
+"""config.json models with layers the tool does not model are refused, not predicted as plain transformers."""
+
+from __future__ import annotations
+
+import pytest
+
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs.hf import model_spec_from_hf_config
+
+# mistralai/Mistral-7B-v0.1's config.json (sliding_window 4096 of a 32k context)
+MISTRAL_V01 = {
+    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+    "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 4096,
+}  # fmt: skip
+
+
+def test_sliding_window_attention_that_is_on_is_refused():
+    with pytest.raises(ConfigError, match="sliding_window: 4096: sliding-window attention is not modelled"):
+        model_spec_from_hf_config(MISTRAL_V01)
+    # Mistral v0.3 (null), Qwen2's use_sliding_window false, a window as long as the context: full attention
+    for extra in ({"sliding_window": None}, {"use_sliding_window": False}, {"sliding_window": 32768}):
+        assert model_spec_from_hf_config({**MISTRAL_V01, **extra}).num_layers == 32
+
+
+def test_a_hybrid_mamba_pattern_is_refused():
+    cfg = {**MISTRAL_V01, "model_type": "nemotron", "sliding_window": None, "hybrid_override_pattern": "M-M-M*-M-"}
+    with pytest.raises(ConfigError, match="hybrid_override_pattern: .*hybrid \\(Mamba\\) models are not modelled"):
+        model_spec_from_hf_config(cfg)
