@@ -50,3 +50,12 @@ def test_the_catalogue_knows_megatron_lm_types_and_choices():
     assert by_dest["micro_batch_size"].type == "int" and by_dest["lr"].type == "float"
     assert by_dest["fp8_recipe"].choices == ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
     assert by_dest["normalization"].choices == ("LayerNorm", "RMSNorm")
+
+
+def test_a_launchs_model_is_named_after_its_file(tmp_path):
+    from megatron_autotuner.specs.megatron_args import read_launch_file
+
+    path = tmp_path / "pretrain_small.sh"
+    path.write_text(SMALL + "--micro-batch-size 1\n")
+    assert launch_to_specs(read_launch_file(str(path))).model.name == "pretrain_small (4L 256h)"
+    assert launch_to_specs(read_launch(SMALL + "--micro-batch-size 1")).model.name == "megatron-args (4L 256h)"

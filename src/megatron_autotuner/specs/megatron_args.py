@@ -25,6 +25,7 @@ import shlex
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
@@ -314,6 +315,7 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     num_gpus: int | None = None
     notes: tuple[str, ...] = ()  # what reading the script had to assume, flags dropped
+    source: str | None = None  # the launch file, when read from one
 
     def value(self, dest: str) -> Any:
         """The launch's value of `dest`, or Megatron-LM's default."""
@@ -437,6 +439,7 @@ def read_launch(
         env=command.env,
         num_gpus=command.num_gpus,
         notes=tuple(dict.fromkeys((*command.notes, *notes))),
+        source=script,
     )
 
 
@@ -612,6 +615,12 @@ def _bounded(items: Any) -> Any:
     return items
 
 
+def _launch_model_name(launch: Launch, num_layers: int, hidden: int) -> str:
+    """A launch's model, named after its file when it has one: `pretrain_llama3_8b (32L 4096h)`."""
+    shape = f"{num_layers}L {hidden}h"
+    return f"{Path(launch.source).stem} ({shape})" if launch.source else f"megatron-args ({shape})"
+
+
 def _normalization(value: Any, notes: list[str]) -> Any:
     """Megatron-LM's spelling of a normalization a fork wrote in another case (Megatron-DeepSpeed's `rmsnorm`)."""
     for name in ("RMSNorm", "LayerNorm"):
@@ -686,7 +695,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
     activation = "silu" if swiglu else ("squared_relu" if squared_relu else "gelu")
     gated = swiglu or geglu or (base is not None and not launch.gave("swiglu") and base.gated_linear_unit)
     values: dict[str, Any] = {
-        "name": base.name if base is not None else f"megatron-args-{num_layers}L-{hidden}h",
+        "name": base.name if base is not None else _launch_model_name(launch, num_layers, hidden),
         "hidden_size": hidden,
         "num_layers": num_layers,
         "num_attention_heads": heads,
