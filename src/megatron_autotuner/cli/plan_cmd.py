@@ -292,7 +292,7 @@ def predicted_table(result, top: int, flops_convention: str):
     paced = any(c.host_pace is not None for c in result.top(top))
     lo, hi = HOST_PACE_RANGE
     headers = ["rank", "layout", "step s", *([f"s, hosts {lo}x-{hi}x"] if paced else [])]
-    headers += ["tok/s/GPU", f"TFLOP/s ({flops_convention})", "MFU", "GiB"]
+    headers += ["tok/s/GPU", f"TFLOP/s ({flops_convention})", "MFU (bf16 peak)", "GiB"]
     rows = []
     for c in result.top(top):
         e = c.estimate
@@ -368,8 +368,8 @@ def print_current_run(out, comparison: CurrentRun) -> None:
     e = comparison.estimate
     fits = "fits" if e.fits else "DOES NOT FIT"
     out.print(
-        f"[bold]your launch[/bold]: {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tok/s/GPU, MFU "
-        f"{e.mfu:.3f}, {e.peak_memory_gib:.1f} GiB ({fits})"
+        f"[bold]your launch[/bold]: {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tok/s/GPU, "
+        f"MFU (bf16 peak) {e.mfu:.3f}, {e.peak_memory_gib:.1f} GiB ({fits})"
     )
     gain = comparison.speedup - 1
     if not e.fits:
