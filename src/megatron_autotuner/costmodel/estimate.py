@@ -1005,7 +1005,8 @@ def host_bound_note(
     else:
         lo, hi = d.HOST_PACE_RANGE
         pace = (
-            f"the default host floor, one H100 lease's host; single-GPU hosts issued layers in {lo}x to {hi}x its time"
+            f"the default host floor, measured on one H100 machine's host; single-GPU hosts issued layers in "
+            f"{lo}x to {hi}x its time"
         )
         if step_range:
             pace += f", which gives a step of {step_range[0]:.3f} to {step_range[1]:.3f} s"
