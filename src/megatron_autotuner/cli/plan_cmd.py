@@ -292,14 +292,14 @@ def predicted_table(result, top: int, flops_convention: str):
     paced = any(c.host_pace is not None for c in result.top(top))
     lo, hi = HOST_PACE_RANGE
     headers = ["rank", "layout", "step s", *([f"s, hosts {lo}x-{hi}x"] if paced else [])]
-    headers += ["tok/s/GPU", f"TFLOP/s ({flops_convention})", "MFU (bf16 peak)", "GiB"]
+    headers += ["tok/s/GPU", f"TFLOP/s ({flops_convention})", "MFU", "GiB"]
     rows = []
     for c in result.top(top):
         e = c.estimate
         spread = [] if not paced else ["-" if c.host_pace is None else "{:.3f}-{:.3f}".format(*c.host_pace.steps_s)]
         rows.append([c.rank, c.label, e.step_time_s, *spread, e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.mfu,
                      e.peak_memory_gib])  # fmt: skip
-    return make_table("Top layouts (predicted)", headers, rows)
+    return make_table("Top layouts (predicted; MFU against the bf16 peak)", headers, rows)
 
 
 def _exported_ub_yaml(out_dir: Path, rank: int) -> Path | None:
