@@ -132,3 +132,17 @@ def test_validate_report_only_on_a_file_or_a_missing_folder_is_a_one_line_error(
     for out in (afile, tmp_path / "missing"):
         argv = ["validate", "--report-only", "--output-dir", str(out), "--model", "Qwen3-0.6B", "--seq-len", "128"]
         assert "is not a folder" in _one_line_error(capsys, [*argv, "--gpu", "H100-SXM"], "output_dir")
+
+
+def test_a_sequence_longer_than_the_limit_is_refused(capsys, tmp_path):
+    base = ["plan", "--model", "Qwen3-0.6B", "--gpu", "H100-SXM", "--num-gpus", "8", "--mode", "forward",
+            "--global-batch-size", "64", "--no-chart", "--output-dir", str(tmp_path / "p")]  # fmt: skip
+    err = _one_line_error(
+        capsys, [*base, "--prompt-len", "512:99999999999", "--response-len", "256:512"], "prompt_len.max"
+    )
+    assert "above the limit of 4194304 per sequence" in err
+    histogram = tmp_path / "lengths.csv"
+    histogram.write_text("100,5\n99999999999,1\n")
+    assert "above the limit" in _one_line_error(
+        capsys, [*base, "--length-histogram", str(histogram)], "length_histogram"
+    )

@@ -56,6 +56,11 @@ from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
 VERL_WORKLOAD_LINEAR_WEIGHT = 24576
 
 
+# one sequence's tokens: 4x the longest context windows trained on today (1M tokens); a length past it is a typo, and
+# a budget built on it would "fit" nothing real
+MAX_SEQUENCE_TOKENS = 1 << 22
+
+
 def _positive_int(field: str, value: object) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(field, f"must be a positive integer, got {value!r}")
@@ -91,6 +96,10 @@ class LengthDistribution:
 
     def __post_init__(self) -> None:
         _positive_int(f"{self.name}.max", self.max_tokens)
+        if self.max_tokens > MAX_SEQUENCE_TOKENS:
+            raise ConfigError(
+                f"{self.name}.max", f"{self.max_tokens} tokens is above the limit of {MAX_SEQUENCE_TOKENS} per sequence"
+            )
         if self.values or self.counts:
             if len(self.values) != len(self.counts):
                 raise ConfigError(self.name, "a histogram needs one count per length")
