@@ -303,7 +303,10 @@ def write_text_atomic(path: str | PathLike[str], text: str) -> Path:
     p = Path(path)
     tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        # os.open with 0o666, as Path.write_text creates a file: the umask decides its mode (mkstemp would make it 0600)
+        name = p.with_name(f".{p.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        fd = os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
+        tmp = name
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -30,6 +30,13 @@ def test_a_write_that_fails_leaves_the_old_file_and_no_temporary(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
+def test_a_written_file_gets_the_mode_a_plain_write_would(tmp_path):
+    plain = tmp_path / "plain.json"
+    plain.write_text("{}")
+    atomic = write_text_atomic(tmp_path / "atomic.json", "{}")
+    assert atomic.stat().st_mode == plain.stat().st_mode  # the umask's, not a temporary file's 0600
+
+
 def test_mat_plan_on_a_full_disk_is_one_line_and_keeps_the_previous_plan(tmp_path, monkeypatch, capsys):
     out = tmp_path / "plan"
     assert main([*PLAN, "--output-dir", str(out), "--json"]) == 0
