@@ -161,6 +161,10 @@ MAX_YAML_ALIASES = 1000
 MAX_YAML_NODES = 1_000_000
 
 
+class YamlLimitError(ValueError):
+    """A yaml document past one of the limits above; its text says which, as a predicate ("is nested deeper ...")."""
+
+
 def _unfolded_nodes(node: Any, memo: dict[int, int]) -> int:
     """Nodes of a composed yaml node with every alias unfolded, capped just past MAX_YAML_NODES (shared nodes are
     counted once per reference, each computed once)."""
@@ -178,8 +182,9 @@ def _unfolded_nodes(node: Any, memo: dict[int, int]) -> int:
 
 
 def load_yaml_bounded(text: str) -> Any:
-    """`yaml.safe_load` of `text` that refuses, as `yaml.YAMLError`, documents nested deeper than MAX_YAML_DEPTH,
-    referring to anchors more than MAX_YAML_ALIASES times or unfolding to more than MAX_YAML_NODES values."""
+    """`yaml.safe_load` of `text` that refuses, as `YamlLimitError`, documents nested deeper than MAX_YAML_DEPTH,
+    referring to anchors more than MAX_YAML_ALIASES times or unfolding to more than MAX_YAML_NODES values (invalid
+    yaml is `yaml.YAMLError`, as from safe_load)."""
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -189,10 +194,10 @@ def load_yaml_bounded(text: str) -> Any:
             if self.check_event(yaml.AliasEvent):
                 self.aliases += 1
                 if self.aliases > MAX_YAML_ALIASES:
-                    raise yaml.YAMLError(f"has more than {MAX_YAML_ALIASES} alias references (the limit)")
+                    raise YamlLimitError(f"has more than {MAX_YAML_ALIASES} alias references (the limit)")
             self.depth += 1
             if self.depth > MAX_YAML_DEPTH:
-                raise yaml.YAMLError(f"is nested deeper than {MAX_YAML_DEPTH} levels (the limit)")
+                raise YamlLimitError(f"is nested deeper than {MAX_YAML_DEPTH} levels (the limit)")
             try:
                 return super().compose_node(parent, index)
             finally:
@@ -208,7 +213,7 @@ def load_yaml_bounded(text: str) -> Any:
         except RecursionError:
             unfolded = MAX_YAML_NODES + 1
         if unfolded > MAX_YAML_NODES:
-            raise yaml.YAMLError(f"unfolds its aliases to more than {MAX_YAML_NODES} values (the limit)")
+            raise YamlLimitError(f"unfolds its aliases to more than {MAX_YAML_NODES} values (the limit)")
         return loader.construct_document(node)
     finally:
         loader.dispose()
@@ -228,10 +233,10 @@ def read_yaml_bounded(
     text = read_text_bounded(path, field, limit_bytes, error=error)
     try:
         return load_yaml_bounded(text)
+    except YamlLimitError as exc:
+        raise ConfigError(field, f"{path} {exc}") from None
     except yaml.YAMLError as exc:
         first = " ".join(str(exc).splitlines()[0].split()) if str(exc) else type(exc).__name__
-        if first.endswith("(the limit)"):
-            raise ConfigError(field, f"{path} {first}") from None
         raise ConfigError(field, f"{path} is not valid yaml: {first}") from None
     except RecursionError:
         raise ConfigError(field, f"{path} is not valid yaml (nested too deeply)") from None

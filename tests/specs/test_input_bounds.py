@@ -84,6 +84,15 @@ def test_a_verl_yaml_past_the_yaml_limits_is_refused(capsys, tmp_path, text, pro
     assert problem in _one_line_error(capsys, ["rlhf", "--verl-args", str(path), "--gpu", "H100-SXM"], "verl_args")
 
 
+def test_a_yaml_file_past_the_limits_is_one_config_error(tmp_path):
+    from megatron_autotuner.files import read_yaml_bounded
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(ALIAS_BOMB)
+    with pytest.raises(ConfigError, match=r"hardware_file: .*bomb.yaml unfolds its aliases to more than 1000000"):
+        read_yaml_bounded(path, "hardware_file")
+
+
 def test_yaml_with_a_few_aliases_still_reads():
     from megatron_autotuner.files import load_yaml_bounded
 

@@ -25,7 +25,7 @@ import yaml
 
 from ..errors import ConfigError
 from ..export.verl import MCORE_LAYOUT_KEYS, VERL_KEYS
-from ..files import CONFIG_LIMIT_BYTES, load_yaml_bounded, read_stdin_bounded, read_text_bounded
+from ..files import CONFIG_LIMIT_BYTES, YamlLimitError, load_yaml_bounded, read_stdin_bounded, read_text_bounded
 
 FIELD = "verl_args"
 
@@ -158,7 +158,7 @@ def _value(text: str) -> Any:
     """A Hydra override value: yaml scalars and lists (true, 8, null, [a,b]); anything else stays text."""
     try:
         return load_yaml_bounded(text) if text != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, YamlLimitError):
         return text
 
 
@@ -419,9 +419,9 @@ def read_verl_text(
     if stripped and not stripped.startswith(("python", "torchrun", "PYTHON")) and "=" not in stripped.split("\n")[0]:
         try:
             data = load_yaml_bounded(text)
-        except yaml.YAMLError as exc:
-            if str(exc).endswith("(the limit)"):
-                raise ConfigError("verl_args", f"the yaml {exc}") from None
+        except YamlLimitError as exc:
+            raise ConfigError("verl_args", f"the yaml {exc}") from None
+        except yaml.YAMLError:
             data = None
     if isinstance(data, dict):
         data.pop("defaults", None)

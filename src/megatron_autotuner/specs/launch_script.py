@@ -110,11 +110,11 @@ def functional_test_case(text: str, variables: dict[str, str] | None = None) -> 
     `${VAR}` read as the shell reads them; None when the text is not such a file."""
     import yaml
 
-    from ..files import load_yaml_bounded
+    from ..files import YamlLimitError, load_yaml_bounded
 
     try:
         data = load_yaml_bounded(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, YamlLimitError):
         return None
     if not isinstance(data, dict) or not isinstance(data.get("MODEL_ARGS"), dict):
         return None
