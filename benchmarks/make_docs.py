@@ -621,6 +621,36 @@ def moe_memory(root: Path) -> str:
     return out + table(["layout", "allocated by", "GiB held at peak", "blocks"], rows)
 
 
+def reserved_memory(root: Path) -> str:
+    """Frees awaiting the GPU at the peak (allocator histories of Qwen3-32B on 4x H200) beside today's model."""
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import predict
+
+    rel = "reserved_memory_h200_x4"
+    out = source(f"{rel}/report.json", f"{rel}/results.jsonl")
+    doc = load(root, f"{rel}/report.json")
+    runs = {json.loads(line)["layout_id"]: json.loads(line) for line in (root / RESULTS / rel / "results.jsonl").open()}
+    rows = []
+    for h in doc["histories"]:
+        row = runs[h["layout_id"]]
+        now = predict(Layout.from_record(row), "H200", gradient_accumulation_fusion=False)
+        label = row["label"].removeprefix("qwen3-32b-16l ").removesuffix(" history")
+        gib = [h["max_allocated_gib"], h["max_reserved_gib"], h["awaiting_at_peak_gib"],
+               now["memory_breakdown_gib"]["queued_frees"]]  # fmt: skip
+        errors = [pct(row["error_rel"]["peak_memory"]), pct(now["peak_memory_gib"] / h["peak_gib"] - 1)]
+        rows.append([label, *(f"{g:.1f}" for g in gib), f"{h['weight_gradient_wait_ms']['median']:.0f}", *errors])
+    head = ["layout", "max allocated GiB", "max reserved GiB", "awaiting at peak GiB", "model GiB",
+            "weight-gradient free waited ms", "peak err before", "peak err now"]  # fmt: skip
+    steps = doc["profiled_steps"]
+    queued = ", ".join(f"{v['queued_median']:.0f} (max {v['queued_max']})" for v in steps.values())
+    lead = ", ".join(f"{v['host_lead_ms_median']:.0f}" for v in steps.values())
+    out += (
+        f"Launch queue ({doc['device']}): {doc['launch_queue_depth_median']:.0f} launches before the host blocks; "
+        f"operations queued through the profiled steps {queued}; the host ran {lead} ms ahead (median).\n\n"
+    )
+    return out + table(head, rows)
+
+
 def plan_validate(root: Path) -> str:
     rel = "plan_validate_h100_x4"
     plan_doc = load(root, f"{rel}/plan/plan.json")
@@ -976,6 +1006,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "plan_validate": plan_validate,
     "moe_permute": moe_permute,
     "moe_memory": moe_memory,
+    "reserved_memory": reserved_memory,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
     "scaling_pairs": scaling_pairs,

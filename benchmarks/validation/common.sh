@@ -70,6 +70,21 @@ copy_memory_histories() {
   done
 }
 
+# copy_memory_snapshots NAME DEST RANK: rank RANK's raw allocator snapshot (pytorch.org/memory_viz opens it; the
+# segments and events `mat trace memory-history` replays) of every layout validate_batch NAME recorded, as
+# DEST/LAYOUT.rank_RANK.pickle.gz: one flat file each, kept out of the evidence archive (the device tool brings back
+# 8 files of at most 16 MiB; a larger snapshot is left, and said so).
+copy_memory_snapshots() {
+  local snap layout
+  mkdir -p "$2"
+  for snap in "$OUT/$1"/memory/*/rank_"$3".pickle.gz; do
+    [ -f "$snap" ] || continue
+    [ "$(stat -c %s "$snap")" -lt 16777216 ] || { echo "snapshot over 16 MiB, left: $snap"; continue; }
+    layout=$(basename "$(dirname "$snap")")
+    cp "$snap" "$2/$layout.rank_$3.pickle.gz"
+  done
+}
+
 # finish DEST: DEST packed as DEST.tgz (the device tool returns a limited number of files: one archive comes
 # back whole where a deep folder may not), the evidence folder's size and the script's wall time.
 finish() {

@@ -28,7 +28,7 @@ def _rows(sub: str) -> list[dict]:
         measured = again[r["layout_id"]]["measured"] if again else r["measured"]
         assert measured["step_time_s"] == pytest.approx(r["measured"]["step_time_s"])
         pred = predict(
-            Layout.from_dict(r["layout"]), "H100-SXM", gradient_accumulation_fusion=r["gradient_accumulation_fusion"]
+            Layout.from_record(r), "H100-SXM", gradient_accumulation_fusion=r["gradient_accumulation_fusion"]
         )
         out.append((r, measured, pred))
     return out

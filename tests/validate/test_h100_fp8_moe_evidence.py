@@ -101,7 +101,7 @@ def test_fp8_param_cast_kernel_in_the_trace():
     from megatron_autotuner.costmodel.compute import memory_bound_time_s
     from megatron_autotuner.specs.hardware import get_gpu_spec
 
-    layout = Layout.from_dict(rows["L3-8B s8192 fp8 delayed fp8-params"][0]["layout"])
+    layout = Layout.from_record(rows["L3-8B s8192 fp8 delayed fp8-params"][0])
     decoder_linear = 4 * (4096 * 6144 + 4096 * 4096 + 2 * 4096 * 14336 + 14336 * 4096)
     assert layout.model_spec().num_layers == 4
     predicted = memory_bound_time_s(
@@ -149,7 +149,7 @@ def test_moe_training_step_sits_between_gpu_time_and_the_h200_host_floor():
 
     rows = _rows("moe_holes")
     r, m, p = rows["30B-A3B L2 s4096 bf16"]
-    layout = Layout.from_dict(r["layout"])
+    layout = Layout.from_record(r)
     options = cost_options(layout, gradient_accumulation_fusion=r["gradient_accumulation_fusion"])
     gpu_only = _estimate(layout, "H100-SXM", dataclasses.replace(options, moe_host_bound=False)).step_time_s
     assert gpu_only < 0.8 * m["step_time_s"] and m["step_time_s"] < 0.8 * p["step_time_s"]

@@ -23,7 +23,7 @@ def _runs(sub: str) -> list[dict]:
     rows = []
     for layout_id, row in aggregate(EVIDENCE / sub).items():
         assert row["status"] == "ok", (sub, layout_id)
-        lay = Layout.from_dict(row["layout"])
+        lay = Layout.from_record(row)
         assert lay.layout_id == layout_id  # ids of earlier runs survive new layout fields
         predicted = predict(lay, "H200", gradient_accumulation_fusion=False)
         rows.append({**row, "lay": lay, "predicted": predicted})

@@ -57,7 +57,7 @@ def test_interleaved_last_stage_leaves_one_bf16_logits_buffer():
     without; the model's rule gives exactly the logits buffer."""
     rows = _rows(STAND_IN)
     for name, row in rows.items():
-        lay = Layout.from_dict(row["layout"])
+        lay = Layout.from_record(row)
         if lay.mode != "train":
             continue
         gap = _gap_gib(row["per_rank"][1])
@@ -66,10 +66,10 @@ def test_interleaved_last_stage_leaves_one_bf16_logits_buffer():
             assert gap == pytest.approx(logits_gib, rel=0.12), name
         else:
             assert gap < 0.1, name
-    parallel = Layout.from_dict(rows["8B s4096 pp2 vpp2"]["layout"]).parallel()
+    parallel = Layout.from_record(rows["8B s4096 pp2 vpp2"]).parallel()
     detail = {"logits_transient": float(BF16_LOGITS_S4096_BYTES)}
     assert interleaved_logits_fragment_bytes(detail, parallel) == BF16_LOGITS_S4096_BYTES
-    flat = Layout.from_dict(rows["8B s4096 pp2"]["layout"]).parallel()
+    flat = Layout.from_record(rows["8B s4096 pp2"]).parallel()
     assert interleaved_logits_fragment_bytes(detail, flat) == 0.0
 
 
@@ -102,7 +102,7 @@ def test_model_predicts_every_stand_in_reservation_within_1pct():
     reserved: within 1% for all 7 layouts (4 never run on 2 GPUs); allocated within 2%. The comparison row of
     `mat validate --stand-in` reports the same error."""
     for name, row in _rows(STAND_IN).items():
-        lay = Layout.from_dict(row["layout"])
+        lay = Layout.from_record(row)
         predicted = predict(lay, "H200", gradient_accumulation_fusion=False)
         reserved = max(p["max_reserved_gib"] for p in row["per_rank"])
         assert predicted_reserved_gib(predicted) == pytest.approx(reserved, rel=0.01), name
@@ -118,7 +118,7 @@ def test_full_depth_70b_stages_for_64_gpus_within_2pct():
     rows = aggregate(RESULTS / "validation_h200_x1" / "stand_in_70b")
     assert len(rows) == 2
     for row in rows.values():
-        lay = Layout.from_dict(row["layout"])
+        lay = Layout.from_record(row)
         assert row["status"] == "ok" and row["stand_in"] and lay.num_gpus == 64 and lay.num_layers is None
         assert [p["rank"] for p in row["per_rank"]] == [0, 16, 32, 48]
         est = estimate_layout(lay, "H200", gradient_accumulation_fusion=False).to_dict()

@@ -311,6 +311,25 @@ CUDA_GRAPH_REPLAY_HOST_BWD_S = 0.565e-3
 # (benchmarks/results/testbench_h100_x1/host_floor_unfused_rope/qwen3_0.6b_decoder.rank_0.json.gz; unfused RoPE).
 ATTN_HOST_SHARE = 0.78
 
+# ---- the host's lead over the GPU -----------------------------------------------------------------
+# A GPU-bound eager step keeps CUDA's launch queue full: the host runs this many GPU operations (kernels, memsets,
+# copies, as torch.profiler counts them) ahead of the GPU. benchmarks/launch_queue.py on one H200 (torch 2.11,
+# CUDA 13.0, CUDA_DEVICE_MAX_CONNECTIONS=1): 1027-1028 back-to-back 1 ms kernels return at once, the next blocks
+# (1041-1047 from a side stream); in the profiled steps of Qwen3-32B (16 layers, 4x H200, tp1 dp4 and tp2 pp2 vpp8;
+# benchmarks/results/reserved_memory_h200_x4/queue) the launched-but-not-started operations held at 988 (median)
+# and 1001-1003 (max) through the step: the rest of the 1028 are event records and stream waits.
+LAUNCH_QUEUE_OPS = 1000
+# GPU operations the host launches per decoder layer and micro-batch, forward and backward, with the work around the
+# layers (embedding, output layer, loss, DDP's gradient hooks and bucket reduce-scatters, pipeline sends) spread
+# over them, in the same two profiled steps: tp1 dp4 939 forward / 1668 backward over 32 layer passes (29.3 / 52.1),
+# tp2 pp2 vpp8 1994 / 3224 over 64 (31.2 / 50.4). Keyed by TP > 1.
+LAUNCHES_PER_LAYER = {False: (29.3, 52.1), True: (31.2, 50.4)}
+# Tensors an interleaved pipeline chunk pass frees while NCCL still holds them (ProcessGroupNCCL records its
+# stream on p2p buffers): the forward's received and sent activations, the backward's received and sent gradients.
+# In the allocator history of the tp2 pp2 vpp8 layout 47 activation-sized blocks (80 MiB) were awaiting their
+# stream at the peak beside 12 layers' weight gradients: 4 per forward + backward pair.
+P2P_TENSORS_PER_CHUNK_PASS = 4
+
 # ---- SM sharing while overlapping TP communication (TE userbuffers) -----------------------------
 # TE defaults: pipeline / bulk overlaps use 16 SMs for communication and set an SM margin on the
 # GEMM; ring-exchange uses copy engines and 1 SM. The GEMM then runs on (SMs - num_sm) SMs.

@@ -89,6 +89,7 @@ from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calib
 from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
+from .queued_frees import BF16_BYTES, QueuedFreeInputs, queued_free_bytes
 
 COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
 COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
@@ -127,6 +128,9 @@ class CostOptions:
     off gives the GPU's time alone;
     `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far
     less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`);
+    `ddp_side_stream`: DDP is built on a CUDA stream of its own, as Megatron-LM's get_model does
+    (megatron/training/training.py), so each parameter's gradient hook runs there and an unfused weight gradient's
+    free waits on that stream (`queued_frees`); off: built on the default stream;
     `memory_margin`: fraction of HBM kept free when deciding `fits` (`DEFAULT_MEMORY_MARGIN`);
     `concurrent_copy_gbps`: host <-> GPU copy bandwidth (GB/s, each way) while kernels run beside it, for activation
     offloading (`activation_offload`); None: the calibration's host-copy table, else the GPU's host link.
@@ -146,6 +150,7 @@ class CostOptions:
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
     expandable_segments: bool = False
+    ddp_side_stream: bool = True
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     concurrent_copy_gbps: float | None = None
 
@@ -1018,19 +1023,68 @@ def host_bound_note(
     )
 
 
-def memory_summary(stages: list[StageMemory]) -> tuple[float, dict[str, float], tuple[float, ...]]:
-    """(peak GiB, breakdown GiB of the peak stage, total GiB per stage)."""
-    totals = tuple(s.total_bytes / GIB for s in stages)
+def queued_free_inputs(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    options: CostOptions,
+    stage_t: StageTime,
+    memory_stages: list[StageMemory],
+) -> QueuedFreeInputs | None:
+    """What `queued_frees` needs of one pipeline rank, or None where nothing waits at the peak: DDP on the default
+    stream (measured only with DDP on its own stream: runs of the default stream showed neither the weight
+    gradients nor the pipeline buffers waiting, e.g. the 2-GPU pp2 vpp2 run of benchmarks/results/validation_h200_x2
+    reserved 1.2-2.3 GiB over its allocation), forward-only passes, CUDA graphs, MoE layers (their dispatcher
+    synchronises the host every layer), a non-interleaved pipeline (a synchronisation after every p2p exchange)."""
+    layout = pipeline_layout_of(model, parallel)
+    layers = layout.rank_layers(stage_t.stage)
+    memory = next((m for m in memory_stages if m.stage == stage_t.stage), None)
+    if (
+        memory is None
+        or not options.ddp_side_stream
+        or not workload.is_training
+        or workload.cuda_graph.impl != "none"
+        or any(model.is_moe_layer(i) for i in layers)
+        or (parallel.pp > 1 and parallel.vpp is None)
+    ):
+        return None
+    tokens, _ = packed_microbatch_shape(model, parallel, workload)
+    x = parallel.tp if parallel.sequence_parallel else 1
+    fwd_gpu = sum(v for k, v in stage_t.fwd.items() if k != "host")
+    return QueuedFreeInputs(
+        fwd_gpu_s=fwd_gpu,
+        bwd_gpu_s=sum(stage_t.bwd.values()),
+        host_issue_s=stage_t.host_issue_s,
+        layers=len(layers),
+        tp_gt1=parallel.tp > 1,
+        wgrad_bytes=0.0 if options.gradient_accumulation_fusion else BF16_BYTES * memory.parameters.total,
+        p2p_tensor_bytes=E_BF16 * tokens * model.hidden_size / x,
+        chunks=layout.vpp,
+        num_microbatches=num_microbatches(parallel, workload),
+        interleaved=parallel.pp > 1,
+    )
+
+
+def memory_summary(
+    stages: list[StageMemory], queued_free: dict[int, float] | None = None
+) -> tuple[float, dict[str, float], tuple[float, ...]]:
+    """(peak GiB, breakdown GiB of the peak stage, total GiB per stage). `queued_free`: bytes per stage freed on the
+    host but not yet on the GPU at the peak (`queued_frees`), reserved beside the stage's total: part of its
+    allowance (not allocated, not reusable)."""
+    queued = queued_free or {}
+    totals = tuple((s.total_bytes + queued.get(s.stage, 0.0)) / GIB for s in stages)
     peak_stage = stages[totals.index(max(totals))]
+    waiting = queued.get(peak_stage.stage, 0.0)
     breakdown = {
         "weights": peak_stage.weights_bytes / GIB,
         "gradients": peak_stage.gradients_bytes / GIB,
         "optimizer": peak_stage.optimizer_bytes / GIB,
         "activations": peak_stage.activations_bytes / GIB,
         "optimizer_step": peak_stage.optimizer_step_bytes / GIB,
-        "allowance": peak_stage.allowance_bytes / GIB,
+        "allowance": (peak_stage.allowance_bytes + waiting) / GIB,
         "non_torch": peak_stage.non_torch_bytes / GIB,  # of the allowance: outside the caching allocator
-        "total": peak_stage.total_bytes / GIB,
+        "queued_frees": waiting / GIB,  # of the allowance: freed, awaiting the GPU's pass
+        "total": max(totals),
         "stage": peak_stage.stage,
     }
     if peak_stage.offloaded_bytes:
@@ -1063,7 +1117,12 @@ def estimate(
             options.memory_allowance,
             padded,
         )
-    peak, breakdown, per_stage = memory_summary(memory_stages)
+    queued = {
+        st.stage: queued_free_bytes(inputs)
+        for st in time.stages
+        if (inputs := queued_free_inputs(model, parallel, workload, options, st, memory_stages)) is not None
+    }
+    peak, breakdown, per_stage = memory_summary(memory_stages, queued)
     step_range = None
     if host_paced_by_default(time, options):
         step_range = host_pace_steps(model, parallel, workload, gpu, options, padded)

@@ -430,7 +430,13 @@ def plan(
         )
     estimates = []
     for parallel, workload, stages in feasible:
-        estimates.append(estimate(model, parallel, workload, gpu, options, memory_stages=stages))
+        est = estimate(model, parallel, workload, gpu, options, memory_stages=stages)
+        if est.fits:
+            estimates.append(est)
+        else:  # the stages fit; the frees still awaiting the GPU at the peak (`costmodel.queued_frees`) do not
+            waiting = est.memory_breakdown_gib.get("queued_frees", 0.0)
+            reason = f"{too_large(est.peak_memory_gib * GIB)} with {waiting:.1f} GiB of frees awaiting the GPU"
+            rejections.append(Rejection(layout_label(parallel, workload), reason, est.peak_memory_gib))
     reasons: dict[int, str] = {}
     notes: list[str] = []
     if budgets is not None:

@@ -39,8 +39,14 @@ def predictions_for(layouts: list[Layout], gpu: str, out_dir: Path, calibration:
     run recorded (so a report rebuilt elsewhere predicts the run that happened)."""
     ran = aggregate(out_dir) if out_dir.exists() else {}
     fusion = {k: row.get("gradient_accumulation_fusion") for k, row in ran.items()}
+    as_ran = {k: Layout.from_record(row).ddp_side_stream for k, row in ran.items() if row.get("layout")}
     preds = {
-        lay.layout_id: predict(lay, gpu, calibration, gradient_accumulation_fusion=fusion.get(lay.layout_id))
+        lay.layout_id: predict(
+            lay.replace(ddp_side_stream=as_ran.get(lay.layout_id, lay.ddp_side_stream)),
+            gpu,
+            calibration,
+            gradient_accumulation_fusion=fusion.get(lay.layout_id),
+        )
         for lay in layouts
     }
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -174,7 +174,7 @@ def calibration_from_rows(rows: list[dict[str, Any]], gpu: str) -> dict[str, Any
     solved: dict[tuple, list[float]] = {}
     entries: dict[tuple, dict[str, Any]] = {}
     for row in ok:
-        layout = Layout.from_dict(row["layout"])
+        layout = Layout.from_record(row)
         probe = _layer_entry(layout, 1.0, layout.num_gpus, layer_model_flops(layout))
         key = _key(probe)
         num_gpus = entries.get(key, probe)["num_gpus"]
@@ -260,7 +260,7 @@ def held_out_memory(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         breakdown = row["predicted"]["memory_breakdown_gib"]
         allocated_gib = predicted_allocated_gib(row["predicted"])
-        layout = Layout.from_dict(row["layout"])
+        layout = Layout.from_record(row)
         allowance = MemoryAllowance(**memory, expandable_segments=_expandable(row)).bytes_for(
             breakdown["activations"] * GIB,
             layout.parallel(),

@@ -27,6 +27,9 @@ from ..specs import (
 from ..specs.parallel import ActivationOffloadConfig, check_tp_comm_overlap
 from ..specs.pipeline import PipelineLayout
 
+# when the runner began building DDP on a stream of its own, as Megatron-LM does (commit 5f4b146)
+DDP_SIDE_STREAM_SINCE = "2026-11-24T02:52:45+00:00"
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -56,6 +59,9 @@ class Layout:
         "cross_entropy_fusion",
         "gradient_accumulation_fusion",
     )
+    # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
+    # `from_record` marks with it keep their ids)
+    ID_EXCLUDED = ("name", "ddp_side_stream")
 
     model: str
     seq_length: int
@@ -133,6 +139,9 @@ class Layout:
     tp_comm_overlap_cfg: str | None = None
     cross_entropy_fusion: bool = False
     gradient_accumulation_fusion: bool | None = None
+    # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
+    # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
+    ddp_side_stream: bool = True
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -155,6 +164,10 @@ class Layout:
         if self.num_layers is not None and (not isinstance(self.num_layers, int) or self.num_layers < 1):
             raise ConfigError("num_layers", f"must be a positive integer, got {self.num_layers!r}")
         check_tp_comm_overlap(self.parallel())  # raises ConfigError on a bad split
+        if not self.ddp_side_stream and self.cuda_graph_impl not in (None, "none"):
+            raise ConfigError(
+                "ddp_side_stream", "CUDA graphs need DDP on a stream of its own (a capture cannot wait on the default)"
+            )
         if self.tp_comm_overlap_cfg is not None and not self.tp_comm_overlap:
             raise ConfigError("tp_comm_overlap_cfg", "a userbuffers yaml goes with tp_comm_overlap")
         graphs = self.workload().cuda_graph
@@ -336,7 +349,7 @@ class Layout:
         fields = {
             k: v
             for k, v in self.to_dict().items()
-            if k != "name"
+            if k not in self.ID_EXCLUDED
             and not (k in self.ID_FIELDS_ONLY_WHEN_SET and (v == defaults[k] or (isinstance(v, list) and not v)))
         }
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
@@ -406,6 +419,17 @@ class Layout:
             return cls(**data)
         except TypeError as exc:
             raise ConfigError("layout", str(exc)) from exc
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Layout:
+        """The layout of a committed run record as it ran: a run from before the runner built DDP on its own stream
+        (its `env.date` before `DDP_SIDE_STREAM_SINCE`, its layout without the field) ran it on the default
+        stream."""
+        data = dict(record["layout"])
+        ran = str((record.get("env") or {}).get("date") or "")
+        if "ddp_side_stream" not in data and ran and ran < DDP_SIDE_STREAM_SINCE:
+            data["ddp_side_stream"] = False
+        return cls.from_dict(data)
 
     @classmethod
     def from_configs(

@@ -67,6 +67,7 @@ def cost_options(
         fused_cross_entropy=layout.cross_entropy_fusion,
         gradient_accumulation_fusion=gradient_accumulation_fusion,
         expandable_segments=layout.expandable_segments,
+        ddp_side_stream=layout.ddp_side_stream,
         calibration=calibration,
     )
 

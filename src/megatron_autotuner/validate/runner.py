@@ -445,8 +445,10 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
         from megatron.core.full_cuda_graph import get_shared_capture_stream
 
         stream = get_shared_capture_stream()
-    else:
+    elif layout.ddp_side_stream:
         stream = torch.cuda.Stream()
+    else:  # as the runner did before 2026-11-24: DDP on the current (default) stream
+        stream = torch.cuda.current_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         model = [

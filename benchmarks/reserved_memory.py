@@ -1,0 +1,142 @@
+"""Where Qwen3-32B's reserved-but-unallocated memory on 4 GPUs goes: blocks freed on the host, awaiting the GPU.
+
+    bash benchmarks/validation/x4_reserved_memory.sh          # on a 4-GPU H200 host: allocator histories
+    bash benchmarks/validation/x4_reserved_memory.sh queue    # launch-queue depth and profiled steps
+    python benchmarks/reserved_memory.py                      # this report, from what those left
+
+Reads rank 0's allocator snapshots (benchmarks/results/reserved_memory_h200_x4/snapshots) and profiled steps
+(.../queue/profiled/traces) and writes .../report.json: per layout, the peak of held + awaiting memory, what was
+awaiting its stream event then (`free_requested` without `free_completed`), by size; how long a weight gradient's
+free waited; and from the traces how many GPU operations the host had launched ahead of the GPU and how far ahead
+it ran. `costmodel.queued_frees` models the awaiting memory; tests/costmodel/test_queued_frees.py holds it to this.
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import json
+import pickle
+import statistics
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks/results/reserved_memory_h200_x4"
+GIB = 2**30
+WGRAD_SITES = ("layernorm_linear.py:1063", "linear.py:1630", "layers.py:725")  # TE wgrad GEMMs, output layer
+
+
+def _site(entry: dict) -> str:
+    frames = [
+        f for f in entry.get("frames", []) if "transformer_engine" in f["filename"] or "megatron" in f["filename"]
+    ]
+    return f"{frames[1]['filename'].rsplit('/', 1)[-1]}:{frames[1]['line']}" if len(frames) > 1 else "?"
+
+
+def snapshot_report(path: Path) -> dict:
+    """Replay rank 0's history: the peak of held + awaiting bytes, what awaited then, the waits of weight gradients."""
+    with gzip.open(path) as f:
+        trace = pickle.load(f)["device_traces"][0]
+    live: dict[int, dict] = {}
+    waiting: dict[int, dict] = {}
+    held = awaiting = 0
+    best = (0, 0, 0, {})
+    waits_ms: list[float] = []
+    requested: dict[int, dict] = {}
+    for e in trace:
+        action = e["action"]
+        if action == "alloc":
+            live[e["addr"]] = e
+            held += e["size"]
+        elif action == "free_requested":
+            block = live.pop(e["addr"], e)
+            held -= block["size"] if block is not e else 0
+            waiting[e["addr"]] = block
+            requested[e["addr"]] = e
+            awaiting += e["size"]
+        elif action == "free_completed" and e["addr"] in waiting:
+            awaiting -= waiting.pop(e["addr"])["size"]
+            req = requested.pop(e["addr"])
+            if _site(req) in WGRAD_SITES:
+                waits_ms.append((e["time_us"] - req["time_us"]) / 1e3)
+        if held + awaiting > best[0]:
+            best = (held + awaiting, held, awaiting, dict(waiting))
+    sizes = Counter(b["size"] for b in best[3].values())
+    return {
+        "peak_held_plus_awaiting_gib": best[0] / GIB,
+        "held_at_peak_gib": best[1] / GIB,
+        "awaiting_at_peak_gib": best[2] / GIB,
+        "awaiting_at_peak_by_size": [
+            {"bytes": size, "blocks": n, "gib": size * n / GIB}
+            for size, n in sorted(sizes.items(), key=lambda kv: -kv[0] * kv[1])
+            if size * n >= 2**20
+        ],
+        "weight_gradient_wait_ms": {
+            "n": len(waits_ms),
+            "median": statistics.median(waits_ms) if waits_ms else None,
+        },
+    }
+
+
+def trace_report(path: Path) -> dict:
+    """GPU operations launched but not started (sampled at every 5th launch) and each one's wait, in one step."""
+    with gzip.open(path) as f:
+        events = json.load(f)["traceEvents"]
+    gpu = {
+        e["args"]["correlation"]: e
+        for e in events
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in e.get("args", {})
+    }
+    pairs = sorted(
+        (e["ts"], gpu[e["args"]["correlation"]]["ts"])
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("args", {}).get("correlation") in gpu
+    )
+    launch = [p[0] for p in pairs]
+    start = sorted(p[1] for p in pairs)
+    queued = [bisect.bisect_right(launch, t) - bisect.bisect_right(start, t) for t in launch[::5]]
+    lag_ms = sorted((s - t) / 1e3 for t, s in pairs)
+    return {
+        "gpu_operations": len(pairs),
+        "queued_max": max(queued),
+        "queued_median": statistics.median(queued),
+        "host_lead_ms_median": statistics.median(lag_ms),
+    }
+
+
+def main() -> int:
+    rows = []
+    results = {json.loads(line)["layout_id"]: json.loads(line) for line in (OUT / "results.jsonl").open()}
+    for snap in sorted((OUT / "snapshots").glob("*.rank_0.pickle.gz")):
+        layout_id = snap.name.removesuffix(".rank_0.pickle.gz")
+        row = results[layout_id]
+        measured = row["measured"]
+        rows.append(
+            {
+                "layout_id": layout_id,
+                "label": row["label"],
+                "max_allocated_gib": measured["max_allocated_gib"],
+                "max_reserved_gib": measured["max_reserved_gib"],
+                "peak_gib": measured["peak_gib"],
+                **snapshot_report(snap),
+            }
+        )
+    traces = {}
+    for trace in sorted((OUT / "queue/profiled/traces").glob("*.rank_0.json.gz")):
+        traces[trace.name.removesuffix(".rank_0.json.gz")] = trace_report(trace)
+    queue = json.loads((OUT / "queue/launch_queue.json").read_text())
+    doc = {
+        "kind": "reserved-memory-report",
+        "device": queue["device"],
+        "launch_queue_depth_median": queue["depth_median"],
+        "histories": rows,
+        "profiled_steps": traces,
+    }
+    (OUT / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

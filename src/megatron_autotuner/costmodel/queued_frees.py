@@ -1,0 +1,90 @@
+"""Memory freed by the host but not yet by the GPU: what a GPU-bound step reserves beyond what it allocates.
+
+The caching allocator reuses a freed block at once when only its own stream used it. A block another stream used
+(`record_stream`: autograd's hand-over of each unfused weight gradient to DDP's accumulation hook, NCCL's p2p
+buffers) waits for an event instead: `free_requested` then `free_completed` in the allocator's history, and in
+between torch.cuda.memory_allocated no longer counts it while nothing can reuse it. In a GPU-bound eager step the
+host runs `defaults.LAUNCH_QUEUE_OPS` operations ahead of the GPU, so every such block freed within that lead is
+still waiting: the peak reserves it beside what is allocated.
+
+Measured in the allocator histories of Qwen3-32B (16 layers, seq 4096, micro-batch 2) on 4x H200
+(benchmarks/results/reserved_memory_h200_x4): tp1 dp4 13.4 GiB of bf16 weight gradients awaiting their event at the
+peak (up to 17.4 GiB, one whole backward's), tp2 pp2 vpp8 10.6 GiB (12 layers' weight gradients, both micro-batches'
+embedding gradients, 47 pipeline buffers); the free of a weight gradient waited 372 / 636 ms (median) for the GPU,
+the host's lead in the profiled steps (362 / 608 ms).
+
+Where the queue never fills the term is zero: a host-bound micro-batch (the host issues no faster than the GPU
+runs), MoE layers under megatron-core's token dispatchers (a device-to-host synchronisation of the tokens per expert
+in every layer, `_maybe_dtoh_and_synchronize` in megatron/core/transformer/moe/token_dispatcher.py @ core_r0.19.0;
+the tp1 dp4 MoE layout of the same lease reserved 1.5 GiB over its allocation with expandable segments), a
+non-interleaved pipeline (`batch_p2p_sync`: torch.cuda.synchronize() after every batched exchange,
+megatron/core/pipeline_parallel/p2p_communication.py), forward-only passes (no weight gradients) and CUDA graphs
+(not measured; graphed layers launch one replay each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import defaults as d
+
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True)
+class QueuedFreeInputs:
+    """One pipeline rank's view of a training micro-batch (all its model chunks), derived by the cost model.
+
+    `fwd_gpu_s` / `bwd_gpu_s`: GPU time of the micro-batch's forward and backward (no host wait, no exposed p2p);
+    `host_issue_s`: the host's issue time of the micro-batch; `layers`: decoder layers on the rank;
+    `wgrad_bytes`: the weight gradients one backward materialises outside main_grad (bf16 parameters x 2 bytes;
+    0 with gradient-accumulation fusion); `p2p_tensor_bytes`: one activation tensor a pipeline chunk sends;
+    `chunks`: model chunks (virtual stages) on the rank; `num_microbatches`: micro-batches per step."""
+
+    fwd_gpu_s: float
+    bwd_gpu_s: float
+    host_issue_s: float
+    layers: int
+    tp_gt1: bool
+    wgrad_bytes: float
+    p2p_tensor_bytes: float
+    chunks: int
+    num_microbatches: int
+    interleaved: bool
+
+
+def host_lead_s(inputs: QueuedFreeInputs) -> float:
+    """GPU seconds the host is ahead at the peak: what it gained on the GPU by then, (GPU - host) per micro-batch
+    since the step's start, up to a full launch queue (`LAUNCH_QUEUE_OPS` at the micro-batch's GPU time per
+    operation)."""
+    gpu_s = inputs.fwd_gpu_s + inputs.bwd_gpu_s
+    if gpu_s <= 0 or inputs.layers <= 0:
+        return 0.0
+    fwd_ops, bwd_ops = d.LAUNCHES_PER_LAYER[inputs.tp_gt1]
+    ops = inputs.layers * (fwd_ops + bwd_ops)
+    full_queue_s = d.LAUNCH_QUEUE_OPS / ops * gpu_s
+    # the peak: the end of a forward after a backward (no pipeline: the last micro-batch's; interleaved: the steady
+    # state, half-way through the step's micro-batches on average)
+    issued_before = inputs.num_microbatches / 2 if inputs.interleaved else inputs.num_microbatches - 1
+    gained_s = max(0.0, gpu_s - inputs.host_issue_s) * issued_before
+    return min(full_queue_s, gained_s)
+
+
+def queued_free_bytes(inputs: QueuedFreeInputs) -> float:
+    """Bytes freed on the host but still awaiting the GPU at the peak.
+
+    No pipeline: the queue holds the current micro-batch's forward and, behind it, the tail of the previous
+    backward: wgrad x clamp((lead - forward) / backward, 0, 1). Interleaved 1F1B: the steady state alternates chunk
+    forwards and backwards, so the queue holds lead / (GPU time per micro-batch) of a micro-batch's weight
+    gradients and its 4 activation-sized p2p tensors per chunk (`P2P_TENSORS_PER_CHUNK_PASS`), however many
+    micro-batches that spans."""
+    lead_s = host_lead_s(inputs)
+    if lead_s <= 0:
+        return 0.0
+    if inputs.interleaved:
+        per_microbatch = inputs.wgrad_bytes + d.P2P_TENSORS_PER_CHUNK_PASS * inputs.chunks * inputs.p2p_tensor_bytes
+        return per_microbatch * min(inputs.num_microbatches, lead_s / (inputs.fwd_gpu_s + inputs.bwd_gpu_s))
+    if inputs.bwd_gpu_s <= 0:
+        return 0.0
+    share = min(1.0, max(0.0, (lead_s - inputs.fwd_gpu_s) / inputs.bwd_gpu_s))
+    return inputs.wgrad_bytes * share

@@ -1,0 +1,132 @@
+"""Frees awaiting the GPU (`costmodel.queued_frees`): held to the allocator histories and profiled steps of
+Qwen3-32B on 4x H200 (benchmarks/results/reserved_memory_h200_x4, `python benchmarks/reserved_memory.py`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from megatron_autotuner.costmodel import defaults as d
+from megatron_autotuner.costmodel.queued_frees import QueuedFreeInputs, host_lead_s, queued_free_bytes
+from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.predict import predict
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/reserved_memory_h200_x4"
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def report():
+    return json.loads((RESULTS / "report.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {json.loads(line)["layout_id"]: json.loads(line) for line in (RESULTS / "results.jsonl").open()}
+
+
+def test_the_launch_queue_is_what_the_host_ran_ahead_by(report):
+    """The constant is the queue the profiled steps kept full, and the microbenchmark's depth less its events."""
+    assert report["launch_queue_depth_median"] == pytest.approx(d.LAUNCH_QUEUE_OPS, rel=0.05)
+    for step in report["profiled_steps"].values():
+        assert step["queued_median"] == pytest.approx(d.LAUNCH_QUEUE_OPS, rel=0.03)
+        assert step["queued_max"] <= report["launch_queue_depth_median"]
+
+
+def test_awaiting_memory_at_the_peak_is_predicted_within_20pct(report, runs):
+    """13.4 GiB (tp1 dp4, weight gradients) and 10.6 GiB (tp2 pp2 vpp8, weight gradients + pipeline buffers)."""
+    for row in report["histories"]:
+        lay = Layout.from_record(runs[row["layout_id"]])
+        predicted = predict(lay, "H200", gradient_accumulation_fusion=False)["memory_breakdown_gib"]["queued_frees"]
+        assert predicted == pytest.approx(row["awaiting_at_peak_gib"], rel=0.2), row["label"]
+
+
+def _host_lead_s(lay: Layout) -> tuple[float, float]:
+    """The model's lead for the layout's first pipeline rank, and that rank's GPU time per micro-batch."""
+    from megatron_autotuner.costmodel.estimate import padded_vocab, queued_free_inputs
+    from megatron_autotuner.theory.memory import ActivationOptions, memory_per_stage
+    from megatron_autotuner.validate.predict import estimate_layout
+
+    est = estimate_layout(lay, "H200", gradient_accumulation_fusion=False)
+    model, parallel, workload = lay.model_spec(), lay.parallel(), lay.workload()
+    stages = memory_per_stage(
+        model, parallel, workload, ActivationOptions(), est.options.memory_allowance, padded_vocab(model, lay.tp)
+    )
+    inputs = queued_free_inputs(model, parallel, workload, est.options, est.time.stages[0], stages)
+    return host_lead_s(inputs), inputs.fwd_gpu_s + inputs.bwd_gpu_s
+
+
+def test_the_host_lead_is_the_profiled_one(report, runs):
+    """How many micro-batches of GPU work the host is ahead: the model's lead over its micro-batch GPU time against
+    the profiled step's median wait of a launched operation over the measured step per micro-batch (0.70 tp1 dp4,
+    1.48 tp2 pp2 vpp8), within 12%."""
+    for layout_id, step in report["profiled_steps"].items():
+        tp_pp = ".tp2.pp2." if ".tp2.pp2." in layout_id else ".tp1.pp1."
+        row = next(r for r in runs.values() if tp_pp in r["layout_id"] and r["layout"]["expandable_segments"])
+        lead_s, microbatch_gpu_s = _host_lead_s(Layout.from_record(row))
+        measured_microbatch_s = row["measured"]["step_time_s"] / row["predicted"]["num_microbatches"]
+        measured = step["host_lead_ms_median"] / 1e3 / measured_microbatch_s
+        assert lead_s / microbatch_gpu_s == pytest.approx(measured, rel=0.12), layout_id
+
+
+def test_reserved_peaks_of_the_histories_within_3pct(runs):
+    for row in runs.values():
+        predicted = predict(Layout.from_record(row), "H200", gradient_accumulation_fusion=False)["peak_memory_gib"]
+        assert predicted / row["measured"]["peak_gib"] - 1 == pytest.approx(0, abs=0.03), row["label"]
+
+
+BASE = QueuedFreeInputs(
+    fwd_gpu_s=0.29,
+    bwd_gpu_s=0.575,
+    host_issue_s=0.1,
+    layers=16,
+    tp_gt1=False,
+    wgrad_bytes=17.4 * GIB,
+    p2p_tensor_bytes=80 * 2**20,
+    chunks=1,
+    num_microbatches=2,
+    interleaved=False,
+)
+
+
+def test_nothing_awaits_where_the_queue_never_fills():
+    assert queued_free_bytes(replace(BASE, host_issue_s=1.0)) == 0  # host-bound: the host never gets ahead
+    assert queued_free_bytes(replace(BASE, num_microbatches=1)) == 0  # the peak forward follows no backward
+    assert queued_free_bytes(replace(BASE, wgrad_bytes=0.0)) == 0  # gradient-accumulation fusion, no pipeline
+
+
+def test_awaiting_memory_grows_with_the_lead_and_is_capped_by_one_backward():
+    shorter_queue = queued_free_bytes(replace(BASE, layers=32))  # twice the operations per micro-batch
+    assert 0 < shorter_queue < queued_free_bytes(BASE) <= BASE.wgrad_bytes
+    idle_host = replace(BASE, layers=4, host_issue_s=0.0, num_microbatches=4)  # the queue spans a micro-batch
+    assert queued_free_bytes(idle_host) == pytest.approx(BASE.wgrad_bytes)
+
+
+def test_interleaved_pipelines_keep_their_buffers_waiting_without_weight_gradients():
+    inter = replace(BASE, interleaved=True, chunks=8, layers=8, num_microbatches=8, wgrad_bytes=0.0)
+    assert queued_free_bytes(inter) > 0
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"mode": "forward"},
+        {"cuda_graph_impl": "transformer_engine", "warmup_steps": 4},
+        {"pp": 2, "vpp": None},
+        {"ddp_side_stream": False},
+    ],
+)
+def test_the_term_is_zero_where_nothing_was_seen_waiting(runs, change):
+    row = next(r for r in runs.values() if ".tp1.pp1." in r["layout_id"])
+    lay = Layout.from_record(row).replace(**change)
+    predicted = predict(lay, "H200", gradient_accumulation_fusion=False)
+    assert predicted["memory_breakdown_gib"].get("queued_frees", 0.0) == 0.0
+
+
+def test_moe_layers_synchronise_the_host():
+    lay = Layout(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=4, num_layers=4, ep=4, micro_batch_size=2,
+                 global_batch_size=16)  # fmt: skip
+    assert predict(lay, "H200", gradient_accumulation_fusion=False)["memory_breakdown_gib"]["queued_frees"] == 0.0
