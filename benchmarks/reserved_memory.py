@@ -6,9 +6,10 @@
 
 Reads rank 0's allocator snapshots (benchmarks/results/reserved_memory_h200_x4/snapshots) and profiled steps
 (.../queue/profiled/traces) and writes .../report.json: per layout, the peak of held + awaiting memory, what was
-awaiting its stream event then (`free_requested` without `free_completed`), by size; how long a weight gradient's
-free waited; and from the traces how many GPU operations the host had launched ahead of the GPU and how far ahead
-it ran. `costmodel.queued_frees` models the awaiting memory; tests/costmodel/test_queued_frees.py holds it to this.
+awaiting its stream event then (`free_requested` without `free_completed`), by the code that allocated it; how long
+a weight gradient's free waited; and from the traces how many GPU operations the host had launched ahead of the GPU
+and how far ahead it ran. `costmodel.queued_frees` models the awaiting memory; tests/costmodel/test_queued_frees.py
+holds it to this.
 """
 
 from __future__ import annotations
@@ -18,64 +19,44 @@ import gzip
 import json
 import pickle
 import statistics
-from collections import Counter
 from pathlib import Path
+
+from megatron_autotuner.trace.memory_history import replay_history
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/reserved_memory_h200_x4"
 GIB = 2**30
 WGRAD_SITES = ("layernorm_linear.py:1063", "linear.py:1630", "layers.py:725")  # TE wgrad GEMMs, output layer
+MODEL_CODE = ("transformer_engine", "megatron")
 
 
-def _site(entry: dict) -> str:
-    frames = [
-        f for f in entry.get("frames", []) if "transformer_engine" in f["filename"] or "megatron" in f["filename"]
-    ]
-    return f"{frames[1]['filename'].rsplit('/', 1)[-1]}:{frames[1]['line']}" if len(frames) > 1 else "?"
+def _weight_gradient_waits_ms(trace: list[dict]) -> list[float]:
+    """How long each weight gradient's free (`free_requested`) waited for its `free_completed`."""
+    requested: dict[int, dict] = {}
+    waits = []
+    for e in trace:
+        if e["action"] == "free_requested":
+            requested[e["addr"]] = e
+        elif e["action"] == "free_completed" and (req := requested.pop(e["addr"], None)) is not None:
+            frames = [f for f in req.get("frames", []) if any(n in f["filename"] for n in MODEL_CODE)]
+            if len(frames) > 1 and f"{frames[1]['filename'].rsplit('/', 1)[-1]}:{frames[1]['line']}" in WGRAD_SITES:
+                waits.append((e["time_us"] - req["time_us"]) / 1e3)
+    return waits
 
 
 def snapshot_report(path: Path) -> dict:
-    """Replay rank 0's history: the peak of held + awaiting bytes, what awaited then, the waits of weight gradients."""
+    """Rank 0's history replayed (`trace.memory_history`): the peak held, what of it awaited its free, by the code
+    that allocated it, and the waits of weight gradients."""
     with gzip.open(path) as f:
-        trace = pickle.load(f)["device_traces"][0]
-    live: dict[int, dict] = {}
-    waiting: dict[int, dict] = {}
-    held = awaiting = 0
-    best = (0, 0, 0, {})
-    waits_ms: list[float] = []
-    requested: dict[int, dict] = {}
-    for e in trace:
-        action = e["action"]
-        if action == "alloc":
-            live[e["addr"]] = e
-            held += e["size"]
-        elif action == "free_requested":
-            block = live.pop(e["addr"], e)
-            held -= block["size"] if block is not e else 0
-            waiting[e["addr"]] = block
-            requested[e["addr"]] = e
-            awaiting += e["size"]
-        elif action == "free_completed" and e["addr"] in waiting:
-            awaiting -= waiting.pop(e["addr"])["size"]
-            req = requested.pop(e["addr"])
-            if _site(req) in WGRAD_SITES:
-                waits_ms.append((e["time_us"] - req["time_us"]) / 1e3)
-        if held + awaiting > best[0]:
-            best = (held + awaiting, held, awaiting, dict(waiting))
-    sizes = Counter(b["size"] for b in best[3].values())
+        snapshot = pickle.load(f)
+    history = replay_history(snapshot, device=0)
+    waits_ms = _weight_gradient_waits_ms(snapshot["device_traces"][0])
     return {
-        "peak_held_plus_awaiting_gib": best[0] / GIB,
-        "held_at_peak_gib": best[1] / GIB,
-        "awaiting_at_peak_gib": best[2] / GIB,
-        "awaiting_at_peak_by_size": [
-            {"bytes": size, "blocks": n, "gib": size * n / GIB}
-            for size, n in sorted(sizes.items(), key=lambda kv: -kv[0] * kv[1])
-            if size * n >= 2**20
-        ],
-        "weight_gradient_wait_ms": {
-            "n": len(waits_ms),
-            "median": statistics.median(waits_ms) if waits_ms else None,
-        },
+        "peak_held_plus_awaiting_gib": history.peak_held_bytes / GIB,
+        "held_at_peak_gib": (history.peak_held_bytes - history.awaiting_at_peak_bytes) / GIB,
+        "awaiting_at_peak_gib": history.awaiting_at_peak_bytes / GIB,
+        "awaiting_at_peak_by_site": [s.to_dict() for s in history.awaiting_at_peak_by_site if s.bytes >= 2**20],
+        "weight_gradient_wait_ms": {"n": len(waits_ms), "median": statistics.median(waits_ms) if waits_ms else None},
     }
 
 

@@ -55,7 +55,7 @@ def _host_lead_s(lay: Layout) -> tuple[float, float]:
     stages = memory_per_stage(
         model, parallel, workload, ActivationOptions(), est.options.memory_allowance, padded_vocab(model, lay.tp)
     )
-    inputs = queued_free_inputs(model, parallel, workload, est.options, est.time.stages[0], stages)
+    inputs = queued_free_inputs(model, parallel, workload, est.options, est.time, stages)[0]
     return host_lead_s(inputs), inputs.fwd_gpu_s + inputs.bwd_gpu_s
 
 

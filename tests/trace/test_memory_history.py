@@ -151,3 +151,23 @@ def test_what_is_held_at_the_peak_is_grouped_by_the_code_that_allocated_it():
     assert {s.site: s.bytes for s in h.held_at_peak_by_site} == {"m.py:1 fn": 6 * MIB}
     h = replay_history({"device_traces": [late]})
     assert {s.site: s.bytes for s in h.held_at_peak_by_site} == {"m.py:1 fn": 6 * MIB}
+
+
+def test_frees_awaiting_another_stream_are_held_at_the_peak_and_named():
+    """A weight gradient freed with a use on another stream (`free_requested`, completed only after the peak) is
+    still held when the next allocation peaks; torch's memory_allocated had already dropped it."""
+    wgrad, act, other = 0, 10 * MIB, 20 * MIB
+    trace = [
+        _ev("segment_map", 0, 30 * MIB),
+        _ev("alloc", wgrad, 4 * MIB, "wgrad_gemm"),
+        _ev("alloc", act, 8 * MIB, "act"),
+        _ev("free_requested", wgrad, 4 * MIB),
+        _ev("alloc", other, 6 * MIB, "next"),
+        _ev("free_completed", wgrad, 4 * MIB),
+    ]
+    h = replay_history({"device_traces": [trace]})
+    assert h.peak_held_bytes == 18 * MIB
+    assert h.awaiting_at_peak_bytes == 4 * MIB
+    assert h.to_dict()["awaiting_at_peak_by_site"] == [{"site": "m.py:1 wgrad_gemm", "bytes": 4 * MIB, "blocks": 1}]
+    # a free completed at once waits for nothing
+    assert replay_history(_hole_snapshot()).awaiting_at_peak_bytes == 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatron_autotuner.costmodel.calibration import load_calibration
-from megatron_autotuner.validate.layout import DDP_SIDE_STREAM_SINCE, load_layouts_file
+from megatron_autotuner.validate.layout import load_layouts_file, ran_with_ddp_side_stream
 from megatron_autotuner.validate.predict import predict, predicted_allocated_gib, predicted_reserved_gib
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/validation_h100_x1/rlhf_packing"
@@ -30,12 +30,9 @@ def rows(layouts_by_label):
     out = {}
     for row in summary["rows"]:
         assert row["status"] == "ok" and row["env"]["device"].startswith("NVIDIA H100")
-        # as it ran: these runs built DDP on the default stream (before `DDP_SIDE_STREAM_SINCE`)
-        lay = layouts_by_label[row["label"]]
-        out[row["label"]] = (
-            row,
-            predict(lay.replace(ddp_side_stream=row["env"]["date"] >= DDP_SIDE_STREAM_SINCE), "H100-SXM"),
-        )
+        # as it ran: these runs built DDP on the default stream (`ran_with_ddp_side_stream`)
+        lay = layouts_by_label[row["label"]].replace(ddp_side_stream=ran_with_ddp_side_stream(row))
+        out[row["label"]] = (row, predict(lay, "H100-SXM"))
     assert len(out) == 8
     return out
 

@@ -297,7 +297,8 @@ def run_memory(args: argparse.Namespace) -> int:
     out = console()
     out.print(
         f"[bold]{args.snapshot}[/bold]  device {history['device']}  {history['events']} events  "
-        f"peak held {history['peak_held_bytes'] / gib:.2f} GiB  "
+        f"peak held {history['peak_held_bytes'] / gib:.2f} GiB "
+        f"(freed, awaiting another stream: {history['awaiting_at_peak_bytes'] / gib:.2f} GiB)  "
         f"peak reserved {history['peak_reserved_bytes'] / gib:.2f} GiB"
         f"  reserved-unallocated at peak {history['reserved_unallocated_at_peak_bytes'] / gib:.2f} GiB  "
         f"growth beyond need {history['excess_growth_bytes'] / gib:.2f} GiB over {history['growth_events']} growths"

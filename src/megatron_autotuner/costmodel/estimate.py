@@ -89,7 +89,7 @@ from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calib
 from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
-from .queued_frees import BF16_BYTES, QueuedFreeInputs, queued_free_bytes
+from .queued_frees import QueuedFreeInputs, queued_free_bytes
 
 COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
 COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
@@ -1028,41 +1028,46 @@ def queued_free_inputs(
     parallel: ParallelConfig,
     workload: Workload,
     options: CostOptions,
-    stage_t: StageTime,
+    time: TimeResult,
     memory_stages: list[StageMemory],
-) -> QueuedFreeInputs | None:
-    """What `queued_frees` needs of one pipeline rank, or None where nothing waits at the peak: DDP on the default
-    stream (measured only with DDP on its own stream: runs of the default stream showed neither the weight
+) -> dict[int, QueuedFreeInputs]:
+    """What `queued_frees` needs of each pipeline rank where something waits at the peak; none with DDP on the
+    default stream (measured only with DDP on its own stream: runs of the default stream showed neither the weight
     gradients nor the pipeline buffers waiting, e.g. the 2-GPU pp2 vpp2 run of benchmarks/results/validation_h200_x2
-    reserved 1.2-2.3 GiB over its allocation), forward-only passes, CUDA graphs, MoE layers (their dispatcher
-    synchronises the host every layer), a non-interleaved pipeline (a synchronisation after every p2p exchange)."""
-    layout = pipeline_layout_of(model, parallel)
-    layers = layout.rank_layers(stage_t.stage)
-    memory = next((m for m in memory_stages if m.stage == stage_t.stage), None)
+    reserved 1.2-2.3 GiB over its allocation), for forward-only passes, CUDA graphs, a non-interleaved pipeline (a
+    synchronisation after every p2p exchange), and on ranks with MoE layers (their dispatcher synchronises the host
+    every layer)."""
     if (
-        memory is None
-        or not options.ddp_side_stream
+        not options.ddp_side_stream
         or not workload.is_training
         or workload.cuda_graph.impl != "none"
-        or any(model.is_moe_layer(i) for i in layers)
         or (parallel.pp > 1 and parallel.vpp is None)
     ):
-        return None
+        return {}
+    layout = pipeline_layout_of(model, parallel)
     tokens, _ = packed_microbatch_shape(model, parallel, workload)
-    x = parallel.tp if parallel.sequence_parallel else 1
-    fwd_gpu = sum(v for k, v in stage_t.fwd.items() if k != "host")
-    return QueuedFreeInputs(
-        fwd_gpu_s=fwd_gpu,
-        bwd_gpu_s=sum(stage_t.bwd.values()),
-        host_issue_s=stage_t.host_issue_s,
-        layers=len(layers),
-        tp_gt1=parallel.tp > 1,
-        wgrad_bytes=0.0 if options.gradient_accumulation_fusion else BF16_BYTES * memory.parameters.total,
-        p2p_tensor_bytes=E_BF16 * tokens * model.hidden_size / x,
-        chunks=layout.vpp,
-        num_microbatches=num_microbatches(parallel, workload),
-        interleaved=parallel.pp > 1,
-    )
+    p2p_tensor_bytes = E_BF16 * tokens * model.hidden_size / (parallel.tp if parallel.sequence_parallel else 1)
+    m = num_microbatches(parallel, workload)
+    memory = {s.stage: s for s in memory_stages}
+    out = {}
+    for st in time.stages:
+        layers = layout.rank_layers(st.stage)
+        if st.stage not in memory or any(model.is_moe_layer(i) for i in layers):
+            continue
+        params = memory[st.stage].parameters.total
+        out[st.stage] = QueuedFreeInputs(
+            fwd_gpu_s=sum(v for k, v in st.fwd.items() if k != "host"),
+            bwd_gpu_s=sum(st.bwd.values()),
+            host_issue_s=st.host_issue_s,
+            layers=len(layers),
+            tp_gt1=parallel.tp > 1,
+            wgrad_bytes=0.0 if options.gradient_accumulation_fusion else E_BF16 * params,
+            p2p_tensor_bytes=p2p_tensor_bytes,
+            chunks=layout.vpp,
+            num_microbatches=m,
+            interleaved=parallel.pp > 1,
+        )
+    return out
 
 
 def memory_summary(
@@ -1118,9 +1123,8 @@ def estimate(
             padded,
         )
     queued = {
-        st.stage: queued_free_bytes(inputs)
-        for st in time.stages
-        if (inputs := queued_free_inputs(model, parallel, workload, options, st, memory_stages)) is not None
+        stage: queued_free_bytes(inputs)
+        for stage, inputs in queued_free_inputs(model, parallel, workload, options, time, memory_stages).items()
     }
     peak, breakdown, per_stage = memory_summary(memory_stages, queued)
     step_range = None

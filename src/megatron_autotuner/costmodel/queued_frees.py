@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 from . import defaults as d
 
-BF16_BYTES = 2
-
 
 @dataclass(frozen=True)
 class QueuedFreeInputs:

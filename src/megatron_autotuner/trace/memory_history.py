@@ -177,6 +177,9 @@ class MemoryHistory:
     top: int = 10
     notes: tuple[str, ...] = field(default=())
     held_at_peak_by_site: tuple[HeldSite, ...] = ()
+    # of those, the blocks the program had freed whose free awaited an event on another stream (`record_stream`:
+    # `free_requested` without `free_completed`): held by the allocator, no longer counted by memory_allocated
+    awaiting_at_peak_by_site: tuple[HeldSite, ...] = ()
 
     @property
     def excess_growth_bytes(self) -> int:
@@ -184,8 +187,13 @@ class MemoryHistory:
 
     @property
     def reserved_unallocated_at_peak_bytes(self) -> int:
-        """Peak reserved minus peak held: what `max_memory_reserved - max_memory_allocated` reports."""
+        """Peak reserved minus peak held; `max_memory_reserved - max_memory_allocated` reports this plus what awaited
+        its free at the peak (`awaiting_at_peak_bytes`), which torch no longer counts as allocated."""
         return self.peak_reserved_bytes - self.peak_held_bytes
+
+    @property
+    def awaiting_at_peak_bytes(self) -> int:
+        return sum(site.bytes for site in self.awaiting_at_peak_by_site)
 
     def to_dict(self) -> dict[str, Any]:
         worst = sorted(self.growths, key=lambda g: -g.excess_bytes)[: self.top]
@@ -204,6 +212,8 @@ class MemoryHistory:
             "largest_excess_growths": [g.to_dict() for g in worst if g.excess_bytes > 0],
             "largest_allocations": [a.to_dict() for a in self.largest_allocations],
             "held_at_peak_by_site": [h.to_dict() for h in self.held_at_peak_by_site[: 3 * self.top]],
+            "awaiting_at_peak_bytes": self.awaiting_at_peak_bytes,
+            "awaiting_at_peak_by_site": [h.to_dict() for h in self.awaiting_at_peak_by_site[: self.top]],
             "notes": list(self.notes),
         }
 
@@ -223,23 +233,38 @@ def _deltas(event: dict[str, Any], live: dict[Any, int]) -> tuple[int, int]:
     return 0, 0
 
 
-def _held_by_site(trace: list[dict[str, Any]], peak_index: int, initial_held: int) -> tuple[HeldSite, ...]:
-    """The blocks held right after event `peak_index`, summed by the innermost model frame of their `alloc`,
-    largest first; what was held before the history began is the site ''."""
-    live: dict[Any, int] = {}  # address -> index of its alloc event
-    earlier = initial_held  # of the blocks from before the history, what is still held
-    for i, e in enumerate(trace[: peak_index + 1]):
-        if e.get("action") == "alloc":
-            live[e.get("addr")] = i
-        elif e.get("action") == "free_completed" and live.pop(e.get("addr"), None) is None:
-            earlier -= int(e.get("size", 0))
+def _sites(blocks: list[int], trace: list[dict[str, Any]], earlier: int = 0) -> tuple[HeldSite, ...]:
+    """Blocks (indices of their `alloc` events) summed by the innermost model frame of the alloc, largest first;
+    `earlier`: bytes from before the history, as the site ''."""
     sites: dict[str, list[int]] = {"": [earlier, 0]} if earlier > 0 else {}
-    for i in live.values():
+    for i in blocks:
         frames = _frames(trace[i], limit=1)
         entry = sites.setdefault(frames[0] if frames else "?", [0, 0])
         entry[0] += int(trace[i].get("size", 0))
         entry[1] += 1
     return tuple(HeldSite(site, b, n) for site, (b, n) in sorted(sites.items(), key=lambda kv: -kv[1][0]))
+
+
+def _held_by_site(
+    trace: list[dict[str, Any]], peak_index: int, initial_held: int
+) -> tuple[tuple[HeldSite, ...], tuple[HeldSite, ...]]:
+    """(the blocks held right after event `peak_index`, those of them whose free was requested but not yet
+    completed), each by `_sites`; what was held before the history began is the site '' of the first."""
+    live: dict[Any, int] = {}  # address -> index of its alloc event
+    requested: set[Any] = set()  # addresses freed by the program, awaiting an event on another stream
+    earlier = initial_held  # of the blocks from before the history, what is still held
+    for i, e in enumerate(trace[: peak_index + 1]):
+        action, addr = e.get("action"), e.get("addr")
+        if action == "alloc":
+            live[addr] = i
+        elif action == "free_requested" and addr in live:
+            requested.add(addr)
+        elif action == "free_completed":
+            requested.discard(addr)
+            if live.pop(addr, None) is None:
+                earlier -= int(e.get("size", 0))
+    awaiting = [i for addr, i in live.items() if addr in requested]
+    return _sites(list(live.values()), trace, earlier), _sites(awaiting, trace)
 
 
 def replay_history(snapshot: dict[str, Any], device: int | None = None, top: int = 10) -> MemoryHistory:
@@ -315,8 +340,10 @@ def _replay_history(snapshot: dict[str, Any], device: int | None, top: int) -> M
         Allocation(i, size, tuple(_frames(trace[i])))
         for size, i in heapq.nlargest(top, allocations, key=lambda a: (a[0], -a[1]))  # ties: earliest first
     )
+    held_sites, awaiting_sites = _held_by_site(trace, peak_index, initial_held)
     return MemoryHistory(
-        held_at_peak_by_site=_held_by_site(trace, peak_index, initial_held),
+        held_at_peak_by_site=held_sites,
+        awaiting_at_peak_by_site=awaiting_sites,
         device=device,
         events=len(trace),
         initial_reserved_bytes=initial_reserved,

@@ -16,7 +16,7 @@ from ..files import write_text_atomic
 from ..specs import get_gpu_spec
 from .agreement import BEST_TOLERANCE, rank_agreement
 from .calibration import held_out_memory
-from .layout import Layout
+from .layout import Layout, ran_with_ddp_side_stream
 from .predict import compare, predict
 from .results import aggregate
 
@@ -39,10 +39,9 @@ def predictions_for(layouts: list[Layout], gpu: str, out_dir: Path, calibration:
     run recorded (so a report rebuilt elsewhere predicts the run that happened)."""
     ran = aggregate(out_dir) if out_dir.exists() else {}
     fusion = {k: row.get("gradient_accumulation_fusion") for k, row in ran.items()}
-    as_ran = {k: Layout.from_record(row).ddp_side_stream for k, row in ran.items() if row.get("layout")}
     preds = {
         lay.layout_id: predict(
-            lay.replace(ddp_side_stream=as_ran.get(lay.layout_id, lay.ddp_side_stream)),
+            lay.replace(ddp_side_stream=ran_with_ddp_side_stream(ran[lay.layout_id])) if lay.layout_id in ran else lay,
             gpu,
             calibration,
             gradient_accumulation_fusion=fusion.get(lay.layout_id),

@@ -31,6 +31,16 @@ from ..specs.pipeline import PipelineLayout
 DDP_SIDE_STREAM_SINCE = "2026-11-24T02:52:45+00:00"
 
 
+def ran_with_ddp_side_stream(record: dict[str, Any]) -> bool:
+    """Whether a run record's DDP was built on a stream of its own: as its layout says, else by its date (runs from
+    before `DDP_SIDE_STREAM_SINCE` built it on the default stream)."""
+    stated = (record.get("layout") or {}).get("ddp_side_stream")
+    if stated is not None:
+        return bool(stated)
+    ran = str((record.get("env") or {}).get("date") or "")
+    return not (ran and ran < DDP_SIDE_STREAM_SINCE)
+
+
 @dataclass(frozen=True)
 class Layout:
     """One validation run. `global_batch_size` None means micro_batch_size x dp; sequence parallel None
@@ -422,14 +432,8 @@ class Layout:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Layout:
-        """The layout of a committed run record as it ran: a run from before the runner built DDP on its own stream
-        (its `env.date` before `DDP_SIDE_STREAM_SINCE`, its layout without the field) ran it on the default
-        stream."""
-        data = dict(record["layout"])
-        ran = str((record.get("env") or {}).get("date") or "")
-        if "ddp_side_stream" not in data and ran and ran < DDP_SIDE_STREAM_SINCE:
-            data["ddp_side_stream"] = False
-        return cls.from_dict(data)
+        """The layout of a committed run record as it ran (`ran_with_ddp_side_stream`)."""
+        return cls.from_dict({**record["layout"], "ddp_side_stream": ran_with_ddp_side_stream(record)})
 
     @classmethod
     def from_configs(
