@@ -3,6 +3,7 @@
     bash benchmarks/validation/x4_reserved_memory.sh          # on a 4-GPU H200 host: allocator histories
     bash benchmarks/validation/x4_reserved_memory.sh queue    # launch-queue depth and profiled steps
     python benchmarks/reserved_memory.py                      # this report, from what those left
+    python benchmarks/reserved_memory.py predict              # before `x4_reserved_memory.sh blind`: new layouts
 
 Reads rank 0's allocator snapshots (benchmarks/results/reserved_memory_h200_x4/snapshots) and profiled steps
 (.../queue/profiled/traces) and writes .../report.json: per layout, the peak of held + awaiting memory, what was
@@ -86,7 +87,51 @@ def trace_report(path: Path) -> dict:
     }
 
 
+# Shapes no run had, predicted before the lease (`predict`), to check `costmodel.queued_frees` blind: dense layouts
+# without a pipeline and interleaved, and one non-interleaved pipeline, for which the term is zero.
+BLIND = (
+    dict(model="Llama-3.1-8B", seq_length=8192, num_layers=16, tp=1, micro_batch_size=2),
+    dict(model="Qwen2.5-32B", seq_length=4096, num_layers=12, tp=2, micro_batch_size=2),
+    dict(model="Qwen3-8B", seq_length=4096, num_layers=24, pp=2, vpp=4, micro_batch_size=2),
+    dict(model="Llama-3.1-8B", seq_length=8192, num_layers=16, tp=2, pp=2, vpp=4, micro_batch_size=1),
+    dict(model="Qwen3-8B", seq_length=4096, num_layers=24, pp=2, micro_batch_size=2),
+)
+BLIND_LAYOUTS = ROOT / "benchmarks/validation/x4_reserved_memory_blind_layouts.json"
+
+
+def predict_blind() -> int:
+    """Write the blind layouts and their predictions (as the runner will run them: no APEX, so unfused wgrads)."""
+    from datetime import datetime, timezone
+
+    from megatron_autotuner import __version__
+    from megatron_autotuner.validate.layout import Layout
+    from megatron_autotuner.validate.predict import predict
+
+    layouts, rows = [], []
+    for shape in BLIND:
+        lay = Layout(**shape, num_gpus=4, global_batch_size=16, warmup_steps=3, steps=4)
+        lay = lay.replace(name=f"blind {shape['model']}.L{shape['num_layers']} {lay.label}")
+        layouts.append(lay.to_dict())
+        rows.append({"label": lay.label, "layout_id": lay.layout_id,
+                     "predicted": predict(lay, "H200", gradient_accumulation_fusion=False)})  # fmt: skip
+    BLIND_LAYOUTS.write_text(json.dumps({"gpu": "H200", "layouts": layouts}, indent=1) + "\n")
+    (OUT / "blind").mkdir(parents=True, exist_ok=True)
+    doc = {"kind": "queued-frees-blind-prediction", "tool_version": __version__,
+           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}  # fmt: skip
+    (OUT / "blind/predicted.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for row in rows:
+        b = row["predicted"]["memory_breakdown_gib"]
+        print(
+            f"{row['label']}: peak {row['predicted']['peak_memory_gib']:.1f} GiB, queued frees {b['queued_frees']:.1f}"
+        )
+    return 0
+
+
 def main() -> int:
+    import sys
+
+    if sys.argv[1:] == ["predict"]:
+        return predict_blind()
     rows = []
     results = {json.loads(line)["layout_id"]: json.loads(line) for line in (OUT / "results.jsonl").open()}
     for snap in sorted((OUT / "snapshots").glob("*.rank_0.pickle.gz")):
