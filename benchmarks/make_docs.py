@@ -648,6 +648,21 @@ def reserved_memory(root: Path) -> str:
         f"Launch queue ({doc['device']}): {doc['launch_queue_depth_median']:.0f} launches before the host blocks; "
         f"operations queued through the profiled steps {queued}; the host ran {lead} ms ahead (median).\n\n"
     )
+    out += table(head, rows)
+    blind = load(root, f"{rel}/blind/predicted.json")["rows"]
+    ran = {
+        json.loads(line)["layout_id"]: json.loads(line)
+        for line in (root / RESULTS / rel / "blind/results.jsonl").open()
+    }
+    rows = []
+    for b in blind:
+        p, m = b["predicted"], ran[b["layout_id"]]["measured"]
+        queued = p["memory_breakdown_gib"]["queued_frees"]
+        rows.append([b["label"].removeprefix("blind "), f"{m['peak_gib']:.1f}", f"{p['peak_memory_gib']:.1f}",
+                     f"{queued:.1f}", pct((p["peak_memory_gib"] - queued) / m["peak_gib"] - 1),
+                     pct(p["peak_memory_gib"] / m["peak_gib"] - 1)])  # fmt: skip
+    head = ["blind layout", "meas peak GiB", "pred peak GiB", "of it awaiting GiB", "err without", "err"]
+    out += f"\n\nBlind: shapes no run had, predicted before the lease (`{rel}/blind/predicted.json`):\n\n"
     return out + table(head, rows)
 
 
