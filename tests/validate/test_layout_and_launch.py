@@ -40,6 +40,9 @@ def test_layout_rejects_bad_input():
         Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, pp=2, num_layers=3).check()
     with pytest.raises(ConfigError, match="^grad_reduce_in_fp32: must be true or false, got 'no'$"):
         Layout.from_dict({"model": "Qwen3-8B", "seq_length": 8, "grad_reduce_in_fp32": "no"})
+    for field in ("ddp_side_stream", "expandable_segments", "memory_history"):
+        with pytest.raises(ConfigError, match=f"^{field}: must be true or false, got 1$"):
+            Layout.from_dict({"model": "Qwen3-8B", "seq_length": 8, field: 1})
 
 
 def test_from_configs_and_file(tmp_path):

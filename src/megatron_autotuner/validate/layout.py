@@ -167,6 +167,9 @@ class Layout:
             object.__setattr__(self, "vpp", None)
         if self.pipeline_layout is not None and self.vpp is None:
             object.__setattr__(self, "vpp", PipelineLayout.from_string(self.pipeline_layout, self.pp).vpp_or_none)
+        for f in dataclasses.fields(self):  # a layouts file's "no" or 1 would otherwise read as true
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                raise ConfigError(f.name, f"must be true or false, got {getattr(self, f.name)!r}")
         for key in ("warmup_steps", "steps"):
             value = getattr(self, key)
             if not isinstance(value, int) or value < (0 if key == "warmup_steps" else 1):
