@@ -1,0 +1,110 @@
+"""Why MoE peaks under full recompute and forward-only passes reserve 11-23 GiB more than they hold (#37).
+
+    python benchmarks/moe_fragmentation.py predict   # before the runs: the layouts and their predictions
+    bash benchmarks/validation/x2_moe_fragmentation.sh   # on 2 H200 (~8 min): allocator histories, two profiled steps
+    python benchmarks/moe_fragmentation.py           # the report, from what the script left
+
+On committed runs (validation_h200_x2/moe_gpu, plan_regret_h200_x4_r2 #106, _r3 #116) the MoE layouts with full
+recompute or a forward-only pass held within 5 GiB of the model's allocated sum, but reserved 11-23 GiB beyond it;
+with expandable segments the same layouts reserved 1-4 GiB beyond. The runs here record the caching allocator's
+history of Qwen3-30B-A3B (all 128 experts, 4 layers) on 2 GPUs under full recompute and without it, at EP 1 (the
+routed token counts per rank are fixed) and EP 2 (they vary with routing), plus one control with expandable segments;
+and, for the step, the pp2 vpp4 full-recompute shape that ran 14% over its prediction on 4 GPUs (round 3's #116) with
+a profiled step, beside the same shape without recompute.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+from megatron_autotuner import __version__
+from megatron_autotuner.trace.memory_history import load_snapshot, replay_history
+from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.predict import predict
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks/results/moe_fragmentation_h200_x2"
+LAYOUTS = ROOT / "benchmarks/validation/x2_moe_fragmentation_layouts.json"
+GIB = 2**30
+_BASE = dict(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, micro_batch_size=8, warmup_steps=3, steps=4)
+SHAPES: tuple[dict, ...] = (
+    dict(num_layers=4, global_batch_size=16, ep=1, recompute="full", memory_history=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, recompute="full", memory_history=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, recompute="none", memory_history=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, mode="forward", memory_history=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, recompute="full", expandable_segments=True),
+    dict(num_layers=8, global_batch_size=16, pp=2, vpp=4, recompute="full", profile=True),
+    dict(num_layers=8, global_batch_size=16, pp=2, vpp=4, recompute="none", profile=True),
+)
+
+
+def layouts() -> list[Layout]:
+    out = []
+    for shape in SHAPES:
+        lay = Layout(**_BASE, **shape)
+        tags = [k for k in ("memory_history", "profile") if shape.get(k)]
+        out.append(lay.replace(name=f"e128 L{lay.num_layers} {lay.label} {' '.join(tags)}".strip()))
+    return out
+
+
+def cmd_predict() -> int:
+    rows, docs = [], []
+    for lay in layouts():
+        docs.append(lay.to_dict())
+        # as the runner runs it: no APEX, so unfused weight-gradient accumulation
+        rows.append(
+            {
+                "label": lay.label,
+                "layout_id": lay.layout_id,
+                "predicted": predict(lay, "H200", gradient_accumulation_fusion=False),
+            }
+        )
+    LAYOUTS.write_text(json.dumps({"gpu": "H200", "layouts": docs}, indent=1) + "\n")
+    OUT.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "kind": "moe-fragmentation-prediction",
+        "tool_version": __version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "rows": rows,
+    }
+    (OUT / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for row in rows:
+        p = row["predicted"]
+        print(f"{row['label']}: step {p['step_time_s']:.3f} s, peak {p['peak_memory_gib']:.1f} GiB")
+    return 0
+
+
+def cmd_report() -> int:
+    results = {json.loads(line)["layout_id"]: json.loads(line) for line in (OUT / "results.jsonl").open()}
+    rows = []
+    for layout_id, row in results.items():
+        m, p = row.get("measured") or {}, row["predicted"]
+        entry = {
+            "label": row["label"],
+            "layout_id": layout_id,
+            "predicted_step_s": p["step_time_s"],
+            "measured_step_s": m.get("step_time_s"),
+            "predicted_peak_gib": p["peak_memory_gib"],
+            "measured_peak_gib": m.get("peak_gib"),
+            "max_allocated_gib": m.get("max_allocated_gib"),
+            "max_reserved_gib": m.get("max_reserved_gib"),
+        }
+        snap = OUT / "snapshots" / f"{layout_id}.rank_0.pickle.gz"
+        if snap.exists():
+            hist = replay_history(load_snapshot(snap), device=0)
+            entry["history"] = hist.to_dict()
+        rows.append(entry)
+    (OUT / "report.json").write_text(json.dumps({"kind": "moe-fragmentation-report", "rows": rows}, indent=1) + "\n")
+    for e in rows:
+        print(
+            f"{e['label']}: step {e['measured_step_s']} vs {e['predicted_step_s']:.3f}; peak {e['measured_peak_gib']}"
+            f" vs {e['predicted_peak_gib']:.1f}; alloc {e['max_allocated_gib']} reserved {e['max_reserved_gib']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cmd_predict() if sys.argv[1:] == ["predict"] else cmd_report())
