@@ -666,6 +666,36 @@ def reserved_memory(root: Path) -> str:
     return out + table(head, rows)
 
 
+def moe_fragmentation(root: Path) -> str:
+    """MoE layouts on 2x H200: predicted vs measured, the reserve at the fp32 logits request, and the allocator
+    model's replay of every committed history."""
+    rel = "moe_fragmentation_h200_x2"
+    out = source(f"{rel}/report.json", f"{rel}/predicted.json")
+    doc = load(root, f"{rel}/report.json")
+    rows = []
+    for r in doc["rows"]:
+        growth = r.get("largest_excess_growth")
+        grew = f"{growth['request_gib']:.2f} GiB, {growth['free_before_gib']:.1f} free" if growth else "-"
+        rows.append([r["label"].removeprefix("e128 "), f"{r['predicted_step_s']:.3f}", f"{r['measured_step_s']:.3f}",
+                     pct(r["predicted_step_s"] / r["measured_step_s"] - 1), f"{r['predicted_peak_gib']:.1f}",
+                     f"{r['measured_peak_gib']:.1f}", pct(r["predicted_peak_gib"] / r["measured_peak_gib"] - 1),
+                     num(r.get("reserved_unallocated_at_peak_gib"), ".1f"),
+                     grew])  # fmt: skip
+    head = ["layout (Qwen3-30B-A3B, 128 experts)", "pred s", "meas s", "step err", "pred GiB", "meas GiB", "peak err",
+            "reserved unallocated GiB", "request that grew the reserve"]  # fmt: skip
+    out += table(head, rows)
+    rows = []
+    for r in doc["allocator_replays"]:
+        name = r["snapshot"].removeprefix("benchmarks/results/")
+        rows.append([name, "yes" if r["expandable_segments"] else "no", f"{r['awaiting_at_peak_gib']:.1f}",
+                     f"{r['recorded_reserved_gib']:.2f}", f"{r['modelled_reserved_gib']:.2f}",
+                     f"{r['recorded_unallocated_gib']:.2f}", f"{r['modelled_unallocated_gib']:.2f}"])  # fmt: skip
+    out += "\nEvery committed allocator history that starts with its process, replayed through `theory.allocator`:\n\n"
+    head = ["history", "expandable", "awaiting other stream GiB", "reserved GiB", "model GiB", "unallocated GiB",
+            "model GiB"]  # fmt: skip
+    return out + table(head, rows)
+
+
 def plan_validate(root: Path) -> str:
     rel = "plan_validate_h100_x4"
     plan_doc = load(root, f"{rel}/plan/plan.json")
@@ -1022,6 +1052,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_permute": moe_permute,
     "moe_memory": moe_memory,
     "reserved_memory": reserved_memory,
+    "moe_fragmentation": moe_fragmentation,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
     "scaling_pairs": scaling_pairs,

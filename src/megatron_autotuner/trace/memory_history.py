@@ -356,3 +356,29 @@ def _replay_history(snapshot: dict[str, Any], device: int | None, top: int) -> M
         top=top,
         notes=tuple(notes),
     )
+
+
+def large_pool_requests(snapshot: dict[str, Any], device: int = 0) -> list[tuple[str, str, int]]:
+    """The large-pool requests of one device's history as `theory.allocator.large_pool_peak` replays them:
+    ("alloc", address, bytes) for every `alloc` above 1 MiB after rounding, ("free", address, 0) at its
+    `free_completed`. Streams are not told apart (one pool), and blocks freed before the history began are
+    skipped, so the replay stands for the recorded reserved memory only where the history starts with the
+    process (no reserved memory before its first event)."""
+    from ..theory.allocator import K_SMALL_SIZE, round_size
+
+    traces = snapshot.get("device_traces") or []
+    if not 0 <= device < len(traces):
+        raise ConfigError("device", f"{device} is not in the snapshot (devices 0..{len(traces) - 1})")
+    requests: list[tuple[str, str, int]] = []
+    live: set[str] = set()
+    for event in traces[device] or []:
+        action, size, addr = event.get("action"), int(event.get("size", 0)), str(event.get("addr"))
+        if round_size(size) <= K_SMALL_SIZE:
+            continue
+        if action == "alloc":
+            requests.append(("alloc", addr, size))
+            live.add(addr)
+        elif action == "free_completed" and addr in live:
+            requests.append(("free", addr, 0))
+            live.discard(addr)
+    return requests
