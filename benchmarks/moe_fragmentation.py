@@ -3,6 +3,8 @@
     python benchmarks/moe_fragmentation.py predict   # before the runs: the layouts and their predictions
     bash benchmarks/validation/x2_moe_fragmentation.sh   # on 2 H200 (~8 min): allocator histories, two profiled steps
     python benchmarks/moe_fragmentation.py           # the report, from what the script left
+    python benchmarks/moe_fragmentation.py predict recompute  # the recompute set (x2_moe_fragmentation.sh recompute)
+    python benchmarks/moe_fragmentation.py report recompute
 
 On committed runs (validation_h200_x2/moe_gpu, plan_regret_h200_x4_r2 #106, _r3 #116) the MoE layouts with full
 recompute or a forward-only pass held within 5 GiB of the model's allocated sum, but reserved 11-23 GiB beyond it;
@@ -11,6 +13,10 @@ history of Qwen3-30B-A3B (all 128 experts, 4 layers) on 2 GPUs under full recomp
 routed token counts per rank are fixed) and EP 2 (they vary with routing), plus one control with expandable segments;
 and, for the step, the pp2 vpp4 full-recompute shape that ran 14% over its prediction on 4 GPUs (round 3's #116) with
 a profiled step, beside the same shape without recompute.
+
+The recompute set asks where a 128-expert block's full recompute spends what the model does not give it (EP 1 ran
+16% over its prediction with full recompute, 5% without at EP 2): the 4-layer shape at EP 1 with and without full
+recompute, each once with a profiled step and once with its layers' host issue times recorded (`host_timing`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from megatron_autotuner.validate.predict import predict
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/moe_fragmentation_h200_x2"
 LAYOUTS = ROOT / "benchmarks/validation/x2_moe_fragmentation_layouts.json"
+RECOMPUTE_OUT = ROOT / "benchmarks/results/moe_recompute_h200_x2"
+RECOMPUTE_LAYOUTS = ROOT / "benchmarks/validation/x2_moe_recompute_layouts.json"
 GIB = 2**30
 _BASE = dict(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, micro_batch_size=8, warmup_steps=3, steps=4)
 SHAPES: tuple[dict, ...] = (
@@ -40,20 +48,29 @@ SHAPES: tuple[dict, ...] = (
     dict(num_layers=8, global_batch_size=16, pp=2, vpp=4, recompute="full", profile=True),
     dict(num_layers=8, global_batch_size=16, pp=2, vpp=4, recompute="none", profile=True),
 )
+RECOMPUTE_SHAPES: tuple[dict, ...] = (
+    dict(num_layers=4, global_batch_size=16, ep=1, recompute="none", profile=True),
+    dict(num_layers=4, global_batch_size=16, ep=1, recompute="full", profile=True),
+    dict(num_layers=4, global_batch_size=16, ep=1, recompute="none", host_timing=True),
+    dict(num_layers=4, global_batch_size=16, ep=1, recompute="full", host_timing=True),
+)
 
 
-def layouts() -> list[Layout]:
+def layouts(shapes: tuple[dict, ...] = SHAPES) -> list[Layout]:
     out = []
-    for shape in SHAPES:
+    for shape in shapes:
         lay = Layout(**_BASE, **shape)
-        tags = [k for k in ("memory_history", "profile") if shape.get(k)]
+        tags = [k for k in ("memory_history", "profile", "host_timing") if shape.get(k)]
         out.append(lay.replace(name=f"e128 L{lay.num_layers} {lay.label} {' '.join(tags)}".strip()))
     return out
 
 
-def cmd_predict() -> int:
+def cmd_predict(shapes: tuple[dict, ...], layouts_file: Path, out: Path) -> int:
+    if (out / "results.jsonl").exists():  # a prediction is made before its run, never rewritten after it
+        print(f"moe_fragmentation: error: {out.relative_to(ROOT)}: has results; its predictions stay as committed")
+        return 2
     rows, docs = [], []
-    for lay in layouts():
+    for lay in layouts(shapes):
         docs.append(lay.to_dict())
         # as the runner runs it: no APEX, so unfused weight-gradient accumulation
         rows.append(
@@ -63,15 +80,15 @@ def cmd_predict() -> int:
                 "predicted": predict(lay, "H200", gradient_accumulation_fusion=False),
             }
         )
-    LAYOUTS.write_text(json.dumps({"gpu": "H200", "layouts": docs}, indent=1) + "\n")
-    OUT.mkdir(parents=True, exist_ok=True)
+    layouts_file.write_text(json.dumps({"gpu": "H200", "layouts": docs}, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
     doc = {
         "kind": "moe-fragmentation-prediction",
         "tool_version": __version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": rows,
     }
-    (OUT / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")
     for row in rows:
         p = row["predicted"]
         print(f"{row['label']}: step {p['step_time_s']:.3f} s, peak {p['peak_memory_gib']:.1f} GiB")
@@ -143,5 +160,36 @@ def cmd_report() -> int:
     return 0
 
 
+def cmd_recompute_report() -> int:
+    """Per layout: the step predicted and measured, the per-layer host issue times (`host_timing`) and, from the
+    profiled step's rank-0 trace, the GPU's busy, idle and compute time."""
+    rows = []
+    for line in (RECOMPUTE_OUT / "results.jsonl").open():
+        run = json.loads(line)
+        m = run.get("measured") or {}
+        entry = {"label": run["label"], "layout_id": run["layout_id"],
+                 "predicted_step_s": run["predicted"]["step_time_s"], "measured_step_s": m.get("step_time_s"),
+                 "host_timing": m.get("host_timing")}  # fmt: skip
+        summary = RECOMPUTE_OUT / "traces" / f"{run['layout_id']}.summary.json"
+        if summary.exists():
+            overlap = json.loads(summary.read_text())["traces"][0]["overlap"]
+            keys = ("span_us", "busy_us", "idle_us", "compute_us", "comm_us")
+            entry["trace_ms"] = {k.removesuffix("_us"): overlap[k] / 1e3 for k in keys}
+        rows.append(entry)
+    doc = {"kind": "moe-recompute-report", "rows": rows}
+    (RECOMPUTE_OUT / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(json.dumps(doc, indent=1))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    recompute = argv[1:2] == ["recompute"]
+    if argv[:1] == ["predict"]:
+        if recompute:
+            return cmd_predict(RECOMPUTE_SHAPES, RECOMPUTE_LAYOUTS, RECOMPUTE_OUT)
+        return cmd_predict(SHAPES, LAYOUTS, OUT)
+    return cmd_recompute_report() if recompute else cmd_report()
+
+
 if __name__ == "__main__":
-    raise SystemExit(cmd_predict() if sys.argv[1:] == ["predict"] else cmd_report())
+    raise SystemExit(main(sys.argv[1:]))
