@@ -269,8 +269,9 @@ def print_plan(args: argparse.Namespace, inputs: PlanInputs, result, comparison,
         f"[bold]{inputs.model.name}[/bold] on {inputs.num_gpus} x {result.gpu.name}, {seq_text}, "
         f"global batch {inputs.gbs}, {args.mode}{'' if precision == 'bf16' else ', ' + precision}"
         f"{'' if inputs.grad_fp32 else ', bf16 main grads'}: "
-        f"{result.considered} layouts considered, "
-        f"{len(result.candidates)} fit, {len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
+        f"{result.considered} layouts considered, {len(result.candidates)} fit"
+        f"{f' (and {result.superseded} slower token budgets of them)' if result.superseded else ''}, "
+        f"{len(result.rejections)} rejected in {result.elapsed_s:.2f} s"
     )
     out.print(predicted_table(result, args.top, args.flops_convention))
     for note in result.notes:

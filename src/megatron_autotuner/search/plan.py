@@ -114,6 +114,9 @@ class PlanResult:
     notes: tuple[str, ...] = field(default_factory=tuple)
     # ranks of the best layouts on the fastest and slowest hosts measured, where not #1 (`search.host_pace`)
     pace_alternatives: tuple[int, ...] = ()
+    # token budgets that fit but lose to a faster budget of the same layout (verl dynamic batching): considered =
+    # candidates + rejections + superseded
+    superseded: int = 0
 
     @property
     def best(self) -> Candidate:
@@ -167,6 +170,7 @@ class PlanResult:
             "considered": self.considered,
             "feasible": len(self.candidates),
             "rejected": len(self.rejections),
+            "superseded": self.superseded,
             "rejection_counts": self.rejection_counts(),
             "elapsed_s": self.elapsed_s,
             "candidates": [c.to_dict() for c in cands],
@@ -176,6 +180,14 @@ class PlanResult:
             "tp_scaling": self.tp_scaling().to_dict(),
         }
 
+
+
+def _optimizer_sharded(model: ModelSpec, num_gpus: int, structure: tuple) -> bool:
+    """Whether megatron-core's distributed optimizer splits anything for a structure (tp, pp, cp, ep, etp, ...): the
+    dense parameters over dp x cp ranks, the experts' over the expert data-parallel ranks (num_gpus / (etp ep pp))."""
+    tp, pp, cp, ep, etp = structure[:5]
+    dp_cp = num_gpus // (tp * pp)
+    return dp_cp > 1 or (model.is_moe and num_gpus // (etp * ep * pp) > 1)
 
 def layout_label(p: ParallelConfig, w: Workload) -> str:
     parts = [f"tp{p.tp}", f"pp{p.pp}"]
@@ -396,6 +408,8 @@ def plan(
         mbs_list = st[-1]
         any_fit = False  # with the distributed optimizer (tried first): without it needs more memory
         for dist in sorted(dist_opts, reverse=True):
+            if not dist and True in dist_opts and not _optimizer_sharded(model, num_gpus, st):
+                continue  # one optimizer shard: without the distributed optimizer it is the same layout
             for rc_name in recomputes:
                 too_big = not dist and True in dist_opts and not any_fit
                 for mbs in mbs_list:
@@ -439,6 +453,7 @@ def plan(
             rejections.append(Rejection(layout_label(parallel, workload), reason, est.peak_memory_gib))
     reasons: dict[int, str] = {}
     notes: list[str] = []
+    fitting = len(estimates)
     if budgets is not None:
         estimates, reasons = _fastest_budget_per_layout(estimates, budget_limits)
         notes.append(
@@ -471,6 +486,7 @@ def plan(
         elapsed_s=time.perf_counter() - started,
         notes=tuple(notes),
         pace_alternatives=pace_alternatives,
+        superseded=fitting - len(estimates),
     )
 
 

@@ -449,6 +449,8 @@ def cuda_graph_chunk_bytes(
     """Per model chunk of rank `stage`, for one micro-batch: (graphed saved activations, transformer_engine static
     inputs) summed over the chunk's layers (`graphed_activation_bytes`, `te_static_input_bytes`)."""
     layout = pipeline_layout_of(model, parallel)
+    if not workload.cuda_graph.enabled:  # nothing is captured: both are zero for every layer
+        return (0.0,) * layout.vpp, (0.0,) * layout.vpp
     pools, statics = [], []
     for c in range(layout.vpp):
         layers = list(layout.chunk_layers(stage, c))
