@@ -20,7 +20,7 @@ import pytest
 from megatron_autotuner.specs.model import ModelSpec
 from megatron_autotuner.specs.parallel import ParallelConfig
 from megatron_autotuner.theory.params import stage_layer_range, stage_parameters, total_parameters
-from tests.mcore_helpers import McoreCase, run_worlds
+from tests.mcore_helpers import McoreCase
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -187,10 +187,13 @@ CASES = [
 CASE_PARAMS = [pytest.param(case, id=case.name, marks=case.marks) for case in CASES]
 
 
+MCORE_CASES = CASES  # built by conftest's `mcore_ground_truth`, with the other modules' cases
+
+
 @pytest.fixture(scope="module")
-def mcore_counts(tmp_path_factory) -> dict:
-    """Build every case once (all world sizes concurrently); {case name: [per-rank result]}."""
-    return run_worlds(CASES, tmp_path_factory.mktemp("mcore"), timeout_s=240)
+def mcore_counts(mcore_ground_truth) -> dict:
+    """Every case built once (all world sizes concurrently); {case name: [per-rank result]}."""
+    return mcore_ground_truth
 
 
 def _parallel(case: McoreCase) -> ParallelConfig:

@@ -11,7 +11,7 @@ from megatron_autotuner.specs.model import ModelSpec
 from megatron_autotuner.specs.parallel import ParallelConfig
 from megatron_autotuner.specs.pipeline import PipelineLayout
 from megatron_autotuner.theory.params import stage_layer_range, stage_parameters
-from tests.mcore_helpers import McoreCase, run_worlds
+from tests.mcore_helpers import McoreCase
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -124,9 +124,12 @@ CASES: list[tuple[McoreCase, PipelineLayout]] = [
 IDS = [case.name for case, _ in CASES]
 
 
+MCORE_CASES = [case for case, _ in CASES]  # built by conftest's `mcore_ground_truth`
+
+
 @pytest.fixture(scope="module")
-def mcore_counts(tmp_path_factory) -> dict:
-    return run_worlds([case for case, _ in CASES], tmp_path_factory.mktemp("mcore-layouts"), timeout_s=240)
+def mcore_counts(mcore_ground_truth) -> dict:
+    return mcore_ground_truth
 
 
 @pytest.mark.parametrize(("case", "layout"), CASES, ids=IDS)

@@ -204,6 +204,7 @@ def stage_layer_range(model: ModelSpec, parallel: ParallelConfig, stage: int) ->
     return pipeline_layout_of(model, parallel).rank_layers(stage)
 
 
+@lru_cache(maxsize=65536)  # pure and hashable; the search asks again for every micro-batch and recompute choice
 def stage_parameters(
     model: ModelSpec,
     parallel: ParallelConfig,
