@@ -134,3 +134,21 @@ def test_malformed_config_json(tmp_path):
         text=True,
     )
     assert proc.returncode == 2 and "not valid JSON" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_an_fp8_plan_reports_mfu_against_the_fp8_peak(capsys, tmp_path):
+    """The MFU column of an fp8 plan is against the dense fp8 peak (H100: 1979 TFLOP/s), and says so; `mat estimate`
+    shows both peaks (NVIDIA's tables quote fp8 runs against the bf16 peak)."""
+    from megatron_autotuner.search import plan
+    from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+
+    argv = ["--model", "Llama-3.1-8B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "8192",
+            "--global-batch-size", "64", "--precision", "fp8"]  # fmt: skip
+    assert main(["plan", *argv, "--top", "1", "--output-dir", str(tmp_path / "plan")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    best = plan(load_model_spec("Llama-3.1-8B"), get_gpu_spec("H100-SXM"), 8, 8192, 64, precision="fp8").best
+    assert "MFU against the fp8 peak" in out and f"{best.estimate.mfu_fp8:.3f}" in out
+    assert best.estimate.mfu_fp8 == pytest.approx(best.estimate.mfu / 2, rel=0.01)  # the fp8 peak is twice bf16's
+    assert main(["estimate", *argv, "--pp", "2", "--cp", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "MFU (bf16 peak)" in out and "MFU (fp8 peak)" in out

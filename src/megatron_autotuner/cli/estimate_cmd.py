@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         [f"model TFLOP/s/GPU ({est.options.flops_convention})", est.model_tflops_per_gpu],
         ["hardware TFLOP/s/GPU", est.hardware_tflops_per_gpu],
         ["MFU (bf16 peak)", est.mfu],
+        *([["MFU (fp8 peak)", est.mfu_fp8]] if est.mfu_fp8 is not None else []),
         ["peak memory (GiB)", est.peak_memory_gib],
         [f"fits (HBM less a {est.options.memory_margin:.0%} margin)", "yes" if est.fits else "NO"],
     ]

@@ -298,9 +298,10 @@ def predicted_table(result, top: int, flops_convention: str):
     for c in result.top(top):
         e = c.estimate
         spread = [] if not paced else ["-" if c.host_pace is None else "{:.3f}-{:.3f}".format(*c.host_pace.steps_s)]
-        rows.append([c.rank, c.label, e.step_time_s, *spread, e.tokens_per_s_per_gpu, e.model_tflops_per_gpu, e.mfu,
-                     e.peak_memory_gib])  # fmt: skip
-    return make_table("Top layouts (predicted; MFU against the bf16 peak)", headers, rows)
+        rows.append([c.rank, c.label, e.step_time_s, *spread, e.tokens_per_s_per_gpu, e.model_tflops_per_gpu,
+                     e.mfu_at_own_peak[0], e.peak_memory_gib])  # fmt: skip
+    peak = "fp8" if result.base_workload.precision == "fp8" else "bf16"
+    return make_table(f"Top layouts (predicted; MFU against the {peak} peak)", headers, rows)
 
 
 def _exported_ub_yaml(out_dir: Path, rank: int) -> Path | None:
@@ -370,7 +371,7 @@ def print_current_run(out, comparison: CurrentRun) -> None:
     fits = "fits" if e.fits else "DOES NOT FIT"
     out.print(
         f"[bold]your launch[/bold]: {e.step_time_s:.3f} s/step, {e.tokens_per_s_per_gpu:,.0f} tok/s/GPU, "
-        f"MFU (bf16 peak) {e.mfu:.3f}, {e.peak_memory_gib:.1f} GiB ({fits})"
+        f"MFU ({e.mfu_at_own_peak[1]} peak) {e.mfu_at_own_peak[0]:.3f}, {e.peak_memory_gib:.1f} GiB ({fits})"
     )
     gain = comparison.speedup - 1
     if not e.fits:

@@ -276,6 +276,13 @@ class Estimate:
         return self.model_tflops_per_gpu / self.gpu.fp8_tflops
 
     @property
+    def mfu_at_own_peak(self) -> tuple[float, str]:
+        """(MFU, the precision whose dense peak it is against): the fp8 peak for fp8 runs, else bf16."""
+        if self.mfu_fp8 is not None:
+            return self.mfu_fp8, "fp8"
+        return self.mfu, "bf16"
+
+    @property
     def usable_memory_gib(self) -> float:
         return self.gpu.hbm_gib * (1.0 - self.options.memory_margin)
 
