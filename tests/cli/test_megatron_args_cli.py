@@ -94,3 +94,20 @@ def test_a_var_without_a_value_is_one_line_exit_2(tmp_path, capsys, command):
         main([command, flag, str(launch), "--gpu", "H100-SXM", "--var", "TP"])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 2 and "argument --var: expected NAME=VALUE, got 'TP'" in err[-1]
+
+
+def test_megatrons_default_dropout_is_said_where_a_launch_leaves_it(tmp_path, capsys):
+    """A launch without --hidden-dropout / --attention-dropout gets Megatron-LM's 0.1 for both, which the step and
+    memory price (masks, dropout kernels): estimate's JSON and plan's 'your launch' say so; with 0 given, nothing."""
+    default = tmp_path / "default.sh"
+    default.write_text(SMALL.replace("--hidden-dropout 0 --attention-dropout 0 ", ""))
+    assert main(["estimate", "--megatron-args", str(default), "--gpu", "H100-SXM", "--json"]) == 0
+    notes = [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("dropout:")]
+    assert len(notes) == 1 and "hidden 0.1, attention 0.1" in notes[0]
+    args = ["plan", "--megatron-args", str(default), "--gpu", "H100-SXM", "--no-chart", "--top", "1"]
+    assert main(args + ["--output-dir", str(tmp_path / "p")]) == 0
+    assert " ".join(capsys.readouterr().out.split()).count("note: dropout:") == 1
+    given = tmp_path / "given.sh"
+    given.write_text(SMALL)
+    assert main(["estimate", "--megatron-args", str(given), "--gpu", "H100-SXM", "--json"]) == 0
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("dropout:")]

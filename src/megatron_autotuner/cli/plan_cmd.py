@@ -388,4 +388,4 @@ def print_current_run(out, comparison: CurrentRun) -> None:
             out.print(f"  {change}")
     else:
         out.print("no candidate is predicted faster than your launch")
-    print_notes(out, (), e.not_modelled)
+    print_notes(out, e.notes, e.not_modelled)

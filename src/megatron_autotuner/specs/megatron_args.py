@@ -722,6 +722,15 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         "num_moe_experts": experts,
         "mtp_num_layers": pick("mtp_num_layers", base and base.mtp_num_layers, _int) or 0,
     }
+    defaulted = [f"--{d.replace('_', '-')}" for d in ("hidden_dropout", "attention_dropout") if not launch.gave(d)]
+    if base is None and defaulted and (values["hidden_dropout"] or values["attention_dropout"]):
+        # Megatron-LM's own defaults (arguments.py: --hidden-dropout / --attention-dropout 0.1); their masks and
+        # the dropout kernels are priced, which recipes that pass 0 do not pay
+        notes.append(
+            f"dropout: {' and '.join(defaulted)} not given, so Megatron-LM's default "
+            f"(hidden {values['hidden_dropout']:g}, attention {values['attention_dropout']:g}) is priced; "
+            "most pre-training recipes pass 0"
+        )
     if values["position_embedding_type"] not in ("rope", "learned_absolute", "none"):
         notes.append(f"not modelled: --position-embedding-type {values['position_embedding_type']} (as rope)")
         values["position_embedding_type"] = "rope"
