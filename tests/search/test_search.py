@@ -170,8 +170,8 @@ def test_plan_with_fp8_params_needs_the_distributed_optimizer(capsys, tmp_path):
     refuses fp8 parameters without it), weighs less than with cached fp8 weights, and exports the flags."""
     m = load_model_spec("Llama-3.1-70B")
     everything = SearchSpace(screen_slack=float("inf"))
-    cached = plan(m, H100, 64, 8192, 128, precision="fp8", space=everything)
-    params = plan(m, H100, 64, 8192, 128, precision="fp8", fp8_recipe="tensorwise", fp8_param=True, space=everything)
+    cached = plan(m, H100, 32, 8192, 128, precision="fp8", space=everything)
+    params = plan(m, H100, 32, 8192, 128, precision="fp8", fp8_recipe="tensorwise", fp8_param=True, space=everything)
     assert all(c.parallel.use_distributed_optimizer and c.workload.fp8_param for c in params.candidates)
     assert any("fp8_param: needs the distributed optimizer" in r.reason for r in params.rejections)
     assert len(params.candidates) > len(cached.candidates)  # 2 bytes per TE weight less: more layouts fit

@@ -10,18 +10,30 @@ pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.mcore
 
 
-def _run(tiny, tmp_path, **kw):
+@pytest.fixture(scope="module")
+def timed(tmp_path_factory) -> dict[str, tuple[Layout, dict]]:
+    """A training and a forward-only layout of the tiny model, run one after the other in one CPU job (one start-up
+    of torch and megatron-core): {mode: (layout, measured host timing)}."""
     from megatron_autotuner.validate import validate_layouts
+    from tests.proc_helpers import cpu_job_env, write_tiny_model
 
-    lay = Layout(model=tiny, seq_length=32, warmup_steps=1, steps=3, use_te=False, host_timing=True, **kw)
-    rep = validate_layouts([lay], tmp_path / "out", "H200", device="cpu", layout_timeout_s=120, log=lambda *a: 0)
-    (row,) = rep.rows
-    assert row["status"] == "ok", row.get("error")
-    return lay, row["measured"]["host_timing"]
+    out = tmp_path_factory.mktemp("host_timing")
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in cpu_job_env({}).items():
+            env.setenv(name, value)
+        tiny = write_tiny_model(out / "tiny.json")
+        lays = [Layout(model=tiny, seq_length=32, warmup_steps=1, steps=3, use_te=False, host_timing=True, mode=mode)
+                for mode in ("train", "forward")]  # fmt: skip
+        rep = validate_layouts(lays, out / "run", "H200", device="cpu", layout_timeout_s=120, log=lambda *a: 0,
+                               layouts_per_job=None)  # fmt: skip
+    rows = {row["layout_id"]: row for row in rep.rows}
+    for row in rows.values():
+        assert row["status"] == "ok", row.get("error")
+    return {lay.mode: (lay, rows[lay.layout_id]["measured"]["host_timing"]) for lay in lays}
 
 
-def test_training_times_every_layer_forward_and_backward(tiny, tmp_path):
-    lay, timing = _run(tiny, tmp_path)
+def test_training_times_every_layer_forward_and_backward(timed):
+    lay, timing = timed["train"]
     layers = lay.model_spec().num_layers
     assert timing["layers"] == layers
     # one forward and one backward per layer per timed step (the warm-up step is not recorded)
@@ -31,8 +43,8 @@ def test_training_times_every_layer_forward_and_backward(tiny, tmp_path):
     assert timing["fwd_ms"] > 0 and timing["bwd_ms"] > 0
 
 
-def test_forward_only_has_no_backward(tiny, tmp_path):
-    lay, timing = _run(tiny, tmp_path, mode="forward")
+def test_forward_only_has_no_backward(timed):
+    lay, timing = timed["forward"]
     assert timing["bwd_ms"] is None and timing["fwd_ms"] > 0
     assert timing["samples"] == lay.model_spec().num_layers * 3
 

@@ -3,7 +3,9 @@
 For each world size the pending cases go to one `torchrun --nproc-per-node W` job. The launcher
 watches the case rank 0 is on; a case that runs past `case_timeout_s` (a hang: UB or NCCL timeout)
 gets the job killed, is recorded as failed, and the job restarts with the cases after it. A job that
-crashes is handled the same way. Finished cases (ok or failed) are skipped on restart.
+crashes is handled the same way. Finished cases (ok or failed) are skipped on restart. The job's start-up,
+before its first case, gets `startup_allowance_s` more than a case: imports and process-group set-up take
+~20-30 s per job on a GPU node (`validate.launcher`), ~8 s on a CPU machine.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from ..errors import AutotunerError
 from ..launch import LaunchReport, OutputLock, start_job, watch_job
 from .cases import Case, group_by_world_size
 from .results import LAUNCHER_FILE, append_record, finished_case_ids
+
+STARTUP_ALLOWANCE_S = 120.0  # beyond `case_timeout_s`, for a job's start-up before its first case
 
 WORKER_MODULE = "megatron_autotuner.testbench.worker"
 
@@ -73,14 +77,16 @@ def run_cases(
     device: str = "cuda",
     available_gpus: int | None = None,
     progress: bool = True,
+    startup_allowance_s: float = STARTUP_ALLOWANCE_S,
 ) -> LaunchReport:
     """Measure `cases`, writing records under `out_dir/collect/` (locked against a second live sweep). Returns
     what ran."""
     out = Path(out_dir)
     with OutputLock(out, "profile"):
         return _run_cases(
-            cases, out, mode, warmup, repeats, case_timeout_s, retry_failed, device, available_gpus, progress
-        )
+            cases, out, mode, warmup, repeats, case_timeout_s, retry_failed, device, available_gpus, progress,
+            startup_allowance_s,
+        )  # fmt: skip
 
 
 def _run_cases(
@@ -94,6 +100,7 @@ def _run_cases(
     device: str,
     available_gpus: int | None,
     progress: bool,
+    startup_allowance_s: float,
 ) -> LaunchReport:
     (out / "collect").mkdir(parents=True, exist_ok=True)
     (out / "cases.json").write_text(json.dumps([c.to_dict() for c in cases], indent=1))
@@ -136,6 +143,7 @@ def _run_cases(
                 proc,
                 current_file,
                 case_timeout_s,
+                startup_allowance_s=startup_allowance_s,
                 on_change=lambda _id: bar.update(finished_case_ids(out, retry_failed) & {c.case_id for c in pending}),
             )
             hung = hung if timed_out else None
