@@ -155,3 +155,49 @@ def test_a_sequence_longer_than_the_limit_is_refused(capsys, tmp_path):
     assert "above the limit" in _one_line_error(
         capsys, [*base, "--length-histogram", str(histogram)], "length_histogram"
     )
+
+
+_HEAD = (
+    "torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 32 --hidden-size 4096 --num-attention-heads 32 "
+    "--seq-length 4096 --max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 64 "
+    "--vocab-size 128256"
+)
+
+
+def _read_timed(tmp_path, text: str):
+    import time
+
+    from megatron_autotuner.specs.megatron_args import read_launch_file
+
+    path = tmp_path / "launch.sh"
+    path.write_text(text)
+    start = time.perf_counter()
+    launch = read_launch_file(str(path))
+    return launch, time.perf_counter() - start
+
+
+def test_reading_a_launch_is_linear_in_its_flags(tmp_path):
+    """128,000 flags (2.5 MB, under the 4 MiB file limit) read in seconds: argparse's option matching is quadratic
+    in the options given (8,000 took 4.8 s of its 6), so each option reaches it once, its last value as
+    Megatron-LM's parser keeps (2.8 s here, measured); and an array grown by 40,000 `+=` no longer copies itself
+    each time (10.5 s before, 2 s now)."""
+    flags = " \\\n".join(f"    --lr {i}e-5" for i in range(128_000))
+    launch, seconds = _read_timed(tmp_path, f"{_HEAD} \\\n{flags}\n")
+    assert seconds < 15
+    assert launch.args["lr"] == "127999e-5" and launch.args["num_layers"] == "32"
+    assert any(n.startswith("--lr given more than once") for n in launch.notes)
+    grown = "ARGS=()\n" + "".join(f"ARGS+=(--lr {i}e-5)\n" for i in range(40_000)) + f'{_HEAD} "${{ARGS[@]}}"\n'
+    launch, seconds = _read_timed(tmp_path, grown)
+    assert seconds < 8 and launch.args["lr"] == "39999e-5"
+
+
+def test_a_string_grown_past_the_copy_bound_is_refused(tmp_path):
+    """`A="$A ..."` repeated copies the value each time (quadratic, in bash too): past 1 GiB of built values the
+    read stops with one line, in about a second, instead of running for minutes."""
+    grown = 'A=""\n' + "".join(f'A="$A --lr {i}e-5"\n' for i in range(100_000)) + f"{_HEAD} $A\n"
+    with pytest.raises(ConfigError, match="GiB of variable values"):
+        _read_timed(tmp_path, grown)
+    launch, _ = _read_timed(
+        tmp_path, 'A=""\n' + "".join(f'A="$A --lr {i}e-5"\n' for i in range(2_000)) + f"{_HEAD} $A\n"
+    )
+    assert launch.args["lr"] == "1999e-5"

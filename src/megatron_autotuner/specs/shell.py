@@ -50,6 +50,9 @@ from .shell_syntax import (
 MAX_STEPS = 200_000  # simple commands and assignments executed
 MAX_DEPTH = 32  # nested source / eval / function calls / substitutions
 MAX_WORD_CHARS = 1 << 20
+# characters of variable values built over the whole read: `A="$A ..."` repeated copies the value each time, so
+# its cost is quadratic in the rounds; this bounds the copying (a real launch builds a few KiB)
+MAX_BUILT_CHARS = 1 << 30
 MAX_ARRAY_ITEMS = 100_000
 MAX_LOOP_ROUNDS = 1_000
 DECLARATIONS = ("export", "declare", "typeset", "local", "readonly")
@@ -167,6 +170,7 @@ class _Shell:
         self.unknown_run: list[bool] = []  # a $( ... ) ran a command that was not read
         self.unset_reads = 0  # reads of unset variables or of values made from them (unknown values)
         self.unknown: set[str] = set()  # variables assigned from unknown values
+        self.built_chars = 0  # characters of values assigned so far (`MAX_BUILT_CHARS`)
 
     # ---- bookkeeping ----
     def note(self, text: str) -> None:
@@ -219,6 +223,13 @@ class _Shell:
     def set(self, name: str, value: str, append: bool = False) -> None:
         if len(value) > MAX_WORD_CHARS:
             raise ConfigError(FIELD, f"${name} grows past {MAX_WORD_CHARS} characters")
+        self.built_chars += len(value) + (len(self.vars.get(name, "")) if append else 0)
+        if self.built_chars > MAX_BUILT_CHARS:
+            raise ConfigError(
+                FIELD,
+                f"the script builds more than {MAX_BUILT_CHARS / 2**30:g} GiB of variable values "
+                "(a string grown in a long loop?)",
+            )
         if name in self.arrays and not append:
             self.arrays[name] = [value]
             return
@@ -229,11 +240,15 @@ class _Shell:
 
     def set_array(self, name: str, items: list[str], append: bool) -> None:
         current = self.arrays.get(name) or ([self.vars.pop(name)] if name in self.vars else [])
-        new = (current if append else []) + items
-        if len(new) > MAX_ARRAY_ITEMS:
+        size = (len(current) if append else 0) + len(items)
+        if size > MAX_ARRAY_ITEMS:
             raise ConfigError(FIELD, f"array {name} grows past {MAX_ARRAY_ITEMS} items")
         self.vars.pop(name, None)
-        self.arrays[name] = new
+        if append:  # in place: `A+=(...)` in a loop stays linear
+            current.extend(items)
+            self.arrays[name] = current
+        else:
+            self.arrays[name] = list(items)
 
     # ---- expansion ----
     def expand(self, raw: str, split: bool = True) -> list[str]:
