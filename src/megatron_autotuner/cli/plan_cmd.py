@@ -300,7 +300,7 @@ def predicted_table(result, top: int, flops_convention: str):
         spread = [] if not paced else ["-" if c.host_pace is None else "{:.3f}-{:.3f}".format(*c.host_pace.steps_s)]
         rows.append([c.rank, c.label, e.step_time_s, *spread, e.tokens_per_s_per_gpu, e.model_tflops_per_gpu,
                      e.mfu_at_own_peak[0], e.peak_memory_gib])  # fmt: skip
-    peak = "fp8" if result.base_workload.precision == "fp8" else "bf16"
+    peak = result.best.estimate.mfu_at_own_peak[1]  # every candidate runs the plan's precision
     return make_table(f"Top layouts (predicted; MFU against the {peak} peak)", headers, rows)
 
 

@@ -181,13 +181,11 @@ class PlanResult:
         }
 
 
+def _optimizer_sharded(model: ModelSpec, parallel: ParallelConfig) -> bool:
+    """Whether megatron-core's distributed optimizer splits anything: the dense parameters over dp x cp ranks, the
+    experts' over the expert data-parallel ranks (`ParallelConfig.edp`)."""
+    return parallel.dp * parallel.cp > 1 or (model.is_moe and parallel.edp > 1)
 
-def _optimizer_sharded(model: ModelSpec, num_gpus: int, structure: tuple) -> bool:
-    """Whether megatron-core's distributed optimizer splits anything for a structure (tp, pp, cp, ep, etp, ...): the
-    dense parameters over dp x cp ranks, the experts' over the expert data-parallel ranks (num_gpus / (etp ep pp))."""
-    tp, pp, cp, ep, etp = structure[:5]
-    dp_cp = num_gpus // (tp * pp)
-    return dp_cp > 1 or (model.is_moe and num_gpus // (etp * ep * pp) > 1)
 
 def layout_label(p: ParallelConfig, w: Workload) -> str:
     parts = [f"tp{p.tp}", f"pp{p.pp}"]
@@ -407,8 +405,9 @@ def plan(
     for st, graphs in ((st, g) for st in kept for g in graph_choices):
         mbs_list = st[-1]
         any_fit = False  # with the distributed optimizer (tried first): without it needs more memory
+        sharded = _optimizer_sharded(model, config(st, True, recomputes[0], mbs_list[0], graphs)[0])
         for dist in sorted(dist_opts, reverse=True):
-            if not dist and True in dist_opts and not _optimizer_sharded(model, num_gpus, st):
+            if not dist and True in dist_opts and not sharded:
                 continue  # one optimizer shard: without the distributed optimizer it is the same layout
             for rc_name in recomputes:
                 too_big = not dist and True in dist_opts and not any_fit

@@ -364,23 +364,19 @@ def _clean_tokens(tokens: tuple[str, ...], strict: bool) -> tuple[list[str], lis
     values: every Megatron-LM option is a `--flag`), a value-taking flag left without a value (an empty
     variable), a stray word. `strict`: an unknown flag is an error, naming the nearest real one."""
     by_flag = catalog()[1]
-    kept: list[str] = []
     notes: list[str] = []
-    groups: dict[str, list[str]] = {}  # dest -> its last flag and values (every Megatron-LM action overwrites)
+    # dest -> the last flag given for it, with its values: every Megatron-LM action overwrites, so argparse sees each
+    # option once (its option matching is quadratic in the options given: 8,000 flags took 4.8 s of 6)
+    kept: dict[str, list[str]] = {}
     repeated: dict[str, str] = {}
 
-    def take(group: list[str]) -> None:
-        flag = group[0].split("=", 1)[0]
-        dest = by_flag[flag].dest
-        if groups.pop(dest, None) is not None:
-            repeated.setdefault(dest, flag)
-        groups[dest] = group
+    def keep(entry: CatalogFlag, name: str, group: list[str]) -> None:
+        if kept.pop(entry.dest, None) is not None:
+            repeated.setdefault(entry.dest, name)
+        kept[entry.dest] = group
 
     i = 0
     while i < len(tokens):
-        if kept:  # the flag and values the previous round kept
-            take(kept)
-            kept = []
         tok = tokens[i]
         name = tok.split("=", 1)[0]
         if not tok.startswith("--") or tok == "--":
@@ -411,29 +407,25 @@ def _clean_tokens(tokens: tuple[str, ...], strict: bool) -> tuple[list[str], lis
             continue
         if not takes and j > i + 1:
             notes.append(f"{' '.join(tokens[i + 1 : j])!r} after {name}: not a value of any flag, ignored")
-            kept.append(tok)
+            keep(entry, name, [tok])
             i = j
             continue
         if "=" in tok and j > i + 1:
             notes.append(f"{' '.join(tokens[i + 1 : j])!r} after {tok}: ignored")
-            kept.append(tok)
+            keep(entry, name, [tok])
             i = j
             continue
         if takes and entry.nargs is None and "=" not in tok and j > i + 2:
             notes.append(f"{' '.join(tokens[i + 2 : j])!r} after {name} {tokens[i + 1]}: ignored")
-            kept += [tok, tokens[i + 1]]
+            keep(entry, name, [tok, tokens[i + 1]])
             i = j
             continue
-        kept += [tok, *tokens[i + 1 : j]]
+        keep(entry, name, [tok, *tokens[i + 1 : j]])
         i = j
-    if kept:
-        take(kept)
-    # argparse takes the last of a repeated option; handing it one group per option keeps its parse linear (its
-    # option matching is quadratic in the number of options given: 8,000 flags took 4.8 s of 6)
     notes += [
         f"{flag} given more than once: the last is read, as Megatron-LM's parser does" for flag in repeated.values()
     ]
-    return [tok for group in groups.values() for tok in group], notes
+    return [tok for group in kept.values() for tok in group], notes
 
 
 def read_launch(

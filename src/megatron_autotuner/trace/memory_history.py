@@ -33,6 +33,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..files import SNAPSHOT_LIMIT_BYTES, read_bytes_bounded
+from ..theory.allocator import K_SMALL_SIZE, round_size
 from .errors import TraceError
 
 GROWTH_ACTIONS = ("segment_alloc", "segment_map")
@@ -364,8 +365,6 @@ def large_pool_requests(snapshot: dict[str, Any], device: int = 0) -> list[tuple
     `free_completed`. Streams are not told apart (one pool), and blocks freed before the history began are
     skipped, so the replay stands for the recorded reserved memory only where the history starts with the
     process (no reserved memory before its first event)."""
-    from ..theory.allocator import K_SMALL_SIZE, round_size
-
     traces = snapshot.get("device_traces") or []
     if not 0 <= device < len(traces):
         raise ConfigError("device", f"{device} is not in the snapshot (devices 0..{len(traces) - 1})")
