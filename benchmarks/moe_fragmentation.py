@@ -24,11 +24,17 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime, timezone
+from functools import cache
 from pathlib import Path
 
 from megatron_autotuner import __version__
 from megatron_autotuner.theory.allocator import large_pool_peak
-from megatron_autotuner.trace.memory_history import large_pool_requests, load_snapshot, replay_history
+from megatron_autotuner.trace.memory_history import (
+    MemoryHistory,
+    large_pool_requests,
+    load_snapshot,
+    replay_history,
+)
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
 
@@ -95,14 +101,20 @@ def cmd_predict(shapes: tuple[dict, ...], layouts_file: Path, out: Path) -> int:
     return 0
 
 
+@cache
+def _replayed(path: Path) -> tuple[dict, MemoryHistory]:
+    """A committed snapshot and its replay (the device with the most events), read once for both reports."""
+    snapshot = load_snapshot(path)
+    return snapshot, replay_history(snapshot)
+
+
 def allocator_replays() -> list[dict]:
     """Every committed rank history recorded from the process start under the default allocator, replayed through
     `theory.allocator.large_pool_peak`: the allocator model's reserved memory beside the recorded one."""
     rows = []
     for path in sorted((ROOT / "benchmarks/results").glob("**/*.pickle.gz")):
-        snapshot = load_snapshot(path)
-        device = max(range(len(snapshot["device_traces"])), key=lambda d: len(snapshot["device_traces"][d] or []))
-        hist = replay_history(snapshot, device)
+        snapshot, hist = _replayed(path)
+        device = hist.device
         if hist.initial_reserved_bytes > 64 * 2**20:
             continue  # the history began after memory was reserved: nothing to compare
         modelled = large_pool_peak(large_pool_requests(snapshot, device))
@@ -137,7 +149,7 @@ def cmd_report() -> int:
         }
         snap = OUT / "snapshots" / f"{layout_id}.rank_0.pickle.gz"
         if snap.exists():
-            hist = replay_history(load_snapshot(snap), device=0)
+            hist = _replayed(snap)[1]
             worst = max(hist.growths, key=lambda g: g.excess_bytes)
             entry["reserved_unallocated_at_peak_gib"] = hist.reserved_unallocated_at_peak_bytes / GIB
             entry["largest_excess_growth"] = {
