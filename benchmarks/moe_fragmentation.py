@@ -5,6 +5,8 @@
     python benchmarks/moe_fragmentation.py           # the report, from what the script left
     python benchmarks/moe_fragmentation.py predict recompute  # the recompute set (x2_moe_fragmentation.sh recompute)
     python benchmarks/moe_fragmentation.py report recompute
+    python benchmarks/moe_fragmentation.py predict holdout    # held-out shapes (x2_moe_fragmentation.sh holdout)
+    python benchmarks/moe_fragmentation.py report holdout
 
 On committed runs (validation_h200_x2/moe_gpu, plan_regret_h200_x4_r2 #106, _r3 #116) the MoE layouts with full
 recompute or a forward-only pass held within 5 GiB of the model's allocated sum, but reserved 11-23 GiB beyond it;
@@ -17,6 +19,12 @@ a profiled step, beside the same shape without recompute.
 The recompute set asks where a 128-expert block's full recompute spends what the model does not give it (EP 1 ran
 16% over its prediction with full recompute, 5% without at EP 2): the 4-layer shape at EP 1 with and without full
 recompute, each once with a profiled step and once with its layers' host issue times recorded (`host_timing`).
+
+The holdout set is recorded before any model of the allocator's request sequence exists, to check one later without
+tuning to it: allocator histories of both ranks for shapes the first set lacks (Qwen3-30B-A3B at 8192 tokens x 2
+sequences and at EP 1 without recompute; Mixtral-8x7B, 8 experts of 14336, at EP 2 with and without full recompute),
+and the EP 2 block with and without full recompute, profiled on both ranks (is the reduce-scatter that full recompute
+exposes at EP 1 waiting for the other rank?) and with its host issue times.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from functools import cache
 from pathlib import Path
 
 from megatron_autotuner import __version__
+from megatron_autotuner.specs.loader import load_model_spec
 from megatron_autotuner.theory.allocator import large_pool_peak
 from megatron_autotuner.trace.memory_history import (
     MemoryHistory,
@@ -43,6 +52,8 @@ OUT = ROOT / "benchmarks/results/moe_fragmentation_h200_x2"
 LAYOUTS = ROOT / "benchmarks/validation/x2_moe_fragmentation_layouts.json"
 RECOMPUTE_OUT = ROOT / "benchmarks/results/moe_recompute_h200_x2"
 RECOMPUTE_LAYOUTS = ROOT / "benchmarks/validation/x2_moe_recompute_layouts.json"
+HOLDOUT_OUT = ROOT / "benchmarks/results/moe_holdout_h200_x2"
+HOLDOUT_LAYOUTS = ROOT / "benchmarks/validation/x2_moe_holdout_layouts.json"
 GIB = 2**30
 _BASE = dict(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, micro_batch_size=8, warmup_steps=3, steps=4)
 SHAPES: tuple[dict, ...] = (
@@ -60,14 +71,26 @@ RECOMPUTE_SHAPES: tuple[dict, ...] = (
     dict(num_layers=4, global_batch_size=16, ep=1, recompute="none", host_timing=True),
     dict(num_layers=4, global_batch_size=16, ep=1, recompute="full", host_timing=True),
 )
+_MIXTRAL = dict(model="Mixtral-8x7B", micro_batch_size=4)
+HOLDOUT_SHAPES: tuple[dict, ...] = (
+    dict(num_layers=4, global_batch_size=8, seq_length=8192, micro_batch_size=2, ep=2, recompute="full",
+         memory_history=True),
+    dict(num_layers=4, global_batch_size=16, ep=1, recompute="none", memory_history=True),
+    dict(_MIXTRAL, num_layers=4, global_batch_size=16, ep=2, recompute="none", memory_history=True),
+    dict(_MIXTRAL, num_layers=4, global_batch_size=16, ep=2, recompute="full", memory_history=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, recompute="none", profile=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, recompute="full", profile=True),
+    dict(num_layers=4, global_batch_size=16, ep=2, recompute="full", host_timing=True),
+)  # fmt: skip
 
 
 def layouts(shapes: tuple[dict, ...] = SHAPES) -> list[Layout]:
     out = []
     for shape in shapes:
-        lay = Layout(**_BASE, **shape)
+        lay = Layout(**{**_BASE, **shape})
         tags = [k for k in ("memory_history", "profile", "host_timing") if shape.get(k)]
-        out.append(lay.replace(name=f"e128 L{lay.num_layers} {lay.label} {' '.join(tags)}".strip()))
+        experts = load_model_spec(lay.model).num_moe_experts
+        out.append(lay.replace(name=f"e{experts} L{lay.num_layers} {lay.label} {' '.join(tags)}".strip()))
     return out
 
 
@@ -132,8 +155,8 @@ def allocator_replays() -> list[dict]:
     return rows
 
 
-def cmd_report() -> int:
-    results = {json.loads(line)["layout_id"]: json.loads(line) for line in (OUT / "results.jsonl").open()}
+def cmd_report(out: Path = OUT) -> int:
+    results = {json.loads(line)["layout_id"]: json.loads(line) for line in (out / "results.jsonl").open()}
     rows = []
     for layout_id, row in results.items():
         m, p = row.get("measured") or {}, row["predicted"]
@@ -147,7 +170,7 @@ def cmd_report() -> int:
             "max_allocated_gib": m.get("max_allocated_gib"),
             "max_reserved_gib": m.get("max_reserved_gib"),
         }
-        snap = OUT / "snapshots" / f"{layout_id}.rank_0.pickle.gz"
+        snap = out / "snapshots" / f"{layout_id}.rank_0.pickle.gz"
         if snap.exists():
             hist = _replayed(snap)[1]
             worst = max(hist.growths, key=lambda g: g.excess_bytes)
@@ -159,7 +182,7 @@ def cmd_report() -> int:
             }
         rows.append(entry)
     doc = {"kind": "moe-fragmentation-report", "rows": rows, "allocator_replays": allocator_replays()}
-    (OUT / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
     for e in rows:
         print(
             f"{e['label']}: step {e['measured_step_s']:.3f} vs {e['predicted_step_s']:.3f} s; "
@@ -195,12 +218,16 @@ def cmd_recompute_report() -> int:
 
 
 def main(argv: list[str]) -> int:
-    recompute = argv[1:2] == ["recompute"]
+    which = argv[1] if len(argv) > 1 else ""
     if argv[:1] == ["predict"]:
-        if recompute:
+        if which == "recompute":
             return cmd_predict(RECOMPUTE_SHAPES, RECOMPUTE_LAYOUTS, RECOMPUTE_OUT)
+        if which == "holdout":
+            return cmd_predict(HOLDOUT_SHAPES, HOLDOUT_LAYOUTS, HOLDOUT_OUT)
         return cmd_predict(SHAPES, LAYOUTS, OUT)
-    return cmd_recompute_report() if recompute else cmd_report()
+    if which == "recompute":
+        return cmd_recompute_report()
+    return cmd_report(HOLDOUT_OUT if which == "holdout" else OUT)
 
 
 if __name__ == "__main__":
