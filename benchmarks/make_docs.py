@@ -666,26 +666,41 @@ def reserved_memory(root: Path) -> str:
     return out + table(head, rows)
 
 
-def moe_fragmentation(root: Path) -> str:
-    """MoE layouts on 2x H200: predicted vs measured, the reserve at the fp32 logits request, and the allocator
-    model's replay of every committed history."""
-    rel = "moe_fragmentation_h200_x2"
-    out = source(f"{rel}/report.json", f"{rel}/predicted.json")
-    doc = load(root, f"{rel}/report.json")
+def _moe_fragmentation_rows(doc: dict) -> list[list[str]]:
     rows = []
     for r in doc["rows"]:
         growth = r.get("largest_excess_growth")
         grew = f"{growth['request_gib']:.2f} GiB, {growth['free_before_gib']:.1f} free" if growth else "-"
-        rows.append([r["label"].removeprefix("e128 "), f"{r['predicted_step_s']:.3f}", f"{r['measured_step_s']:.3f}",
+        rows.append([r["label"], f"{r['predicted_step_s']:.3f}", f"{r['measured_step_s']:.3f}",
                      pct(r["predicted_step_s"] / r["measured_step_s"] - 1), f"{r['predicted_peak_gib']:.1f}",
                      f"{r['measured_peak_gib']:.1f}", pct(r["predicted_peak_gib"] / r["measured_peak_gib"] - 1),
                      num(r.get("reserved_unallocated_at_peak_gib"), ".1f"),
                      grew])  # fmt: skip
-    head = ["layout (Qwen3-30B-A3B, 128 experts)", "pred s", "meas s", "step err", "pred GiB", "meas GiB", "peak err",
-            "reserved unallocated GiB", "request that grew the reserve"]  # fmt: skip
-    out += table(head, rows)
+    return rows
+
+
+def moe_fragmentation(root: Path) -> str:
+    """MoE layouts on 2x H200: predicted vs measured, the reserve at the fp32 logits request, and the allocator
+    model's replay of every committed history; then the held-out set (recorded after the allocator model), with
+    its two-rank profiled steps."""
+    rel, held = "moe_fragmentation_h200_x2", "moe_holdout_h200_x2"
+    out = source(f"{rel}/report.json", f"{rel}/predicted.json", f"{held}/report.json", f"{held}/predicted.json")
+    head = ["layout (e128: Qwen3-30B-A3B, e8: Mixtral-8x7B; 4 layers)", "pred s", "meas s", "step err", "pred GiB",
+            "meas GiB", "peak err", "reserved unallocated GiB", "request that grew the reserve"]  # fmt: skip
+    out += table(head, _moe_fragmentation_rows(load(root, f"{rel}/report.json")))
+    held_doc = load(root, f"{held}/report.json")
+    out += "\nHeld out (recorded after the allocator model; rank 0's history):\n\n"
+    out += table(head, _moe_fragmentation_rows(held_doc))
     rows = []
-    for r in doc["allocator_replays"]:
+    for r in held_doc["rows"]:
+        for rank, t in enumerate(r.get("ranks", ())):
+            c = t["collectives"]
+            rows.append([r["label"], str(rank), f"{t['span_ms']:.1f}", f"{t['idle_ms']:.1f}",
+                         f"{c['send_recv']['kernel_ms']:.1f}", f"{c['reduce_scatter']['exposed_ms']:.1f}"])  # fmt: skip
+    out += "\nThe held-out profiled steps, per rank (ms):\n\n"
+    out += table(["layout", "rank", "span", "GPU idle", "all-to-all kernels", "reduce-scatter exposed"], rows)
+    rows = []
+    for r in held_doc["allocator_replays"]:
         name = r["snapshot"].removeprefix("benchmarks/results/")
         rows.append([name, "yes" if r["expandable_segments"] else "no", f"{r['awaiting_at_peak_gib']:.1f}",
                      f"{r['recorded_reserved_gib']:.2f}", f"{r['modelled_reserved_gib']:.2f}",

@@ -38,6 +38,8 @@ from pathlib import Path
 from megatron_autotuner import __version__
 from megatron_autotuner.specs.loader import load_model_spec
 from megatron_autotuner.theory.allocator import large_pool_peak
+from megatron_autotuner.trace.analysis import summarize
+from megatron_autotuner.trace.loader import load_trace
 from megatron_autotuner.trace.memory_history import (
     MemoryHistory,
     large_pool_requests,
@@ -155,6 +157,21 @@ def allocator_replays() -> list[dict]:
     return rows
 
 
+def _rank_comm_ms(trace_path: Path) -> dict:
+    """One rank's profiled step: span, GPU idle, and per collective the kernel time and the time nothing computed
+    beside it (an all-to-all kernel that runs long on one rank is waiting for the other)."""
+    stats = summarize(load_trace(trace_path)).overlap
+    return {
+        "trace": trace_path.name,
+        "span_ms": stats.span_us / 1e3,
+        "idle_ms": stats.idle_us / 1e3,
+        "collectives": {
+            c.name: {"count": c.count, "kernel_ms": c.kernel_us / 1e3, "exposed_ms": c.exposed_us / 1e3}
+            for c in stats.by_collective
+        },
+    }
+
+
 def cmd_report(out: Path = OUT) -> int:
     results = {json.loads(line)["layout_id"]: json.loads(line) for line in (out / "results.jsonl").open()}
     rows = []
@@ -180,6 +197,9 @@ def cmd_report(out: Path = OUT) -> int:
                 "free_before_gib": worst.free_before_bytes / GIB,
                 "site": worst.frames[0] if worst.frames else "",
             }
+        ranks = [_rank_comm_ms(t) for t in sorted((out / "traces").glob(f"{layout_id}.rank_*.json.gz"))]
+        if ranks:
+            entry["ranks"] = ranks
         rows.append(entry)
     doc = {"kind": "moe-fragmentation-report", "rows": rows, "allocator_replays": allocator_replays()}
     (out / "report.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -41,15 +41,48 @@ def test_the_allocator_model_replays_a_recorded_moe_history_to_its_reserve(layou
 
 def test_every_single_stream_history_is_replayed_within_a_tenth_of_a_gib() -> None:
     """The report's replays of every committed history that starts with its process: where no block awaited
-    another stream, 12 histories (1-4 GPUs, dense and MoE, forward-only and training) within 0.1 GiB; the three
-    with DDP's stream holding frees reserve less than one shared pool would (per-stream pools, not modelled)."""
+    another stream, 18 histories (1-4 GPUs, dense and MoE, forward-only and training; 6 of them recorded after the
+    model, moe_holdout_h200_x2) within 0.1 GiB; where DDP's stream held frees at the peak (per-stream pools, not
+    modelled), off by less than what awaited it (0.26 GiB of 0.44 under for Mixtral; 2.1-3.6 of 10.6-13.4 over)."""
     doc = json.loads((OUT / "report.json").read_text())
     single = [r for r in doc["allocator_replays"] if r["awaiting_at_peak_gib"] == 0]
-    assert len(single) >= 12
+    assert len(single) >= 18
     for r in single:
         assert abs(r["modelled_reserved_gib"] - r["recorded_reserved_gib"]) < 0.1, r["snapshot"]
-    assert all(r["modelled_reserved_gib"] > r["recorded_reserved_gib"] for r in doc["allocator_replays"]
-               if r["awaiting_at_peak_gib"] > 0)  # fmt: skip
+    for r in doc["allocator_replays"]:
+        if r["awaiting_at_peak_gib"] > 0:
+            assert abs(r["modelled_reserved_gib"] - r["recorded_reserved_gib"]) < r["awaiting_at_peak_gib"]
+
+
+def test_held_out_moe_histories_replay_on_both_ranks() -> None:
+    """Recorded after the allocator model existed and never used to change it (benchmarks/moe_fragmentation.py
+    holdout, 2x H200): Qwen3-30B-A3B at 16k tokens and at EP 1, Mixtral-8x7B with and without full recompute, both
+    ranks each; fed their recorded requests, the model reserves what the GPU reserved within 0.3 GiB, while the cost
+    model's peak stays under the measured one (-1.7 to -17.1%): the request sequence is what it lacks."""
+    out = ROOT / "benchmarks/results/moe_holdout_h200_x2"
+    doc = json.loads((out / "report.json").read_text())
+    held = [r for r in doc["allocator_replays"] if "moe_holdout" in r["snapshot"]]
+    assert len(held) == 8
+    for r in held:
+        assert abs(r["modelled_reserved_gib"] - r["recorded_reserved_gib"]) < 0.3, r["snapshot"]
+    histories = [r for r in doc["rows"] if "memory_history" in r["label"]]
+    assert len(histories) == 4
+    assert all(r["measured_peak_gib"] > r["predicted_peak_gib"] for r in histories)
+
+
+def test_the_ep2_step_waits_on_the_rank_whose_gpu_idles() -> None:
+    """2x H200, Qwen3-30B-A3B at EP 2 with full recompute, both ranks profiled (moe_holdout_h200_x2): the
+    gradient reduce-scatter is not what runs exposed (under 3 ms on either rank); rank 1's GPU idles 81 ms (35 ms
+    without recompute) while rank 0's all-to-all kernels take 82 ms against rank 1's 42: rank 0 waits at each
+    dispatch for the rank whose host is behind. The slowest rank's host sets the pace."""
+    out = ROOT / "benchmarks/results/moe_holdout_h200_x2"
+    rows = json.loads((out / "report.json").read_text())["rows"]
+    (full,) = [r for r in rows if r["label"] == "e128 L4 tp1 ep2 dp2 mbs8 full profile"]
+    (none,) = [r for r in rows if r["label"] == "e128 L4 tp1 ep2 dp2 mbs8 profile"]
+    r0, r1 = full["ranks"]
+    assert all(r["collectives"]["reduce_scatter"]["exposed_ms"] < 3 for r in (r0, r1))
+    assert r0["collectives"]["send_recv"]["kernel_ms"] > 1.8 * r1["collectives"]["send_recv"]["kernel_ms"]
+    assert r1["idle_ms"] > 2 * none["ranks"][1]["idle_ms"]
 
 
 def test_the_moe_reserve_grows_at_the_fp32_logits_with_the_unallocated_memory_free_beside_it() -> None:
@@ -68,7 +101,7 @@ def test_the_moe_reserve_grows_at_the_fp32_logits_with_the_unallocated_memory_fr
     assert control["predicted_peak_gib"] == pytest.approx(control["measured_peak_gib"], rel=0.01)
 
 
-@pytest.mark.parametrize("folder", ["moe_fragmentation_h200_x2", "moe_recompute_h200_x2"])
+@pytest.mark.parametrize("folder", ["moe_fragmentation_h200_x2", "moe_recompute_h200_x2", "moe_holdout_h200_x2"])
 def test_predictions_were_committed_before_the_run(folder: str) -> None:
     out = ROOT / "benchmarks/results" / folder
     predicted = json.loads((out / "predicted.json").read_text())
