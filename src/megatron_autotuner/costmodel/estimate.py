@@ -1104,6 +1104,15 @@ def memory_summary(
     return max(totals), breakdown, totals
 
 
+def device_allowance(options: CostOptions, gpu: GPUSpec) -> MemoryAllowance:
+    """`options.memory_allowance` bounded by the memory a layout may use on `gpu` (HBM less the margin), where
+    `theory.memory.released_at_device_limit` puts the allocator's release of cached segments."""
+    allowance = options.memory_allowance
+    if allowance.device_bytes is not None:
+        return allowance
+    return replace(allowance, device_bytes=gpu.hbm_gib * (1.0 - options.memory_margin) * GIB)
+
+
 def estimate(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -1126,7 +1135,7 @@ def estimate(
             parallel,
             workload,
             ActivationOptions(flash_attention=options.flash_attention),
-            options.memory_allowance,
+            device_allowance(options, gpu),
             padded,
         )
     queued = {

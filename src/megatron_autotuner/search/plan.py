@@ -272,6 +272,8 @@ def plan(
     usable = gpu.hbm_gib * (1.0 - memory_margin) * GIB
     act_options = ActivationOptions(flash_attention=options.flash_attention)
     allowance = options.memory_allowance
+    if allowance.device_bytes is None:
+        allowance = replace(allowance, device_bytes=usable)
     recomputes = ("none",) if forward else space.recompute
     dist_opts = (True,) if forward else space.distributed_optimizer
     feasible: list[tuple[ParallelConfig, Workload, list]] = []

@@ -84,18 +84,18 @@ class PoolPeak:
         return self.reserved_bytes - self.held_peak_bytes
 
 
-def large_pool_peak(events: Iterable[tuple[str, str, int]]) -> PoolPeak:
+def large_pool_peak(events: Iterable[tuple[str, str, int]], stop_above_bytes: float | None = None) -> PoolPeak:
     """Replay `(action, name, size)` events, action "alloc" (size in bytes, > 1 MiB) or "free" (size ignored),
-    through the large pool of the caching allocator (module docstring). Names of live blocks must be unique."""
+    through the large pool of the caching allocator (module docstring). Names of live blocks must be unique.
+    `stop_above_bytes`: return as soon as the segments reserve more (a caller that only needs to know that).
+
+    The free blocks are kept sorted by (size, address), as the allocator's `pool.blocks` set is, so each request
+    finds its block by binary search (re-sorting them per request made an RLHF search's replays take 30 s)."""
     segments: list[int] = []
     blocks: list[list[_Block]] = []  # per segment, ordered by offset
+    free = _FreeBlocks()
     live: dict[str, _Block] = {}
     held = held_peak = 0
-
-    def free_key(b: _Block) -> tuple[int, int, int]:
-        # size, then address: a later segment sits at a lower address (module docstring)
-        return (b.size, -b.segment, b.offset)
-
     for action, name, size in events:
         if action == "alloc":
             if name in live:
@@ -103,20 +103,19 @@ def large_pool_peak(events: Iterable[tuple[str, str, int]]) -> PoolPeak:
             size = round_size(int(size))
             if size <= K_SMALL_SIZE:
                 raise ValueError(f"{name!r}: {size} bytes is a small-pool request")
-            candidates = sorted((b for seg in blocks for b in seg if not b.allocated), key=free_key)
-            keys = [b.size for b in candidates]
-            i = bisect.bisect_left(keys, size)
-            if i < len(candidates):
-                block = candidates[i]
-            else:
+            block = free.take_at_least(size)
+            if block is None:
                 segments.append(allocation_size(size))
                 block = _Block(len(segments) - 1, 0, segments[-1])
                 blocks.append([block])
+                if stop_above_bytes is not None and sum(segments) > stop_above_bytes:
+                    return PoolPeak(sum(segments), max(held_peak, held + size), tuple(segments))
             if block.size - size > K_SMALL_SIZE:  # should_split (large pool, not expandable)
                 seg = blocks[block.segment]
                 rest = _Block(block.segment, block.offset + size, block.size - size)
                 block.size = size
-                seg.insert(seg.index(block) + 1, rest)
+                seg.insert(_position(seg, block) + 1, rest)
+                free.add(rest)
             block.allocated = True
             live[name] = block
             held += block.size
@@ -126,14 +125,53 @@ def large_pool_peak(events: Iterable[tuple[str, str, int]]) -> PoolPeak:
             block.allocated = False
             held -= block.size
             seg = blocks[block.segment]
-            j = seg.index(block)
+            j = _position(seg, block)
             if j + 1 < len(seg) and not seg[j + 1].allocated:  # try_merge_blocks with next
-                block.size += seg.pop(j + 1).size
+                nxt = seg.pop(j + 1)
+                free.remove(nxt)
+                block.size += nxt.size
             if j > 0 and not seg[j - 1].allocated:  # ... and with prev
-                seg[j - 1].size += seg.pop(j).size
+                prev = seg[j - 1]
+                free.remove(prev)
+                prev.size += seg.pop(j).size
+                block = prev
+            free.add(block)
         else:
             raise ValueError(f"unknown action {action!r}")
     return PoolPeak(sum(segments), held_peak, tuple(segments))
+
+
+def _position(seg: list[_Block], block: _Block) -> int:
+    """Index of `block` in its segment's offset-ordered blocks."""
+    return bisect.bisect_left([b.offset for b in seg], block.offset)
+
+
+class _FreeBlocks:
+    """Free blocks ordered by size, then address (a later segment sits at a lower address, module docstring):
+    `get_free_block`'s `lower_bound` is the first at least as large."""
+
+    def __init__(self) -> None:
+        self._keys: list[tuple[int, int, int]] = []
+        self._blocks: dict[tuple[int, int], _Block] = {}
+
+    @staticmethod
+    def _key(b: _Block) -> tuple[int, int, int]:
+        return (b.size, -b.segment, b.offset)
+
+    def add(self, b: _Block) -> None:
+        bisect.insort(self._keys, self._key(b))
+        self._blocks[(b.segment, b.offset)] = b
+
+    def remove(self, b: _Block) -> None:
+        del self._keys[bisect.bisect_left(self._keys, self._key(b))]
+        del self._blocks[(b.segment, b.offset)]
+
+    def take_at_least(self, size: int) -> _Block | None:
+        i = bisect.bisect_left(self._keys, (size,))
+        if i == len(self._keys):
+            return None
+        _, neg_segment, offset = self._keys.pop(i)
+        return self._blocks.pop((-neg_segment, offset))
 
 
 def logits_events(
@@ -161,9 +199,13 @@ def logits_events(
 
 
 @lru_cache(maxsize=4096)
-def packed_logits_fragment_bytes(micro_batch_tokens: tuple[int, ...], vocab_per_rank: int, training: bool) -> int:
+def packed_logits_fragment_bytes(
+    micro_batch_tokens: tuple[int, ...], vocab_per_rank: int, training: bool, stop_above_bytes: float | None = None
+) -> int:
     """Reserved-but-unallocated bytes the logits of variable-size micro-batches leave at the peak (no expandable
-    segments): `large_pool_peak` over `logits_events`. 0 when every micro-batch fits the blocks of the first."""
+    segments): `large_pool_peak` over `logits_events`. 0 when every micro-batch fits the blocks of the first.
+    `stop_above_bytes`: the replay ends once the segments reserve more (the device would release them there)."""
     if not micro_batch_tokens or vocab_per_rank <= 0:
         return 0
-    return large_pool_peak(logits_events(micro_batch_tokens, vocab_per_rank, training)).unallocated_at_peak_bytes
+    events = logits_events(micro_batch_tokens, vocab_per_rank, training)
+    return large_pool_peak(events, stop_above_bytes).unallocated_at_peak_bytes

@@ -85,7 +85,7 @@ workspaces, NCCL buffers: measured, by the communicators a layout uses) and allo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from ..errors import ConfigError
@@ -186,6 +186,8 @@ class MemoryAllowance:
     (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) a segment grows in place and far less is left
     unused: `EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION` (`for_allocator`). Measured runs (testbench /
     validate) replace both through a calibration file.
+    `device_bytes`: what a rank may reserve in all (the plan's usable memory); with it, the cached logits segments
+    of packed forward-only micro-batches stop where PyTorch would release them (`stage_memory`). None: unbounded.
     """
 
     non_torch_gib: float | None = None
@@ -193,6 +195,7 @@ class MemoryAllowance:
     # PyTorch's expandable segments: adds `forward_moe_fragment_bytes` (the default allocator's larger
     # fraction already covers that hole)
     expandable_segments: bool = False
+    device_bytes: float | None = None
 
     def __post_init__(self) -> None:
         bad_non_torch = self.non_torch_gib is not None and self.non_torch_gib < 0
@@ -830,6 +833,7 @@ def _stage_static(
     stage: int,
     options: ActivationOptions,
     padded_vocab_size: int | None,
+    device_bytes: float | None = None,
 ) -> _StageStatic:
     counts = stage_parameters(model, parallel, stage, padded_vocab_size)
     model_state = _model_state_bytes(counts, parallel, workload)
@@ -860,7 +864,7 @@ def _stage_static(
             detail["moe_layer_working_set"] = max(moe_working)  # informative: in `layer_working_set` already
         if last:
             detail["logits_working_set"] = (e + FP32_BYTES) * tokens * vocab / t
-            fragment = packed_logits_fragment(parallel, workload, vocab)
+            fragment = packed_logits_fragment(parallel, workload, vocab, device_bytes)
             if fragment:
                 # not an activation (not in the peak below): reserved-but-unallocated bytes, added by
                 # `MemoryAllowance.bytes_for` without expandable segments
@@ -1003,7 +1007,9 @@ def forward_moe_fragment_bytes(detail: dict[str, float]) -> float:
     return 0.0
 
 
-def packed_logits_fragment(parallel: ParallelConfig, workload: Workload, vocab: int) -> float:
+def packed_logits_fragment(
+    parallel: ParallelConfig, workload: Workload, vocab: int, device_bytes: float | None = None
+) -> float:
     """Reserved-but-unallocated bytes the logits of variable-size packed micro-batches leave at the last stage of
     a forward-only pass with the default caching allocator (`theory.allocator`: its large pool replayed over each
     micro-batch's bf16 logits and fp32 copy, in the order verl runs them, `specs.lengths.PackedBatch`; the
@@ -1015,7 +1021,8 @@ def packed_logits_fragment(parallel: ParallelConfig, workload: Workload, vocab: 
     Forward-only only: nothing else outlives a micro-batch in the large pool, so the logits requests find exactly
     the blocks the earlier micro-batches' logits left. In training each micro-batch's stored activations are
     allocated into those blocks before its logits, and a logits-only replay over-predicts the training runs
-    there (+12% / +24% reserved for two of the four); 0 without `workload.lengths` or in training."""
+    there (+12% / +24% reserved for two of the four); 0 without `workload.lengths` or in training. The replay
+    stops once the logits alone reserve more than `device_bytes` (`released_at_device_limit` then cuts it)."""
     if workload.is_training or workload.lengths is None:
         return 0.0
     packed = packed_batch(parallel, workload)
@@ -1024,7 +1031,9 @@ def packed_logits_fragment(parallel: ParallelConfig, workload: Workload, vocab: 
     vocab_per_rank = -(-vocab // parallel.tp)
     return float(
         max(
-            packed_logits_fragment_bytes(tuple(sum(mb) // parallel.cp for mb in rank), vocab_per_rank, False)
+            packed_logits_fragment_bytes(
+                tuple(sum(mb) // parallel.cp for mb in rank), vocab_per_rank, False, device_bytes
+            )
             for rank in packed.ranks
         )
     )
@@ -1056,10 +1065,10 @@ def stage_memory(
 ) -> StageMemory:
     """Peak memory of one rank of pipeline stage `stage` (`static`: its precomputed in-flight-independent part)."""
     if static is None:
-        static = _stage_static(model, parallel, workload, stage, options, padded_vocab_size)
+        static = _stage_static(model, parallel, workload, stage, options, padded_vocab_size, allowance.device_bytes)
     weights, grads, optimizer = static.model_state
     activations, detail, in_flight, pool, offloaded = _stage_activations(static, parallel, workload, stage)
-    return StageMemory(
+    memory = StageMemory(
         stage=stage,
         parameters=static.counts,
         weights_bytes=weights,
@@ -1074,6 +1083,25 @@ def stage_memory(
         graph_pool_bytes=pool,
         offloaded_bytes=offloaded,
     )
+    return released_at_device_limit(memory, allowance)
+
+
+def released_at_device_limit(memory: StageMemory, allowance: MemoryAllowance) -> StageMemory:
+    """`memory` with the cached logits segments of packed forward-only micro-batches (`packed_logits_fragment`,
+    no expandable segments) cut to what leaves the rank within `allowance.device_bytes`. When cudaMalloc fails,
+    PyTorch's caching allocator frees every cached segment with nothing allocated in it and retries
+    (`release_cached_blocks` in `DeviceCachingAllocator::malloc`, c10/cuda/CUDACachingAllocator.cpp; the
+    `release_available_cached_blocks` step before it returns at once with max_split_size unlimited, the default).
+    A forward-only pass frees each micro-batch's logits before the next asks, so those segments are all
+    releasable and the reserve stops at the device, however many growing micro-batches come: replayed without
+    the limit, the 2,000 micro-batches of an 8,192-sequence step at a 10,240-token budget "reserved" 1 TiB."""
+    fragment = memory.activation_detail.get("packed_logits_fragment", 0.0)
+    if allowance.device_bytes is None or allowance.expandable_segments or not fragment:
+        return memory
+    over = memory.total_bytes - allowance.device_bytes
+    if over <= 0:
+        return memory
+    return replace(memory, allowance_bytes=memory.allowance_bytes - min(over, fragment))
 
 
 def stage_signature(model: ModelSpec, parallel: ParallelConfig, stage: int) -> tuple:
@@ -1111,6 +1139,8 @@ def memory_per_stage(
     for s in range(parallel.pp):
         key = stage_signature(model, parallel, s)
         if key not in statics:
-            statics[key] = _stage_static(model, parallel, workload, s, options, padded_vocab_size)
+            statics[key] = _stage_static(
+                model, parallel, workload, s, options, padded_vocab_size, allowance.device_bytes
+            )
         out.append(stage_memory(model, parallel, workload, s, options, allowance, padded_vocab_size, statics[key]))
     return out
