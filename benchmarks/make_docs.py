@@ -354,10 +354,14 @@ def search_speed(root: Path) -> str:
     ]
     m = data["machine"]
     head = ["model", "GPUs", "seq", "GBS", "precision", "layouts considered", "fit", "search s", "best layout"]
+    commands = [[c["command"], num(c["wall_s"], ".1f"), str(c["exit_code"])] for c in data.get("commands", ())]
     return (
         source("search_speed.json")
         + f"Machine: {m['cpu_count']} CPU cores, Python {m['python']}; target {data['target_s']:.0f} s.\n\n"
         + table(head, rows)
+        + "\nRLHF steps of real lengths (verl's Qwen3-8B GRPO example, mean prompt 512 and response 2,500 tokens),"
+        " whole commands in fresh processes:\n\n"
+        + table(["command", "wall s", "exit code"], commands)
     )
 
 

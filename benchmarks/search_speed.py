@@ -1,4 +1,5 @@
-"""Time `mat plan` on the flagship cases of NVIDIA's recipes (each in a fresh process: no warm caches) and write
+"""Time `mat plan` on the flagship cases of NVIDIA's recipes, and `mat plan` / `mat rlhf` on RLHF steps of real
+lengths up to the 65,536 sequences the tool accepts (each in a fresh process: no warm caches), and write
 benchmarks/results/search_speed.json. Target: under 10 s each on the 2-core CI machine (aim: 2 s).
 
     python benchmarks/search_speed.py [--json]
@@ -10,6 +11,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -21,6 +23,17 @@ CASES = [
     ("DeepSeek-V3", 1024, 4096, 8192, "bf16"),
     ("Qwen3-235B-A22B", 256, 4096, 2048, "bf16"),
 ]
+# (label, command after `mat`, stdin): verl's Qwen3-8B GRPO example at 1,024 and 8,192 prompts x 8 responses with
+# mean lengths (512 of 1,024 prompt, 2,500 of 4,096 response tokens), and `mat plan` of a 65,536-sequence step
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "verl_grpo_qwen3_8b_h100_8gpu.sh"
+MEANS = ["--mean-prompt-len", "512", "--mean-response-len", "2500"]
+RLHF_CASES = [
+    (f"mat rlhf, {prompts} prompts x 8", ["rlhf", "--verl-args", "-", "--gpu", "H100-SXM", *MEANS, "--json"], prompts)
+    for prompts in (1024, 8192)
+] + [
+    ("mat plan, 65536 sequences", ["plan", "--model", "Qwen3-8B", "--gpu", "H100-SXM", "--num-gpus", "8",
+     "--global-batch-size", "65536", "--prompt-len", "512:1024", "--response-len", "2500:4096", "--json"], None),
+]  # fmt: skip
 OUT = Path(__file__).resolve().parent / "results" / "search_speed.json"
 
 CHILD = """
@@ -51,6 +64,20 @@ def run_case(case: tuple) -> dict:
             "wall_s": time.perf_counter() - started, **row}  # fmt: skip
 
 
+def run_command(case: tuple) -> dict:
+    """One `mat` command in a fresh process: its wall time and exit code."""
+    label, args, prompts = case
+    text = None
+    if prompts is not None:
+        text = re.sub(r"data\.train_batch_size=\d+", f"data.train_batch_size={prompts}", EXAMPLE.read_text())
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "megatron_autotuner.cli", *args], input=text, capture_output=True,
+                         text=True, env=env)  # fmt: skip
+    return {"command": label, "args": args, "exit_code": out.returncode, "wall_s": time.perf_counter() - started}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the JSON")
@@ -58,6 +85,7 @@ def main() -> int:
     from megatron_autotuner import __version__
 
     rows = [run_case(c) for c in CASES]
+    commands = [run_command(c) for c in RLHF_CASES]
     data = {
         "schema_version": 1,
         "tool_version": __version__,
@@ -65,6 +93,7 @@ def main() -> int:
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "target_s": 10.0,
         "cases": rows,
+        "commands": commands,
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(data, indent=1) + "\n")
@@ -74,7 +103,10 @@ def main() -> int:
         for r in rows:
             print(f"{r['model']:>16} x {r['num_gpus']:>4}: plan {r['plan_s']:.2f} s (process {r['process_s']:.2f} s), "
                   f"{r['considered']} layouts, best {r['best']} MFU {r['best_mfu']:.3f}")  # fmt: skip
-    return 0 if all(r["plan_s"] < data["target_s"] for r in rows) else 1
+        for c in commands:
+            print(f"{c['command']:>32}: {c['wall_s']:.2f} s (exit {c['exit_code']})")
+    ok = all(r["plan_s"] < data["target_s"] for r in rows)
+    return 0 if ok and all(c["exit_code"] == 0 and c["wall_s"] < data["target_s"] for c in commands) else 1
 
 
 if __name__ == "__main__":

@@ -135,6 +135,26 @@ def test_verl_values_verl_would_refuse_are_one_line_errors(capsys, tmp_path, ext
     assert problem in _one_line_error(capsys, ["rlhf", "--verl-args", str(path), "--gpu", "H100-SXM"], field)
 
 
+@pytest.mark.parametrize(
+    ("extra", "product"),
+    [("data.train_batch_size=32 actor_rollout_ref.rollout.n=100000", "32 x 100000 = 3200000"),
+     ("data.train_batch_size=1000000000", "1000000000 x 4 = 4000000000")],
+)  # fmt: skip
+def test_a_step_of_more_sequences_than_the_limit_is_refused_before_any_work(capsys, tmp_path, extra, product):
+    """The audit: rollout.n=100000 ran past 300 s, data.train_batch_size=1000000000 grew to 8 GiB."""
+    path = tmp_path / "verl.txt"
+    path.write_text(VERL + extra + "\n")
+    err = _one_line_error(
+        capsys, ["rlhf", "--verl-args", str(path), "--gpu", "H100-SXM"],
+        "data.train_batch_size x actor_rollout_ref.rollout.n",
+    )  # fmt: skip
+    assert f"{product} sequences per step; at most 65536" in err
+    argv = ["plan", "--model", "Qwen3-0.6B", "--gpu", "H100-SXM", "--num-gpus", "8", "--global-batch-size",
+            "100000", "--prompt-len", "512:1024", "--response-len", "256:512", "--no-chart",
+            "--output-dir", str(tmp_path / "p")]  # fmt: skip
+    assert "at most 65536 are sampled" in _one_line_error(capsys, argv, "global_batch_size")
+
+
 def test_validate_report_only_on_a_file_or_a_missing_folder_is_a_one_line_error(capsys, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("")

@@ -288,3 +288,39 @@ def test_a_realistic_step_packs_as_the_straightforward_algorithm_does():
     """256 sequences of Qwen3-8B GRPO lengths (prompt 1k, response 2.5k mean of 4k) on 4 ranks at 10k tokens."""
     lengths = list(SequenceLengths.from_mean_max((1024, 1024), (2500, 4096)).sample(256))
     assert pack_micro_batches(lengths, 10240, dp=4).ranks == _reference_pack(lengths, 10240, 4, None)
+
+
+def _exact_pack(monkeypatch, lengths, budget, dp, divided_by=None):
+    """`pack_micro_batches` with sampling off (every step packed sequence by sequence, as verl does)."""
+    import megatron_autotuner.specs.lengths as module
+
+    with monkeypatch.context() as m:
+        m.setattr(module, "SAMPLE_MIN_MICRO_BATCHES", 10**9)
+        return pack_micro_batches(lengths, budget, dp=dp, num_batches_divided_by=divided_by)
+
+
+@pytest.mark.parametrize(
+    "dp, budget, divided_by",
+    [(1, 20480, 2), (2, 5120, None), (2, 10240, 2), (4, 5120, 4)],
+)
+def test_a_sampled_packing_is_the_exact_one_within_a_percent(monkeypatch, dp, budget, divided_by):
+    """4,096 sequences of Qwen3-8B GRPO lengths (prompt 512 of 1k, response 2.5k of 4k), 600-1,300 micro-batches
+    per rank: packed from a stratified sample (`_pack_sampled`), every sequence lands in one micro-batch, none
+    over the budget, the micro-batch count within 1% of verl's exact packing and the largest micro-batch within
+    1% (tokens and squared lengths are then the exact ones: the same sequences)."""
+    lengths = list(SequenceLengths.from_mean_max((512, 1024), (2500, 4096)).sample(4096))
+    exact = _exact_pack(monkeypatch, lengths, budget, dp, divided_by)
+    sampled = pack_micro_batches(lengths, budget, dp=dp, num_batches_divided_by=divided_by)
+    assert exact.sampled_every == 1 and sampled.sampled_every > 1
+    assert sorted(s for mb in sampled.micro_batches for s in mb) == sorted(lengths)
+    assert max(sum(mb) for mb in sampled.micro_batches) <= budget
+    assert sampled.num_micro_batches % (divided_by or 1) == 0
+    assert sampled.num_micro_batches == pytest.approx(exact.num_micro_batches, rel=0.01)
+    assert sampled.largest_micro_batch_tokens == pytest.approx(exact.largest_micro_batch_tokens, rel=0.01)
+    assert (sampled.total_tokens, sampled.sum_squares) == (exact.total_tokens, exact.sum_squares)
+
+
+def test_small_steps_are_packed_exactly():
+    """Below `SAMPLE_MIN_MICRO_BATCHES` micro-batches per rank the packing is verl's, sequence by sequence."""
+    lengths = list(SequenceLengths.from_mean_max((512, 1024), (2500, 4096)).sample(512))
+    assert pack_micro_batches(lengths, 10240, dp=2).sampled_every == 1

@@ -94,3 +94,51 @@ def test_workload_rules_and_unchanged_fixed_workloads():
         memory_per_stage(MODEL, ParallelConfig(num_gpus=1), _work(), ActivationOptions(flash_attention=False))
     with pytest.raises(ConfigError, match="divisible by dp"):
         num_microbatches(ParallelConfig(num_gpus=3), _work())
+
+
+def _forward_step(monkeypatch, sequences: int, max_token_len: int, exact: bool):
+    """Qwen3-8B (36 layers) log-prob pass on 2 GPUs, dp2, of `sequences` GRPO sequences (prompt 512 of 1k, response
+    2.5k of 4k), packed exactly (sampling off) or as the cost model packs them."""
+    import megatron_autotuner.specs.lengths as lengths_module
+    import megatron_autotuner.specs.parallel as parallel_module
+
+    lengths = SequenceLengths.from_mean_max((512, 1024), (2500, 4096))
+    work = Workload(seq_length=lengths.max_tokens, global_batch_size=sequences, max_token_len=max_token_len,
+                    lengths=lengths, mode="forward")  # fmt: skip
+    with monkeypatch.context() as m:
+        if exact:
+            m.setattr(lengths_module, "SAMPLE_MIN_MICRO_BATCHES", 10**9)
+        parallel_module._packed.cache_clear()
+        result = estimate(load_model_spec("Qwen3-8B"), ParallelConfig(num_gpus=2), work, H100)
+        parallel_module._packed.cache_clear()
+    return result
+
+
+def test_a_sampled_packing_prices_a_log_prob_pass_as_the_exact_one(monkeypatch):
+    """4,096 sequences at a 20,480-token budget (310 micro-batches per rank, packed from a sample of one in two):
+    the step within 0.5% of the exact packing's (0.002%), and the same peak (both reach the device limit)."""
+    exact = _forward_step(monkeypatch, 4096, 20480, exact=True)
+    sampled = _forward_step(monkeypatch, 4096, 20480, exact=False)
+    assert sampled.step_time_s == pytest.approx(exact.step_time_s, rel=0.005)
+    assert sampled.peak_memory_gib == pytest.approx(exact.peak_memory_gib, rel=0.01)
+
+
+def test_cached_logits_segments_stop_at_the_device(monkeypatch):
+    """A long forward-only pass of growing packed micro-batches, replayed without a limit, would keep a new logits
+    segment per micro-batch (hundreds of GiB); PyTorch releases its free cached segments when cudaMalloc fails, so
+    the pass peaks at the memory the plan allows the GPU and fits."""
+    from dataclasses import replace
+
+    from megatron_autotuner.costmodel.estimate import CostOptions
+    from megatron_autotuner.theory.memory import MemoryAllowance
+
+    lengths = SequenceLengths.from_mean_max((512, 1024), (2500, 4096))
+    work = Workload(seq_length=lengths.max_tokens, global_batch_size=1024, max_token_len=20480, lengths=lengths,
+                    mode="forward")  # fmt: skip
+    model, parallel = load_model_spec("Qwen3-8B"), ParallelConfig(num_gpus=2)
+    limited = estimate(model, parallel, work, H100)
+    unbounded = estimate(model, parallel, work, H100, CostOptions(allowance=MemoryAllowance(device_bytes=math.inf)))
+    usable = H100.hbm_gib * (1 - limited.options.memory_margin)
+    assert unbounded.memory_breakdown_gib["allowance"] > H100.hbm_gib and not unbounded.fits
+    assert limited.peak_memory_gib == pytest.approx(usable) and limited.fits
+    assert replace(limited, peak_memory_gib=0).step_time_s == unbounded.step_time_s  # memory only

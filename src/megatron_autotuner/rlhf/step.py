@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..search.plan import plan
 from ..search.space import token_budget_choices
 from ..specs.hardware import MIB, GPUSpec
-from ..specs.lengths import SequenceLengths
+from ..specs.lengths import MAX_SAMPLED_SEQUENCES, SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig
 from ..theory.memory import GIB, default_non_torch_gib
@@ -69,6 +69,12 @@ class StepSpec:
     critic_recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
 
     def __post_init__(self) -> None:
+        if self.sequences > MAX_SAMPLED_SEQUENCES:
+            raise ConfigError(
+                "data.train_batch_size x actor_rollout_ref.rollout.n",
+                f"{self.train_batch_size} x {self.rollout_n} = {self.sequences} sequences per step; at most "
+                f"{MAX_SAMPLED_SEQUENCES} are modelled",
+            )
         if self.train_batch_size % self.mini_batch_size:
             raise ConfigError(
                 "actor_rollout_ref.actor.ppo_mini_batch_size",

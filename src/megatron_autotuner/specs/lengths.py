@@ -46,6 +46,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from itertools import chain
+from operator import mul
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -408,11 +410,14 @@ def _rearrange(
     divided_by: int | None,
     min_count: int | None,
     balance_order: bool,
+    budget_lengths: list[list[int]] | None = None,
 ) -> list[list[list[int]]]:
     """`rearrange_micro_batches` on every DP rank at once, with its all-reduces (MAX of the counts, MIN of
-    'every micro-batch within max_token_len')."""
+    'every micro-batch within max_token_len'). `budget_lengths`: what each item weighs against `max_token_len`
+    when not its length (a sample's item stands for a run of lengths: the longest of them)."""
     _positive_int("max_token_len", max_token_len)
-    longest = max(max(r) for r in ranks)
+    checked = budget_lengths or ranks
+    longest = max(max(r) for r in checked)
     if longest > max_token_len:
         raise ConfigError(
             "max_token_len",
@@ -435,7 +440,7 @@ def _rearrange(
         # rank by rank, up to the first with a micro-batch over the budget: the count then grows either way, and
         # no partition of n <= a rank's sequences can be refused (Karmarkar-Karp leaves no set empty then)
         parts = []
-        for r, w in zip(ranks, workloads, strict=True):
+        for r, w in zip(checked, workloads, strict=True):
             ps = balanced_partitions(w, n, equal_size=False)
             if any(sum(r[i] for i in p) > max_token_len for p in ps):
                 break
@@ -459,6 +464,7 @@ class PackedBatch:
 
     ranks: tuple[tuple[tuple[int, ...], ...], ...]
     max_token_len: int
+    sampled_every: int = 1  # > 1: packed from a sample of one sequence in this many (`_pack_sampled`)
 
     @property
     def num_micro_batches(self) -> int:
@@ -466,12 +472,13 @@ class PackedBatch:
 
     @cached_property
     def micro_batches(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(mb for r in self.ranks for mb in r)
+        return tuple(chain.from_iterable(self.ranks))
 
     @cached_property
     def rank_tokens_and_squares(self) -> tuple[tuple[int, int], ...]:
         """(sum s, sum s^2) over each data-parallel rank's sequences."""
-        return tuple((sum(sum(mb) for mb in r), sum(s * s for mb in r for s in mb)) for r in self.ranks)
+        flat = [list(chain.from_iterable(r)) for r in self.ranks]
+        return tuple((sum(f), sum(map(mul, f, f))) for f in flat)
 
     @cached_property
     def total_tokens(self) -> int:
@@ -484,7 +491,7 @@ class PackedBatch:
 
     @cached_property
     def largest_micro_batch_tokens(self) -> int:
-        return max(sum(mb) for mb in self.micro_batches)
+        return max(map(sum, self.micro_batches))
 
     @cached_property
     def _padded_forms(self) -> dict[tuple[int, int], PackedBatch]:
@@ -498,16 +505,20 @@ class PackedBatch:
         if key in self._padded_forms:
             return self._padded_forms[key]
 
+        # each length's padded form, looked up (tens of thousands of sequences per packing, for every alignment)
+        rounded = [-(-s // align_tokens) * align_tokens for s in range(max(map(max, self.micro_batches)) + 1)]
+
         def pad(mb: tuple[int, ...]) -> tuple[int, ...]:
-            out = [-(-s // align_tokens) * align_tokens for s in mb]
+            out = tuple(map(rounded.__getitem__, mb))
             if total_align_tokens > 1 and out:
-                out[-1] += (-sum(out)) % total_align_tokens
-            return tuple(out)
+                return (*out[:-1], out[-1] + (-sum(out)) % total_align_tokens)
+            return out
 
         if align_tokens == 1 and total_align_tokens <= 1:
             result = self
         else:
-            result = PackedBatch(tuple(tuple(pad(mb) for mb in r) for r in self.ranks), self.max_token_len)
+            padded = tuple(tuple(map(pad, r)) for r in self.ranks)
+            result = PackedBatch(padded, self.max_token_len, self.sampled_every)
         self._padded_forms[key] = result
         return result
 
@@ -524,6 +535,74 @@ def split_over_ranks(lengths: Sequence[int], dp: int) -> list[list[int]]:
     return ranks
 
 
+# Sequences of varying length one step may hold (prompts x responses in RLHF): what `mat plan` and `mat rlhf` answer
+# in under 10 s on two cores (benchmarks/search_speed.py; 131,072 took `mat plan` 15 s). verl's recipes take 512-1,024
+# prompts x 8-16 responses; past the limit a typo (an extra digit in rollout.n) would sample and pack millions first.
+MAX_SAMPLED_SEQUENCES = 1 << 16
+
+
+# A step whose packing would need many micro-batches per rank is packed from a stratified sample (`_pack_sampled`):
+# verl's loop re-partitions every rank once per micro-batch it adds past ceil(tokens / budget), each time over all of
+# the rank's sequences, so its cost grows with the square of the step's sequences (8,192 sequences at a 5,120-token
+# budget: 9 s on one core; 65,536: minutes). The sample keeps at least this many micro-batches per rank per
+# micro-batch group; against the exact packing the count, tokens and memory are within the bounds
+# tests/specs/test_lengths.py states. A speed setting bounded by that test, not a model constant.
+SAMPLE_MIN_MICRO_BATCHES = 100
+
+
+def _sample_factor(lengths: Sequence[int], max_token_len: int, dp: int, step: int) -> int:
+    """f: the sample takes one sequence of every f; the largest divisor of the sequences per rank that leaves the
+    sample at least `SAMPLE_MIN_MICRO_BATCHES` micro-batches per rank per group of `_sample_step` (by the lower
+    bound ceil(tokens / budget)), else 1 (exact)."""
+    per_rank = len(lengths) // dp
+    lower_bound = -(-sum(lengths) // (dp * max_token_len))
+    fits = (f for f in range(per_rank, 1, -1) if per_rank % f == 0)
+    return next((f for f in fits if lower_bound // f >= SAMPLE_MIN_MICRO_BATCHES * _sample_step(step, f)), 1)
+
+
+def _sample_step(step: int, every: int) -> int:
+    """The micro-batch multiple the sample keeps so that `every` times its count is a multiple of `step`."""
+    return step // math.gcd(step, every)
+
+
+def _strata(lengths: Sequence[int], every: int) -> list[tuple[int, ...]]:
+    """The sorted lengths in runs of `every`."""
+    ordered = sorted(lengths)
+    return [tuple(ordered[j : j + every]) for j in range(0, len(ordered), every)]
+
+
+def _pack_sampled(
+    lengths: Sequence[int], max_token_len: int, dp: int, divided_by: int | None, balance_batch: bool, every: int
+) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """verl's packing of a stratified sample, expanded back to every sequence. The sorted lengths are cut into runs
+    of `every` (strata); each stratum's middle length stands for it in the rank split and the micro-batch
+    partition (Karmarkar-Karp on workloads), while the budget is checked against each stratum's longest length;
+    each micro-batch of strata then becomes `every` micro-batches, the k-th taking the k-th length of each of its
+    strata. So every sequence is packed once, none over the budget, and the sizes vary as the exact packing's do;
+    the micro-batches are put in verl's order (largest workload first, then `[::2][::-1] + [1::2]`)."""
+    share = len(lengths) // dp
+    if balance_batch:
+        strata = _strata(lengths, every)
+        middle = [s[every // 2] for s in strata]
+        work = [verl_workload(m) for m in middle]
+        ranks = []
+        for part in balanced_partitions(work, dp, equal_size=True):  # `split_over_ranks` on the sample
+            part.sort(key=lambda i: (work[i], i))
+            ranks.append([strata[i] for i in part[::2] + part[1::2][::-1]])
+    else:
+        ranks = [_strata(lengths[r * share : (r + 1) * share], every) for r in range(dp)]
+    step = _sample_step(divided_by or 1, every)
+    parts = _rearrange([[s[every // 2] for s in r] for r in ranks], max_token_len, step, None, False,
+                       budget_lengths=[[s[-1] for s in r] for r in ranks])  # fmt: skip
+    out = []
+    for r, ps in zip(ranks, parts, strict=True):
+        mbs = [mb for p in ps for mb in zip(*(r[i] for i in p), strict=True)]  # k-th: k-th of each stratum
+        work = [VERL_WORKLOAD_LINEAR_WEIGHT * sum(mb) + sum(map(mul, mb, mb)) for mb in mbs]  # `verl_workload`
+        order = sorted(range(len(mbs)), key=work.__getitem__, reverse=True)
+        out.append(tuple(mbs[i] for i in order[::2][::-1] + order[1::2]))
+    return tuple(out)
+
+
 def pack_micro_batches(
     lengths: Sequence[int],
     max_token_len: int,
@@ -534,12 +613,18 @@ def pack_micro_batches(
 ) -> PackedBatch:
     """The micro-batches verl makes of one optimizer step's `lengths` on `dp` ranks: `split_over_ranks`
     (`balance_batch`; else consecutive equal shares, verl's dispatch), then `rearrange_micro_batches` on every
-    rank with the counts synchronised (module docstring)."""
+    rank with the counts synchronised (module docstring). Where that needs many micro-batches, the packing of a
+    stratified sample expanded to every sequence (`_pack_sampled`; `PackedBatch.sampled_every`)."""
     _positive_int("dp", dp)
     if len(lengths) % dp:
         raise ConfigError(
             "global_batch_size", f"{len(lengths)} sequences must be divisible by dp={dp} (verl splits them equally)"
         )
+    _positive_int("max_token_len", max_token_len)
+    every = _sample_factor(lengths, max_token_len, dp, num_batches_divided_by or 1)
+    if every > 1:
+        packed = _pack_sampled(lengths, max_token_len, dp, num_batches_divided_by, balance_batch, every)
+        return PackedBatch(packed, max_token_len, every)
     if balance_batch:
         ranks = split_over_ranks(lengths, dp)
     else:

@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
-from .lengths import PackedBatch, SequenceLengths, pack_micro_batches
+from .lengths import MAX_SAMPLED_SEQUENCES, PackedBatch, SequenceLengths, pack_micro_batches
 from .model import ModelSpec
 from .pipeline import PipelineLayout, even_layout
 
@@ -393,6 +393,12 @@ class Workload:
             raise ConfigError("fp8_param", f"needs precision fp8, got {self.precision!r}")
         if self.mode not in MODES:
             raise ConfigError("mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.lengths is not None and self.global_batch_size > MAX_SAMPLED_SEQUENCES:
+            raise ConfigError(
+                "global_batch_size",
+                f"{self.global_batch_size} sequences of varying length per step; at most {MAX_SAMPLED_SEQUENCES} "
+                "are sampled and packed",
+            )
         if self.max_token_len is not None:
             _positive("max_token_len", self.max_token_len)
             if self.max_token_len < self.seq_length:
