@@ -360,8 +360,7 @@ def search_speed(root: Path) -> str:
         + f"Machine: {m['cpu_count']} CPU cores, Python {m['python']}; target {data['target_s']:.0f} s.\n\n"
         + table(head, rows)
         + "\nRLHF steps of real lengths (verl's Qwen3-8B GRPO example, mean prompt 512 and response 2,500 tokens),"
-        " whole commands in fresh processes:\n\n"
-        + table(["command", "wall s", "exit code"], commands)
+        " whole commands in fresh processes:\n\n" + table(["command", "wall s", "exit code"], commands)
     )
 
 
