@@ -7,6 +7,7 @@
     python benchmarks/moe_fragmentation.py report recompute
     python benchmarks/moe_fragmentation.py predict holdout    # held-out shapes (x2_moe_fragmentation.sh holdout)
     python benchmarks/moe_fragmentation.py report holdout
+    python benchmarks/moe_fragmentation.py predict holdout4   # 4 GPUs (x4_moe_holdout.sh)
 
 On committed runs (validation_h200_x2/moe_gpu, plan_regret_h200_x4_r2 #106, _r3 #116) the MoE layouts with full
 recompute or a forward-only pass held within 5 GiB of the model's allocated sum, but reserved 11-23 GiB beyond it;
@@ -56,6 +57,8 @@ RECOMPUTE_OUT = ROOT / "benchmarks/results/moe_recompute_h200_x2"
 RECOMPUTE_LAYOUTS = ROOT / "benchmarks/validation/x2_moe_recompute_layouts.json"
 HOLDOUT_OUT = ROOT / "benchmarks/results/moe_holdout_h200_x2"
 HOLDOUT_LAYOUTS = ROOT / "benchmarks/validation/x2_moe_holdout_layouts.json"
+HOLDOUT4_OUT = ROOT / "benchmarks/results/moe_holdout_h200_x4"
+HOLDOUT4_LAYOUTS = ROOT / "benchmarks/validation/x4_moe_holdout_layouts.json"
 GIB = 2**30
 _BASE = dict(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, micro_batch_size=8, warmup_steps=3, steps=4)
 SHAPES: tuple[dict, ...] = (
@@ -84,6 +87,16 @@ HOLDOUT_SHAPES: tuple[dict, ...] = (
     dict(num_layers=4, global_batch_size=16, ep=2, recompute="full", profile=True),
     dict(num_layers=4, global_batch_size=16, ep=2, recompute="full", host_timing=True),
 )  # fmt: skip
+
+# 4 GPUs (`x4_moe_holdout.sh`): EP 4 with and without full recompute, TP 2 x EP 2 with sequence parallelism, and
+# Mixtral-8x7B at EP 4; allocator histories of rank 0 and rank 3
+_X4 = dict(num_gpus=4, num_layers=4, memory_history=True)
+HOLDOUT4_SHAPES: tuple[dict, ...] = (
+    dict(_X4, global_batch_size=16, micro_batch_size=4, ep=4, recompute="none"),
+    dict(_X4, global_batch_size=16, micro_batch_size=4, ep=4, recompute="full"),
+    dict(_X4, global_batch_size=16, micro_batch_size=4, tp=2, ep=2, sequence_parallel=True, recompute="none"),
+    dict(_X4, model="Mixtral-8x7B", global_batch_size=16, micro_batch_size=2, ep=4, recompute="none"),
+)
 
 
 def layouts(shapes: tuple[dict, ...] = SHAPES) -> list[Layout]:
@@ -244,10 +257,12 @@ def main(argv: list[str]) -> int:
             return cmd_predict(RECOMPUTE_SHAPES, RECOMPUTE_LAYOUTS, RECOMPUTE_OUT)
         if which == "holdout":
             return cmd_predict(HOLDOUT_SHAPES, HOLDOUT_LAYOUTS, HOLDOUT_OUT)
+        if which == "holdout4":
+            return cmd_predict(HOLDOUT4_SHAPES, HOLDOUT4_LAYOUTS, HOLDOUT4_OUT)
         return cmd_predict(SHAPES, LAYOUTS, OUT)
     if which == "recompute":
         return cmd_recompute_report()
-    return cmd_report(HOLDOUT_OUT if which == "holdout" else OUT)
+    return cmd_report({"holdout": HOLDOUT_OUT, "holdout4": HOLDOUT4_OUT}.get(which, OUT))
 
 
 if __name__ == "__main__":
