@@ -694,6 +694,8 @@ def moe_fragmentation(root: Path) -> str:
     held_doc = load(root, f"{held}/report.json")
     out += "\nHeld out (recorded after the allocator model; rank 0's history):\n\n"
     out += table(head, _moe_fragmentation_rows(held_doc))
+    out += f"\nHeld out on 4x H200 (`{RESULTS}/moe_holdout_h200_x4`):\n\n"
+    out += table(head, _moe_fragmentation_rows(load(root, "moe_holdout_h200_x4/report.json")))
     rows = []
     for r in held_doc["rows"]:
         for rank, t in enumerate(r.get("ranks", ())):
@@ -703,7 +705,7 @@ def moe_fragmentation(root: Path) -> str:
     out += "\nThe held-out profiled steps, per rank (ms):\n\n"
     out += table(["layout", "rank", "span", "GPU idle", "all-to-all kernels", "reduce-scatter exposed"], rows)
     rows = []
-    for r in held_doc["allocator_replays"]:
+    for r in load(root, "moe_holdout_h200_x4/report.json")["allocator_replays"]:
         name = r["snapshot"].removeprefix("benchmarks/results/")
         rows.append([name, "yes" if r["expandable_segments"] else "no", f"{r['awaiting_at_peak_gib']:.1f}",
                      f"{r['recorded_reserved_gib']:.2f}", f"{r['modelled_reserved_gib']:.2f}",

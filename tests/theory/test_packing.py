@@ -142,3 +142,23 @@ def test_cached_logits_segments_stop_at_the_device(monkeypatch):
     assert unbounded.memory_breakdown_gib["allowance"] > H100.hbm_gib and not unbounded.fits
     assert limited.peak_memory_gib == pytest.approx(usable) and limited.fits
     assert replace(limited, peak_memory_gib=0).step_time_s == unbounded.step_time_s  # memory only
+
+
+def test_a_long_packed_forward_pass_released_its_cached_segments_on_an_h100():
+    """1x H100 (benchmarks/release_limit.py, predictions committed before the run): Qwen3-0.6B forward-only over GRPO
+    lengths at a 16k budget. 256 sequences: the replay of its logits alone predicted the peak (60.8 vs 61.2 GiB)
+    and nothing was released; 512 sequences, whose replay passes the device: the run finished, PyTorch freed 13
+    cached segments on the way, and the peak (72.1 GiB) lies under the limit it was predicted at (75.7: usable
+    memory), above that less the largest logits request (a fp32 copy, 9.3 GiB): the band the rule allows."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads(
+        (Path(__file__).resolve().parents[2] / "benchmarks/results/release_limit_h100/report.json").read_text()
+    )["rows"]
+    small, large = sorted(rows, key=lambda r: r["predicted_peak_gib"])
+    assert small["segment_frees"] == 0
+    assert small["measured_peak_gib"] == pytest.approx(small["predicted_peak_gib"], rel=0.05)
+    assert large["status"] == "ok" and large["segment_frees"] > 0
+    fp32_logits_gib = 4 * 16384 * 151936 / 2**30
+    assert large["predicted_peak_gib"] - fp32_logits_gib < large["measured_peak_gib"] < large["predicted_peak_gib"]
