@@ -165,6 +165,10 @@ def allocator_replays() -> list[dict]:
                 "recorded_unallocated_gib": hist.reserved_unallocated_at_peak_bytes / GIB,
                 "modelled_unallocated_gib": modelled.unallocated_at_peak_bytes / GIB,
                 "awaiting_at_peak_gib": hist.awaiting_at_peak_bytes / GIB,
+                # cudaMalloc failed and the allocator freed cached segments (the replay does not model it)
+                "released_segments": sum(
+                    1 for e in snapshot["device_traces"][device] if e.get("action") == "segment_free"
+                ),
             }
         )
     return rows

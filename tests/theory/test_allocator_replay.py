@@ -41,16 +41,18 @@ def test_the_allocator_model_replays_a_recorded_moe_history_to_its_reserve(layou
 
 def test_every_single_stream_history_is_replayed_within_a_tenth_of_a_gib() -> None:
     """The report's replays of every committed history that starts with its process: where no block awaited
-    another stream, 18 histories (1-4 GPUs, dense and MoE, forward-only and training; 6 of them recorded after the
-    model, moe_holdout_h200_x2) within 0.1 GiB; where DDP's stream held frees at the peak (per-stream pools, not
-    modelled), off by less than what awaited it (0.26 GiB of 0.44 under for Mixtral; 2.1-3.6 of 10.6-13.4 over)."""
+    another stream and the allocator released nothing, 27 histories (1-4 GPUs, dense and MoE, forward-only and
+    training; 16 of them recorded after the model, moe_holdout_h200_x2 / _x4) within 0.1 GiB; where DDP's stream
+    held frees at the peak (per-stream pools, not modelled), off by less than what awaited it. The two histories in
+    which cudaMalloc failed and cached segments were freed (release_limit_h100's 512 sequences, one 4-GPU Qwen3-32B
+    run) are left out: the replay has no device limit (the cost model stops there)."""
     doc = json.loads((OUT / "report.json").read_text())
-    single = [r for r in doc["allocator_replays"] if r["awaiting_at_peak_gib"] == 0]
-    assert len(single) >= 18
+    single = [r for r in doc["allocator_replays"] if r["awaiting_at_peak_gib"] == 0 and not r["released_segments"]]
+    assert len(single) >= 27
     for r in single:
         assert abs(r["modelled_reserved_gib"] - r["recorded_reserved_gib"]) < 0.1, r["snapshot"]
     for r in doc["allocator_replays"]:
-        if r["awaiting_at_peak_gib"] > 0:
+        if r["awaiting_at_peak_gib"] > 0 and not r["released_segments"]:
             assert abs(r["modelled_reserved_gib"] - r["recorded_reserved_gib"]) < r["awaiting_at_peak_gib"]
 
 
