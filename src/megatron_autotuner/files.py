@@ -352,10 +352,16 @@ def check_output_file(path: str | PathLike[str], field: str = "output") -> Path:
 
 
 def _same_file(a: Path, b: Path) -> bool:
+    """Whether `a` and `b` name one file (by inode where both exist, else by resolved path); False for a path no
+    file can have (a NUL byte): the reader of that input refuses it in one line."""
     try:
         return os.path.samefile(a, b)
-    except OSError:
+    except (OSError, ValueError):
+        pass
+    try:
         return a.resolve() == b.resolve()
+    except (OSError, ValueError):
+        return False
 
 
 def refuse_overwriting_inputs(
