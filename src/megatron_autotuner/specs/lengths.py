@@ -43,7 +43,7 @@ import bisect
 import heapq
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from itertools import chain
@@ -450,9 +450,15 @@ def _rearrange(
         n += step
     if balance_order:
         for w, ps in zip(workloads, parts, strict=True):
-            ps.sort(key=lambda p, w=w: (sum(w[i] for i in p), p[0]), reverse=True)
-            ps[:] = ps[::2][::-1] + ps[1::2]
+            ps[:] = _small_at_both_ends(ps, key=lambda p, w=w: (sum(w[i] for i in p), p[0]))
     return parts
+
+
+def _small_at_both_ends(items: Iterable, key) -> list:
+    """verl's micro-batch order (`use_dynamic_bsz_balance`): largest `key` first, then `[::2][::-1] + [1::2]`, so
+    the small ones sit at both ends of the pipeline."""
+    ordered = sorted(items, key=key, reverse=True)
+    return ordered[::2][::-1] + ordered[1::2]
 
 
 @dataclass(frozen=True)
@@ -527,11 +533,15 @@ def split_over_ranks(lengths: Sequence[int], dp: int) -> list[list[int]]:
     """verl's `_balance_batch`: equal-size Karmarkar-Karp split over dp ranks by workload, then each rank's
     sequences sorted by workload and ordered small / large / small. Lengths per rank, in that order."""
     _positive_int("dp", dp)
-    work = [verl_workload(s) for s in lengths]
+    return [[lengths[i] for i in part] for part in _balanced_rank_split([verl_workload(s) for s in lengths], dp)]
+
+
+def _balanced_rank_split(work: list[int], dp: int) -> list[list[int]]:
+    """`split_over_ranks` on workloads: the indices each rank gets, in verl's small / large / small order."""
     ranks = []
     for part in balanced_partitions(work, dp, equal_size=True):
         part.sort(key=lambda i: (work[i], i))
-        ranks.append([lengths[i] for i in part[::2] + part[1::2][::-1]])
+        ranks.append(part[::2] + part[1::2][::-1])
     return ranks
 
 
@@ -583,12 +593,8 @@ def _pack_sampled(
     share = len(lengths) // dp
     if balance_batch:
         strata = _strata(lengths, every)
-        middle = [s[every // 2] for s in strata]
-        work = [verl_workload(m) for m in middle]
-        ranks = []
-        for part in balanced_partitions(work, dp, equal_size=True):  # `split_over_ranks` on the sample
-            part.sort(key=lambda i: (work[i], i))
-            ranks.append([strata[i] for i in part[::2] + part[1::2][::-1]])
+        work = [verl_workload(s[every // 2]) for s in strata]  # `split_over_ranks` on the strata's middles
+        ranks = [[strata[i] for i in part] for part in _balanced_rank_split(work, dp)]
     else:
         ranks = [_strata(lengths[r * share : (r + 1) * share], every) for r in range(dp)]
     step = _sample_step(divided_by or 1, every)
@@ -598,8 +604,7 @@ def _pack_sampled(
     for r, ps in zip(ranks, parts, strict=True):
         mbs = [mb for p in ps for mb in zip(*(r[i] for i in p), strict=True)]  # k-th: k-th of each stratum
         work = [VERL_WORKLOAD_LINEAR_WEIGHT * sum(mb) + sum(map(mul, mb, mb)) for mb in mbs]  # `verl_workload`
-        order = sorted(range(len(mbs)), key=work.__getitem__, reverse=True)
-        out.append(tuple(mbs[i] for i in order[::2][::-1] + order[1::2]))
+        out.append(tuple(mbs[i] for i in _small_at_both_ends(range(len(mbs)), key=work.__getitem__)))
     return tuple(out)
 
 
