@@ -25,7 +25,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import SCHEMA_VERSION, __version__
-from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, Estimate, estimate, padded_vocab, time_model
+from ..costmodel.estimate import (
+    DEFAULT_MEMORY_MARGIN,
+    CostOptions,
+    Estimate,
+    device_allowance,
+    estimate,
+    padded_vocab,
+    time_model,
+)
 from ..costmodel.tp_scaling import TPScaling, predicted_tp_scaling
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
@@ -271,9 +279,7 @@ def plan(
     forward = mode == "forward"
     usable = gpu.hbm_gib * (1.0 - memory_margin) * GIB
     act_options = ActivationOptions(flash_attention=options.flash_attention)
-    allowance = options.memory_allowance
-    if allowance.device_bytes is None:
-        allowance = replace(allowance, device_bytes=usable)
+    allowance = device_allowance(options, gpu)
     recomputes = ("none",) if forward else space.recompute
     dist_opts = (True,) if forward else space.distributed_optimizer
     feasible: list[tuple[ParallelConfig, Workload, list]] = []
