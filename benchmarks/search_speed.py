@@ -50,14 +50,18 @@ print(json.dumps({"plan_s": r.elapsed_s, "process_s": time.perf_counter() - t0, 
 """
 
 
+def _child_env() -> dict[str, str]:
+    """This environment with the checkout's src/ first on PYTHONPATH: a fresh process runs this tree's code."""
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+
+
 def run_case(case: tuple) -> dict:
     name, gpus, seq, gbs, precision = case
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     started = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-c", CHILD, name, str(gpus), str(seq), str(gbs), precision],
-        capture_output=True, text=True, check=True, env=env,
+        capture_output=True, text=True, check=True, env=_child_env(),
     )  # fmt: skip
     row = json.loads(out.stdout.strip().splitlines()[-1])
     return {"model": name, "num_gpus": gpus, "seq_length": seq, "global_batch_size": gbs, "precision": precision,
@@ -70,11 +74,9 @@ def run_command(case: tuple) -> dict:
     text = None
     if prompts is not None:
         text = re.sub(r"data\.train_batch_size=\d+", f"data.train_batch_size={prompts}", EXAMPLE.read_text())
-    src = str(Path(__file__).resolve().parents[1] / "src")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     started = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "megatron_autotuner.cli", *args], input=text, capture_output=True,
-                         text=True, env=env)  # fmt: skip
+                         text=True, env=_child_env())  # fmt: skip
     return {"command": label, "args": args, "exit_code": out.returncode, "wall_s": time.perf_counter() - started}
 
 
