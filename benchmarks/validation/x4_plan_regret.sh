@@ -6,6 +6,8 @@
 #     bash benchmarks/validation/x4_plan_regret.sh r2      # round 2 (plan_regret.CASES_R2): two new cases ~9 min
 #     bash benchmarks/validation/x4_plan_regret.sh r3      # round 3 (plan_regret.CASES_R3): the two MoE cases ~9 min
 #     bash benchmarks/validation/x4_plan_regret.sh r3b     # round 3's dense case (resumes what r3 left)
+#     bash benchmarks/validation/x4_plan_regret.sh r4      # round 4 (CASES_R4, expandable segments): the MoE cases
+#     bash benchmarks/validation/x4_plan_regret.sh r4b     # round 4's dense case (resumes what r4 left)
 # Each part stops starting layouts at its deadline (DEADLINE_S, default 540 s) and packs what it has; a part run again
 # on the same machine resumes (mat validate skips finished layouts). The layouts and the predictions made before the
 # runs come from `python benchmarks/plan_regret.py predict` (x4_plan_regret_<h100|h200>_layouts.json,
@@ -23,7 +25,7 @@ case "$(head -1 "$OUT/gpus.txt")" in
 esac
 SUFFIX=""
 [ "$PART" = r2 ] && SUFFIX="_r2"
-case "$PART" in r3*) SUFFIX="_r3" ;; esac
+case "$PART" in r3*) SUFFIX="_r3" ;; r4*) SUFFIX="_r4" ;; esac
 LAYOUTS="$HERE/x4_plan_regret_${KIND}${SUFFIX}_layouts.json"
 # one layouts file per case (the case is the first word of each layout's name)
 $PY - "$LAYOUTS" "$OUT" <<'EOF'
@@ -68,6 +70,12 @@ elif [ "$PART" = r2 ]; then
 elif [ "$PART" = r3 ]; then
   run_case mixtral-8l-s4096
   run_case qwen3-moe-e128-8l
+elif [ "$PART" = r4 ]; then
+  run_case qwen3-235b-4l
+  run_case mixtral-6l-s8192
+elif [ "$PART" = r4b ]; then
+  run_case llama31-70b-8l
+  run_case mixtral-6l-s8192   # resumes what r4 left
 elif [ "$PART" = r3b ]; then
   run_case qwen3-32b-16l
   run_case qwen3-moe-e128-8l   # resumes what r3 left
@@ -82,7 +90,7 @@ fi
 
 EV="$OUT/evidence"
 for c in qwen3-4b llama31-8b qwen3-moe-e32-24l qwen3-moe-e64-12l qwen3-8b-s4096 qwen3-moe-e32-12l-s8192 \
-  mixtral-8l-s4096 qwen3-moe-e128-8l qwen3-32b-16l; do
+  mixtral-8l-s4096 qwen3-moe-e128-8l qwen3-32b-16l qwen3-235b-4l llama31-70b-8l mixtral-6l-s8192; do
   [ -d "$OUT/$c" ] && collect_batch "$c" "$EV/$c"
 done
 cp "$OUT"/nccl_*.json "$OUT"/nccl_*.txt "$EV/" 2>/dev/null
