@@ -38,7 +38,9 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   attention step: exposed (cp-1) * max(0, t_send - t_attn/cp); backward sends K,V and dK,dV.
   a2a (Ulysses) and all-gather CP are exposed.
 - expert parallelism: dispatch + combine all-to-all of the routed tokens forward and backward,
-  exposed (megatron-core's default; no EP overlap).
+  exposed (megatron-core's default; no EP overlap); with expert tensor parallelism the dispatcher's gather and
+  reduce-scatter of the routed tokens over the etp ranks (`expert_tp_comm_s`). A MoE block's own tensor-parallel
+  collectives are its shared experts' (TE linears, as a dense MLP's); routed experts with etp = 1 move nothing.
 - host-bound MoE (`LayerContext.moe_host_bound`, an eager megatron-core MoE block): the block's
   GPU time is raised to the testbench-measured host floor: the calibration's (`Calibration.moe_host_floor`,
   measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host".
@@ -372,6 +374,24 @@ def _overlapped_pair(g: float, g_chunked: float, c: float, method: str, tp: int)
     return max(g_chunked, c)
 
 
+def expert_tp_comm_s(model: ModelSpec, ctx: LayerContext) -> float:
+    """One pass of a MoE layer's routed tokens over the expert-tensor-parallel group (etp > 1), exposed: megatron-core's
+    alltoall dispatcher all-gathers the permuted tokens of the etp ranks after the all-to-all (`dispatch_postprocess`,
+    `gather_from_sequence_parallel_region` over `pg_collection.expt_tp`) and reduce-scatters the expert outputs
+    before the combine (`combine_preprocess`), megatron/core/transformer/moe/token_dispatcher.py; backward, each turns
+    into the other. Gathered rows on a rank: R = T*k*etp/tp (T the micro-batch's tokens), 2*R*h bytes. With etp = 1
+    the experts take the sequence-parallel shard as it is: nothing moves. On 4x H200 (Qwen3-235B-A22B, tp = etp = 2,
+    no EP, 32k tokens, top-8) the two ran 3.7-4.1 ms each, 35 calls in a step (benchmarks/results/
+    plan_regret_h200_x4_r4/etp_trace)."""
+    if ctx.etp <= 1:
+        return 0.0
+    rows = ctx.tokens * model.moe_router_topk * ctx.etp / ctx.tp
+    message = E_BF16 * rows * model.hidden_size
+    return collective_time_s("all_gather", ctx.etp, message, ctx.cluster, 1) + collective_time_s(
+        "reduce_scatter", ctx.etp, message, ctx.cluster, 1
+    )
+
+
 @lru_cache(maxsize=16384)
 def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
     """Time of decoder layer `layer_index` (its kind: dense or MoE) for one micro-batch on one rank."""
@@ -413,8 +433,10 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         if ctx.sequence_parallel:
             ag = collective_time_s("all_gather", tp, msg, cluster, 1)
             rs = collective_time_s("reduce_scatter", tp, msg, cluster, 1)
-            mlp_in = "fc1" if "fc1" in gemm else None
-            mlp_out = "fc2" if "fc2" in gemm else None
+            # the MLP's TE linears gather / scatter the hidden states; a MoE block's only when it has shared experts
+            # (routed experts move their tokens in the dispatcher: `expert_tp_comm_s`)
+            mlp_in = next((op for op in ("fc1", "shared_fc1") if op in gemm), None)
+            mlp_out = next((op for op in ("fc2", "shared_fc2") if op in gemm), None)
             ub = ctx.tp_comm_overlap
             # userbuffers move the same tensors without NCCL (own curves, `collectives.userbuffers_time_s`)
             ag_ring = userbuffers_time_s("ring_exchange", "all_gather", tp, msg)
@@ -423,22 +445,22 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
             pairs_fwd = [
                 ("qkv" if "qkv" in gemm else None, "fwd", ag, "ring_exchange", ag_ring),
                 ("proj", "fwd", rs, "pipeline", rs_pipe),
-                (mlp_in, "fwd", ag, "ring_exchange", ag_ring),
-                (mlp_out, "fwd", rs, "pipeline", rs_pipe),
             ]
+            if mlp_in:
+                pairs_fwd += [(mlp_in, "fwd", ag, "ring_exchange", ag_ring), (mlp_out, "fwd", rs, "pipeline", rs_pipe)]
             for op, ph, c, method, c_ub in pairs_fwd:
                 tp_fwd += _pair_exposed(gemm, shapes, op, ph, c, method, ctx, c_ub) if (ub and op) else c
             if ctx.training:
                 # row-parallel output-gradient gathers: exposed unless userbuffers ring-exchange
-                for op in ("proj", mlp_out):
+                for op in ("proj", mlp_out) if mlp_in else ("proj",):
                     if ub and op:
                         tp_bwd += _pair_exposed(gemm, shapes, op, "dgrad", ag, "ring_exchange", ctx, ag_ring)
                     else:
                         tp_bwd += ag
                 # column-parallel input re-gather (under dgrad) and dgrad reduce-scatter (under wgrad)
-                for ops in (attn_in, [mlp_in] if mlp_in else []):
+                for ops in (attn_in, [mlp_in]) if mlp_in else (attn_in,):
                     if not ops:
-                        tp_bwd += ag + rs  # MoE block: no TE linear to hide behind
+                        tp_bwd += ag + rs  # no TE linear to hide behind
                         continue
                     g_d = sum(gemm[o]["dgrad"] for o in ops)
                     g_w = sum(gemm[o]["wgrad"] for o in ops)
@@ -496,16 +518,19 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
     if is_moe and ctx.ep > 1:
         routed = ctx.tokens * model.moe_router_topk * ctx.etp / tp
         a2a = collective_time_s("all_to_all", ctx.ep, E_BF16 * routed * model.hidden_size, cluster, ctx.etp)
-        _add(fwd, "ep", 2 * a2a)
-        if ctx.training:
-            _add(bwd, "ep", 2 * a2a)
+    # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
+    # reduce-scatter of the routed tokens
+    tokens_moved = 2 * a2a + (expert_tp_comm_s(model, ctx) if is_moe else 0.0)
+    _add(fwd, "ep", tokens_moved)
+    if ctx.training:
+        _add(bwd, "ep", tokens_moved)
 
     # ---- host-bound MoE block ----
     if is_moe and ctx.moe_host_bound:
         moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
         moe_mem = ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
         moe_mem += MOE_DISPATCH_WORK
-        gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
+        gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + tokens_moved
         cal = ctx.calibration
         floor = cal.moe_host_floor(ctx.precision, ctx.fp8_recipe) if cal is not None else None
         floor = floor or DEFAULT_MOE_HOST_FLOOR
@@ -514,7 +539,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         if ctx.training:
             floor_bwd = floor.backward_s(local_experts)
             gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
-            gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + 2 * a2a
+            gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + tokens_moved
             _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))
 
     # ---- host-bound dense layer: the host's issue time, compared per micro-batch by the stage ----
@@ -541,7 +566,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)))
                 redone = ("router", "activation") + MOE_DISPATCH_WORK
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in redone))
-                _add(rec, "ep", 2 * a2a)
+                _add(rec, "ep", tokens_moved)
             if "moe_act" in mods and is_moe:
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
             if "shared_experts" in mods and is_moe:
