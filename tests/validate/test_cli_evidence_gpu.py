@@ -44,6 +44,22 @@ def test_dry_run_prints_prediction_and_command(tmp_path, capsys):
     assert doc["layouts"][0]["layout"]["num_layers"] == 4 and doc["layouts"][0]["predicted"]["step_time_s"] > 0
 
 
+def test_profile_flag_reaches_every_layout_of_a_layouts_file(tmp_path, capsys):
+    """--profile with --layouts profiles each layout (it was dropped there, and the run recorded no trace); without
+    the flag each layout keeps its own setting."""
+    pytest.importorskip("megatron_autotuner.costmodel")
+    base = {"model": "Qwen3-0.6B", "num_layers": 2, "seq_length": 1024}
+    layouts = tmp_path / "layouts.json"
+    layouts.write_text(json.dumps({"gpu": "H200", "layouts": [base, {**base, "micro_batch_size": 2, "profile": True}]}))
+    profiled = {}
+    for flag in ([], ["--profile"]):
+        out = tmp_path / ("flag" if flag else "none")
+        args = ["validate", "--layouts", str(layouts), *flag, "--dry-run", "--json", "--output-dir", str(out)]
+        assert main(args) == 0
+        profiled[bool(flag)] = [row["layout"]["profile"] for row in json.loads(capsys.readouterr().out)["layouts"]]
+    assert profiled == {False: [False, True], True: [True, True]}
+
+
 def test_dry_run_json_is_one_document_of_predictions_and_probes(tmp_path, capsys):
     """--dry-run --json prints the predictions written before a lease as one JSON document, with the in-model
     host probes --measure-host-floor would run first."""

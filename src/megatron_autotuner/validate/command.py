@@ -174,7 +174,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--steps", type=positive_int, default=5, help="timed steps (default 5)")
     p.add_argument("--warmup-steps", type=non_negative_int, default=3, help="untimed steps before the timed ones")
-    p.add_argument("--profile", action="store_true", help="also record a torch-profiler trace of one step")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        default=None,
+        help="also record a torch-profiler trace of one step (with --layouts: of every layout)",
+    )
     p.add_argument(
         "--memory-history",
         action=argparse.BooleanOptionalAction,
@@ -274,7 +279,7 @@ def _layouts(args: argparse.Namespace, out: Path):
             use_distributed_optimizer=args.distributed_optimizer,
             grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
             overlap_grad_reduce=args.overlap_grad_reduce, overlap_param_gather=args.overlap_param_gather,
-            warmup_steps=args.warmup_steps, steps=args.steps, profile=args.profile, use_te=args.use_te,
+            warmup_steps=args.warmup_steps, steps=args.steps, profile=bool(args.profile), use_te=args.use_te,
             tp_comm_overlap=args.tp_comm_overlap, tp_comm_overlap_cfg=args.tp_comm_overlap_cfg,
             cross_entropy_fusion=args.cross_entropy_fusion,
             gradient_accumulation_fusion=args.gradient_accumulation_fusion,
@@ -285,7 +290,7 @@ def _layouts(args: argparse.Namespace, out: Path):
                 raise ConfigError("gpu", f"--num-layers {edge} needs --gpu")
             layout = layout.replace(num_layers=edge_num_layers(layout, gpu, edge), name=f"{edge}")
         layouts = [layout]
-    for key in ("expandable_segments", "memory_history", "host_timing"):
+    for key in ("expandable_segments", "memory_history", "host_timing", "profile"):
         if getattr(args, key) is not None:
             layouts = [lay.replace(**{key: getattr(args, key)}) for lay in layouts]
     for lay in layouts:
@@ -318,7 +323,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
         model_ref, imported.parallel, imported.workload, num_layers,
         overlap_grad_reduce=options["overlap_grad_reduce"], overlap_param_gather=options["overlap_param_gather"],
         expandable_segments=options["expandable_segments"], warmup_steps=args.warmup_steps, steps=args.steps,
-        profile=args.profile, use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
+        profile=bool(args.profile), use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
     )  # fmt: skip
 
 
