@@ -261,18 +261,20 @@ def test_issue_order_predicted_before_a_second_h200_lease():
 
 
 def test_expandable_segments_shrink_only_the_fragmentation_allowance(capsys):
-    """`--expandable-segments` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) changes the reserved-but-
-    unallocated allowance from 0.18 to 0.034 x activations and nothing else."""
+    """`--expandable-segments` (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, the default) against
+    `--no-expandable-segments` changes the reserved-but-unallocated allowance from 0.18 to 0.034 x activations and
+    nothing else."""
     from megatron_autotuner.cli import main
     from megatron_autotuner.theory.memory import EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION, MemoryAllowance
 
     args = ["estimate", "--model", "Qwen3-8B", "--gpu", "H200", "--num-gpus", "2", "--seq-len", "8192"]
     args += ["--global-batch-size", "4", "--micro-batch-size", "1", "--tp", "2", "--sp", "--json"]
     out = {}
-    for flag in ([], ["--expandable-segments"]):
+    for flag in (["--no-expandable-segments"], ["--expandable-segments"], []):
         assert main(args + flag) == 0
-        out[bool(flag)] = json.loads(capsys.readouterr().out)
-    default, expandable = out[False], out[True]
+        out[flag[0] if flag else "none"] = json.loads(capsys.readouterr().out)
+    default, expandable = out["--no-expandable-segments"], out["--expandable-segments"]
+    assert out["none"] == expandable
     assert expandable["step_time_s"] == default["step_time_s"]
     act = default["memory_breakdown_gib"]["activations"]
     saved = default["memory_breakdown_gib"]["allowance"] - expandable["memory_breakdown_gib"]["allowance"]

@@ -293,3 +293,52 @@ def test_screening_keeps_the_best_layout_of_the_full_search(name, gpus, seq, gbs
     full = plan(model, H100, gpus, seq, gbs, precision=precision, space=SearchSpace(screen_slack=float("inf")))
     assert screened.best.label == full.best.label
     assert screened.best.estimate.step_time_s == pytest.approx(full.best.estimate.step_time_s)
+
+
+def test_the_plan_assumes_and_writes_expandable_segments_unless_told_otherwise(tmp_path, capsys):
+    """The allocator setting is one of the plan's assumptions: on by default (the setting under which the held-out
+    4-GPU peaks came within 5%), written into launch_env.sh, and what estimate predicts for the same layout;
+    --no-expandable-segments predicts PyTorch's default allocator and writes nothing."""
+    moe = ["--model", "Qwen3-30B-A3B", "--num-layers", "8", "--gpu", "H200", "--num-gpus", "4"]
+    shape = ["--seq-len", "4096", "--global-batch-size", "32"]
+    peaks = {}
+    for flag in ([], ["--no-expandable-segments"]):
+        out = tmp_path / ("off" if flag else "on")
+        assert main(["plan", *moe, *shape, "--top", "1", "--json", "--output-dir", str(out), *flag]) == 0
+        (best,) = json.loads(capsys.readouterr().out)["candidates"]
+        env = (out / "rank_1" / "launch_env.sh").read_text()
+        assert ("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in env) is not bool(flag)
+        p = best["parallel"]
+        layout = ["--tp", str(p["tp"]), "--pp", str(p["pp"]), "--cp", str(p["cp"]), "--ep", str(p["ep"])]
+        layout += ["--micro-batch-size", str(best["micro_batch_size"]), "--recompute", best["recompute"]]
+        assert main(["estimate", *moe, *shape, *layout, "--json", *flag]) == 0
+        est = json.loads(capsys.readouterr().out)
+        assert est["peak_memory_gib"] == pytest.approx(best["peak_memory_gib"], rel=1e-9)
+        peaks[bool(flag)] = est["peak_memory_gib"]
+    # the default allocator's larger reserved-but-unallocated allowance
+    assert peaks[True] > peaks[False]
+
+
+def test_te_graphs_with_expandable_segments_export_a_launch_megatron_lm_accepts(tmp_path):
+    """Megatron-LM refuses transformer_engine CUDA graphs beside expandable segments unless NCCL_GRAPH_REGISTER=0:
+    the exported launch_env.sh sets it, and the launch reader (which applies Megatron-LM's check) accepts the
+    exported launch; without it the reader refuses."""
+    from megatron_autotuner.specs.megatron_args import launch_to_specs, read_launch_file
+    from megatron_autotuner.specs.parallel import CudaGraphConfig
+
+    model = load_model_spec("Llama-3.1-8B")
+    w = Workload(4096, 1, 64, cuda_graph=CudaGraphConfig(impl="transformer_engine", scope=("attn",)))
+    files = export_all(model, ParallelConfig(8, tp=2, sequence_parallel=True), w, expandable_segments=True)
+    assert "export NCCL_GRAPH_REGISTER=0" in files["launch_env.sh"]
+    flags = files["megatron_lm_args.txt"].strip()
+    for env, accepted in (
+        (files["launch_env.sh"], True),
+        ("export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n", False),
+    ):
+        script = tmp_path / "launch.sh"
+        script.write_text(env + f"torchrun --nproc-per-node 8 pretrain_gpt.py {flags}\n")
+        if accepted:
+            assert launch_to_specs(read_launch_file(str(script))).workload.cuda_graph.impl == "transformer_engine"
+        else:
+            with pytest.raises(ConfigError, match="NCCL_GRAPH_REGISTER"):
+                launch_to_specs(read_launch_file(str(script)))

@@ -17,7 +17,10 @@ from megatron_autotuner.validate.predict import edge_num_layers, estimate_layout
 
 pytest.importorskip("megatron_autotuner.costmodel")
 
-LAY = Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, tp=2, num_layers=4, global_batch_size=8)
+# PyTorch's default allocator: the calibration tests below compare it with expandable segments
+LAY = Layout(
+    model="Qwen3-8B", seq_length=4096, num_gpus=2, tp=2, num_layers=4, global_batch_size=8, expandable_segments=False
+)
 
 
 def test_predict_is_for_the_reduced_model():

@@ -114,7 +114,7 @@ def test_emit_slurm_and_errors(tmp_path, capsys):
     # one Slurm job has one caching allocator: a file mixing allocator settings is refused in one line
     mixed = tmp_path / "mixed.json"
     base = {"model": "Qwen3-8B", "num_gpus": 16, "tp": 8, "seq_length": 4096}
-    mixed.write_text(json.dumps([base, {**base, "expandable_segments": True}]))
+    mixed.write_text(json.dumps([base, {**base, "expandable_segments": False}]))
     rc = main(["validate", "--layouts", str(mixed), "--gpu", "H200", "--emit-slurm", str(script), "--nodes", "2",
                "--gpus-per-node", "8", "--output-dir", str(tmp_path)])  # fmt: skip
     err = capsys.readouterr().err

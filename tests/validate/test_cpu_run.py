@@ -86,7 +86,10 @@ def test_expandable_segments_run_in_their_own_job(tiny, tmp_path, monkeypatch):
     """A process has one caching allocator: layouts that want expandable segments get their own job, whose
     worker sets PYTORCH_CUDA_ALLOC_CONF before CUDA starts (and keeps the user's other settings)."""
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
-    layouts = [_lay(tiny, "default"), _lay(tiny, "expandable", expandable_segments=True, memory_history=True)]
+    layouts = [
+        _lay(tiny, "default", expandable_segments=False),
+        _lay(tiny, "expandable", expandable_segments=True, memory_history=True),
+    ]
     out = tmp_path / "out"
     rep = validate_layouts(
         layouts, out, "H200", device="cpu", layout_timeout_s=60, log=lambda *a: 0, layouts_per_job=None

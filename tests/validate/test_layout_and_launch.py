@@ -1,6 +1,7 @@
 """Layouts, torchrun / Slurm commands, ordering (pure Python)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,10 @@ def test_layout_defaults_ids_and_reduced_model():
     assert a.layout_id == Layout.from_dict(json.loads(json.dumps(a.to_dict()))).layout_id
     assert a.layout_id == a.replace(name="renamed").layout_id  # the label is not part of the id
     assert a.layout_id != a.replace(steps=6).layout_id
-    assert a.label == "tp2 sp dp1 mbs1"
+    # expandable segments by default, said in the label; the default allocator is the id's baseline (earlier runs)
+    assert a.expandable_segments and a.label == "tp2 sp dp1 mbs1 expandable"
+    assert a.replace(expandable_segments=False).label == "tp2 sp dp1 mbs1"
+    assert a.layout_id != a.replace(expandable_segments=False).layout_id
     b = Layout(model="Qwen3-8B", seq_length=4096, num_gpus=2, global_batch_size=8)
     assert b.num_microbatches == 4 and b.sequence_parallel is False
 
@@ -95,7 +99,8 @@ def test_fp8_recipe_and_params_reach_the_run_and_the_prediction():
     cs = base.replace(fp8_recipe="tensorwise", fp8_param=True)
     assert base.replace(fp8_recipe="delayed", fp8_param=False).layout_id == base.layout_id
     assert cs.layout_id != base.layout_id and cs.replace(fp8_param=False).layout_id != cs.layout_id
-    assert base.label == "tp1 dp1 mbs1 fp8" and cs.label == "tp1 dp1 mbs1 fp8-tensorwise fp8-params"
+    assert base.label == "tp1 dp1 mbs1 fp8 expandable"
+    assert cs.label == "tp1 dp1 mbs1 fp8-tensorwise fp8-params expandable"
     assert cs.workload().fp8_recipe == "tensorwise" and cs.workload().fp8_param is True
     overrides = config_overrides(cs, use_te=True, device="cuda")
     assert (overrides["fp8_recipe"], overrides["fp8_param"]) == ("tensorwise", True)
@@ -164,3 +169,22 @@ def test_from_configs_keeps_packing_and_lengths():
     hist = SequenceLengths(sequence=LengthDistribution.from_histogram("length_histogram", [(1000, 3), (4000, 1)]))
     with pytest.raises(ConfigError, match="histogram"):
         Layout.from_configs("Qwen3-8B", par, wl.replace(lengths=hist), num_layers=2)
+
+
+def test_the_worker_sets_what_expandable_segments_need(monkeypatch):
+    """Before CUDA starts the worker adds expandable_segments:True to PYTORCH_CUDA_ALLOC_CONF (keeping the user's other
+    settings), and beside transformer_engine CUDA graphs NCCL_GRAPH_REGISTER=0, which megatron-core's graph helper
+    asserts; the default allocator gets neither."""
+    from megatron_autotuner.validate.worker import set_allocator_config
+
+    base = Layout(model="Qwen3-0.6B", seq_length=1024, num_layers=2)
+    graphed = base.replace(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",))
+    for layout, conf, register in (
+        (graphed, "max_split_size_mb:512,expandable_segments:True", "0"),
+        (base, "max_split_size_mb:512,expandable_segments:True", None),
+        (graphed.replace(expandable_segments=False), "max_split_size_mb:512", None),
+    ):
+        monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+        monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
+        set_allocator_config([layout])
+        assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == conf and os.environ.get("NCCL_GRAPH_REGISTER") == register

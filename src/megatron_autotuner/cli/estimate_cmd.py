@@ -7,6 +7,7 @@ import argparse
 from ..argspec.argtypes import margin_fraction, non_empty_path
 from ..costmodel import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, load_calibration
 from ..errors import ConfigError
+from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
 from .layout_args import (
     add_gpu_arguments,
     add_layout_arguments,
@@ -118,8 +119,11 @@ def add_expandable_segments_argument(p: argparse.ArgumentParser | argparse._Argu
     """`--expandable-segments` of `mat estimate` and `mat plan` (read by `cost_options_from_args`)."""
     p.add_argument(
         "--expandable-segments",
-        action="store_true",
-        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: predict its smaller reserved-but-unallocated memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, and its smaller reserved-but-unallocated memory "
+        "(default: on, written into launch_env.sh; a --megatron-args launch: what its environment says; "
+        "--no-expandable-segments: PyTorch's default allocator)",
     )
 
 
@@ -134,9 +138,12 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
         }
     else:
         fields = dict(launch_options)
-    fields["expandable_segments"] = fields.get("expandable_segments", False) or getattr(
-        args, "expandable_segments", False
-    )
+    # the flag when given; else a launch's own environment, or the tool's default
+    flag = getattr(args, "expandable_segments", None)
+    if flag is not None:
+        fields["expandable_segments"] = flag
+    elif launch_options is None:
+        fields["expandable_segments"] = EXPANDABLE_SEGMENTS_BY_DEFAULT
     return CostOptions(
         flops_convention=args.flops_convention,
         calibration=calibration,

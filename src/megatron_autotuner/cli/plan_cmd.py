@@ -281,10 +281,25 @@ def print_plan(args: argparse.Namespace, inputs: PlanInputs, result, comparison,
     if comparison is not None:
         print_current_run(out, comparison)
     out.print("TP scaling (the overlap tuner's check, predicted): " + result.tp_scaling().summary())
+    out.print("run settings assumed (in every exported launch): " + run_settings_line(result.options))
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:
         print_measured(out, validation.plan)
+
+
+def run_settings_line(options) -> str:
+    """What the ranking assumed the runs do beyond the layout: the allocator and Megatron-LM's run flags."""
+    on_off = {True: "on", False: "off"}
+    parts = [
+        "allocator "
+        + ("expandable segments (launch_env.sh)" if options.expandable_segments else "PyTorch default (no env)"),
+        f"grad-reduce overlap {on_off[options.overlap_grad_reduce]}",
+        f"param-gather overlap {on_off[options.overlap_param_gather]}",
+        f"gradient-accumulation fusion {on_off[options.gradient_accumulation_fusion]}",
+        f"cross-entropy fusion {on_off[options.fused_cross_entropy]}",
+    ]
+    return ", ".join(parts)
 
 
 def predicted_table(result, top: int, flops_convention: str):

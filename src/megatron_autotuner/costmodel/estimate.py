@@ -64,6 +64,7 @@ from ..specs.parallel import (
 from ..theory.comm import dp_step_volumes
 from ..theory.flops import chunk_layer_kinds, iteration_flops, model_flops_per_token
 from ..theory.memory import (
+    EXPANDABLE_SEGMENTS_BY_DEFAULT,
     GIB,
     ActivationOptions,
     MemoryAllowance,
@@ -127,7 +128,8 @@ class CostOptions:
     calibration's `dense_host_floor`, else `defaults.DENSE_HOST_FLOOR_*`; CUDA graphs take the captured share off);
     off gives the GPU's time alone;
     `expandable_segments`: the run sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which leaves far
-    less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`);
+    less reserved-but-unallocated memory (`MemoryAllowance.for_allocator`); on by default
+    (`theory.memory.EXPANDABLE_SEGMENTS_BY_DEFAULT`: what the plan writes into launch_env.sh and the runner sets);
     `ddp_side_stream`: DDP is built on a CUDA stream of its own, as Megatron-LM's get_model does
     (megatron/training/training.py), so each parameter's gradient hook runs there and an unfused weight gradient's
     free waits on that stream (`queued_frees`); off: built on the default stream;
@@ -149,7 +151,7 @@ class CostOptions:
     host_floor: bool = True
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
-    expandable_segments: bool = False
+    expandable_segments: bool = EXPANDABLE_SEGMENTS_BY_DEFAULT
     ddp_side_stream: bool = True
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     concurrent_copy_gbps: float | None = None

@@ -88,7 +88,9 @@ def te_tp_overlap_yaml(parallel: ParallelConfig, tuned_yaml: str | None = None) 
     return yaml.safe_dump(TE_TP_OVERLAP_DEFAULT, sort_keys=False)
 
 
-def launch_environment(parallel: ParallelConfig, expandable_segments: bool = False) -> dict[str, tuple[str, str]]:
+def launch_environment(
+    parallel: ParallelConfig, expandable_segments: bool = False, cuda_graph_impl: str = "none"
+) -> dict[str, tuple[str, str]]:
     """Environment variables the layout needs, or the prediction assumed: name -> (value, reason)."""
     env: dict[str, tuple[str, str]] = {}
     if parallel.tp > 1 or parallel.cp > 1:
@@ -104,14 +106,20 @@ def launch_environment(parallel: ParallelConfig, expandable_segments: bool = Fal
             f"({MemoryAllowance.for_allocator(True).fragmentation_fraction} x activations reserved but unallocated "
             f"on H200, {MemoryAllowance.for_allocator(False).fragmentation_fraction} without)",
         )
+        if cuda_graph_impl == "transformer_engine":
+            env["NCCL_GRAPH_REGISTER"] = (
+                "0",
+                "Megatron-LM refuses transformer_engine CUDA graphs with expandable segments without it (an illegal "
+                "memory access otherwise: megatron/core/transformer/cuda_graphs.py, megatron/training/arguments.py)",
+            )
     return env
 
 
-def launch_env_sh(parallel: ParallelConfig, expandable_segments: bool = False) -> str:
+def launch_env_sh(parallel: ParallelConfig, expandable_segments: bool = False, cuda_graph_impl: str = "none") -> str:
     """`launch_env.sh`: source it before torchrun / sbatch (verl: put the same variables in the Ray
     runtime env of the workers)."""
     lines = ["# source before launching (torchrun / srun); written by megatron-autotuner"]
-    env = launch_environment(parallel, expandable_segments)
+    env = launch_environment(parallel, expandable_segments, cuda_graph_impl)
     for name, (value, reason) in env.items():
         lines += [f"# {reason}", f"export {name}={value}"]
     if not env:
@@ -141,7 +149,7 @@ def export_all(
             verl.verl_override_lines(args, mode=workload.mode, max_token_len=workload.max_token_len)
         )
         + "\n",
-        "launch_env.sh": launch_env_sh(parallel, expandable_segments),
+        "launch_env.sh": launch_env_sh(parallel, expandable_segments, workload.cuda_graph.impl),
     }
     if te is not None:
         out["tp_comm_overlap.yaml"] = te

@@ -252,7 +252,9 @@ def launch_inputs(
     # verl's DDP defaults: overlap_grad_reduce False unless overridden; overlap_param_gather is never exported to
     # verl (see export.verl); TE userbuffers off. The loss is verl's own vocab-parallel log-prob kernel, priced as
     # the fused loss, and MoE blocks are not held to the eager host floor: both as mat rlhf has predicted them (the
-    # validate runner's eager MoE and unfused loss are Megatron-LM pre-training's defaults, not verl's).
+    # validate runner's eager MoE and unfused loss are Megatron-LM pre-training's defaults, not verl's). The allocator
+    # keeps the default, expandable segments, as verl's engine workers switch them back on once the weights are synced
+    # to the rollout (`set_expandable_segments(True)`, verl/workers/engine_workers.py @ verl-project/verl 1dda039).
     options = CostOptions(
         overlap_grad_reduce=bool(ddp.get("overlap_grad_reduce", False)),
         overlap_param_gather=False,

@@ -168,6 +168,14 @@ def default_non_torch_gib(parallel: ParallelConfig, training: bool) -> float:
 # Qwen3-30B-A3B shapes over DP / TP+SP / PP / VPP / CP / EP, recompute, forward-only): 0.034 (0.002-0.45; the
 # same layouts with the default allocator: 0.21, 0.01-0.54, up to 18 GiB).
 EXPANDABLE_SEGMENTS_FRAGMENTATION_FRACTION = 0.034
+# The allocator setting the tool plans with, writes into launch_env.sh and runs (`mat validate`) unless told otherwise
+# (a Megatron-LM launch read with --megatron-args says its own): expandable segments. Under the default allocator a MoE
+# step's reserve depends on the order and sizes of thousands of requests (docs/accuracy.md, "MoE reserved memory"):
+# peaks came out 2-23% over the prediction on 2 and 4 H200, where with expandable segments 18 of 18 held-out layouts
+# of the ranking benchmark's round 4 and the 128-expert control came within 5% (benchmarks/results/
+# plan_regret_h200_x4_r4, expandable_segments_h200_x4). Megatron-Bridge's performance guide recommends it against
+# "segmentation penalties" (docs/performance-guide.md, memory section).
+EXPANDABLE_SEGMENTS_BY_DEFAULT = True
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="run with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (with --layouts: for every layout; "
-        "default: off, or what each layout says)",
+        "default: on, or what each layout says; a --megatron-args launch: what its environment says)",
     )
     p.add_argument(
         "--tp-comm-overlap",

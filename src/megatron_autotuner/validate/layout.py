@@ -26,6 +26,7 @@ from ..specs import (
 )
 from ..specs.parallel import ActivationOffloadConfig, check_tp_comm_overlap
 from ..specs.pipeline import PipelineLayout
+from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
 
 # when the runner began building DDP on a stream of its own, as Megatron-LM does (commit 5f4b146)
 DDP_SIDE_STREAM_SINCE = "2026-11-24T02:52:45+00:00"
@@ -39,6 +40,15 @@ def ran_with_ddp_side_stream(record: dict[str, Any]) -> bool:
         return bool(stated)
     ran = str((record.get("env") or {}).get("date") or "")
     return not (ran and ran < DDP_SIDE_STREAM_SINCE)
+
+
+def ran_with_expandable_segments(record: dict[str, Any]) -> bool:
+    """Whether a run record's allocator had expandable segments: as its layout says, else as the environment it
+    recorded (PYTORCH_CUDA_ALLOC_CONF); records older than the field ran PyTorch's default allocator."""
+    stated = (record.get("layout") or {}).get("expandable_segments")
+    if stated is not None:
+        return bool(stated)
+    return "expandable_segments:true" in str((record.get("env") or {}).get("pytorch_cuda_alloc_conf") or "").lower()
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,9 @@ class Layout:
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
     ID_EXCLUDED = ("name", "ddp_side_stream")
+    # the value of such a field that leaves it out of `layout_id` where it is not the default today: expandable
+    # segments were off by default when the earlier runs were recorded
+    ID_BASELINE = {"expandable_segments": False}
 
     model: str
     seq_length: int
@@ -109,8 +122,9 @@ class Layout:
     profile: bool = False
     use_te: bool = True
     # PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
-    # set by the worker before CUDA starts): a segment grows in place instead of a new one being reserved.
-    expandable_segments: bool = False
+    # set by the worker before CUDA starts): a segment grows in place instead of a new one being reserved. On unless
+    # the layout says otherwise, as the plan assumes (`theory.memory.EXPANDABLE_SEGMENTS_BY_DEFAULT`).
+    expandable_segments: bool = EXPANDABLE_SEGMENTS_BY_DEFAULT
     # record the caching allocator's history (torch.cuda.memory._record_memory_history) from before the build to
     # the last step; writes memory/<layout_id>/rank_R.pickle.gz + its replay (`trace.memory_history`). Slows steps.
     memory_history: bool = False
@@ -363,7 +377,10 @@ class Layout:
             k: v
             for k, v in self.to_dict().items()
             if k not in self.ID_EXCLUDED
-            and not (k in self.ID_FIELDS_ONLY_WHEN_SET and (v == defaults[k] or (isinstance(v, list) and not v)))
+            and not (
+                k in self.ID_FIELDS_ONLY_WHEN_SET
+                and (v == self.ID_BASELINE.get(k, defaults[k]) or (isinstance(v, list) and not v))
+            )
         }
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:10]
         model = re.sub(r"[^A-Za-z0-9._-]", "_", Path(self.model).name.removesuffix(".json"))
@@ -435,8 +452,11 @@ class Layout:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Layout:
-        """The layout of a committed run record as it ran (`ran_with_ddp_side_stream`)."""
-        return cls.from_dict({**record["layout"], "ddp_side_stream": ran_with_ddp_side_stream(record)})
+        """The layout of a committed run record as it ran (`ran_with_ddp_side_stream`,
+        `ran_with_expandable_segments`)."""
+        ran = {"ddp_side_stream": ran_with_ddp_side_stream(record)}
+        ran["expandable_segments"] = ran_with_expandable_segments(record)
+        return cls.from_dict({**record["layout"], **ran})
 
     @classmethod
     def from_configs(

@@ -36,7 +36,8 @@ ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 def set_allocator_config(layouts: list[Layout]) -> None:
     """Add `expandable_segments:True` to PYTORCH_CUDA_ALLOC_CONF when the job's layouts ask for it (before CUDA
-    starts: the caching allocator reads it once). One process has one allocator, so a job's layouts must agree."""
+    starts: the caching allocator reads it once), and NCCL_GRAPH_REGISTER=0 beside TE CUDA graphs. One process has
+    one allocator, so a job's layouts must agree."""
     wanted = {lay.expandable_segments for lay in layouts}
     if len(wanted) > 1:
         raise SystemExit("layouts of one job disagree on expandable_segments: run them in separate jobs")
@@ -44,6 +45,9 @@ def set_allocator_config(layouts: list[Layout]) -> None:
         current = os.environ.get(ALLOC_CONF_ENV, "")
         parts = [x for x in current.split(",") if x and not x.startswith("expandable_segments")]
         os.environ[ALLOC_CONF_ENV] = ",".join([*parts, "expandable_segments:True"])
+        if any(lay.cuda_graph_impl == "transformer_engine" for lay in layouts):
+            # megatron-core's TE graph helper asserts it beside expandable segments (as export.launch_environment)
+            os.environ["NCCL_GRAPH_REGISTER"] = "0"
 
 
 def fake_gloo_groups(torch) -> None:
