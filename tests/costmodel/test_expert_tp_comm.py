@@ -73,3 +73,39 @@ def test_the_gather_grows_with_top_k_and_lands_on_the_expert_collectives():
     with_etp = layer_cost(MODEL, moe_layer, _ctx()).fwd.parts.get("ep", 0.0)
     without = layer_cost(MODEL, moe_layer, _ctx(etp=1)).fwd.parts.get("ep", 0.0)
     assert with_etp - without == pytest.approx(expert_tp_comm_s(MODEL, _ctx()), rel=1e-9)
+
+
+HOLDOUT = ROOT / "benchmarks/results/etp_holdout_h200_x4"
+
+
+def _holdout() -> dict[str, dict]:
+    """label -> prediction written before the lease, measured step and peak, and the rank-0 trace summary."""
+    predicted = json.loads((HOLDOUT / "predicted.json").read_text())
+    runs = [json.loads(line) for line in (HOLDOUT / "results.jsonl").read_text().splitlines()]
+    assert predicted["predicted_at"] < min(r["env"]["date"] for r in runs)
+    before = {row["label"]: row["predicted"] for row in predicted["layouts"]}
+    out = {}
+    for run in runs:
+        summary = json.loads((HOLDOUT / "traces" / f"{run['layout_id']}.summary.json").read_text())["traces"][0]
+        out[run["label"]] = {
+            "step_err": before[run["label"]]["step_time_s"] / run["measured"]["step_time_s"] - 1,
+            "peak_err": before[run["label"]]["peak_memory_gib"] / run["measured"]["peak_gib"] - 1,
+            "trace": summary["overlap"],
+        }
+    return out
+
+
+def test_the_held_out_expert_tp_layouts_as_they_ran():
+    """Blind, on 4x H200: where few experts are local (Mixtral, 4 per rank at EP 2) or expert TP is off, the step
+    and peak came within 5%. With all 128 of Qwen3-30B-A3B's small experts on every rank, expert TP runs slower than
+    the gather / scatter volume says: at etp 2 the GPU idled 46% of the step (an eager MoE block of 128 local experts
+    the host cannot keep up with), at etp 4 the expert-TP reduce-scatters took 56% of it (each waits for the last
+    rank of the group to arrive). The model charges neither: these stay visible as known misses."""
+    runs = _holdout()
+    for label in ("etp e8 tp2 etp2 ep2", "etp e128 tp2 etp1 ep2"):
+        assert abs(runs[label]["step_err"]) < 0.05 and abs(runs[label]["peak_err"]) < 0.05, label
+    etp2, etp4 = runs["etp e128 tp2 etp2"], runs["etp e128 tp4 etp4"]
+    assert etp2["step_err"] < -0.15 and etp2["trace"]["idle_us"] > 0.4 * etp2["trace"]["span_us"]
+    reduce_scatter = next(c for c in etp4["trace"]["by_collective"] if c["name"] == "reduce_scatter")
+    assert etp4["step_err"] < -0.5 and reduce_scatter["exposed_us"] > 0.5 * etp4["trace"]["span_us"]
+    assert abs(etp2["peak_err"]) < 0.05 and -0.08 < etp4["peak_err"] < -0.05
