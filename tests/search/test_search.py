@@ -191,7 +191,8 @@ def test_plan_with_fp8_params_needs_the_distributed_optimizer(capsys, tmp_path):
 
 def test_launch_environment_is_sourceable(tmp_path):
     """launch_env.sh sets what Megatron-LM asserts for TP / CP (CUDA_DEVICE_MAX_CONNECTIONS=1) and the allocator
-    setting the memory prediction assumed; a DP-only layout with the default allocator needs nothing."""
+    setting the memory prediction assumed (by default expandable segments, as the cost model's options); a DP-only
+    layout with the default allocator needs nothing."""
     import subprocess
 
     m = load_model_spec("Llama-3.1-70B")
@@ -204,8 +205,10 @@ def test_launch_environment_is_sourceable(tmp_path):
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert shown == ["1", "expandable_segments:True"]
-    dp_only = export_all(load_model_spec("Llama-3.1-8B"), ParallelConfig(8), w)["launch_env.sh"]
-    assert "export" not in dp_only and "needs no environment variables" in dp_only
+    dp_only = export_all(load_model_spec("Llama-3.1-8B"), ParallelConfig(8), w, expandable_segments=False)
+    assert "export" not in dp_only["launch_env.sh"] and "needs no environment variables" in dp_only["launch_env.sh"]
+    default = export_all(load_model_spec("Llama-3.1-8B"), ParallelConfig(8), w)["launch_env.sh"]
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in default
 
 
 def test_cli_plan_and_estimate(tmp_path, capsys):

@@ -13,7 +13,7 @@ from ..costmodel.estimate import CostOptions
 from ..specs.megatron_args import render_flags, specs_to_megatron_args
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, Workload
-from ..theory.memory import MemoryAllowance
+from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT, MemoryAllowance
 from . import bridge, verl
 
 
@@ -131,12 +131,15 @@ def export_all(
     model: ModelSpec,
     parallel: ParallelConfig,
     workload: Workload,
-    expandable_segments: bool = False,
+    expandable_segments: bool | None = None,
     options: CostOptions | None = None,
     tuned_tp_overlap_yaml: str | None = None,
 ) -> dict[str, str]:
-    """File name -> text for every snippet of one layout (`expandable_segments`: the prediction assumed it;
-    `options`: the cost options it was predicted with; `tuned_tp_overlap_yaml`: a tuned TE userbuffers file)."""
+    """File name -> text for every snippet of one layout (`expandable_segments`: the prediction assumed it; None:
+    as `options` say, else the tool's default; `options`: the cost options it was predicted with;
+    `tuned_tp_overlap_yaml`: a tuned TE userbuffers file)."""
+    if expandable_segments is None:
+        expandable_segments = EXPANDABLE_SEGMENTS_BY_DEFAULT if options is None else options.expandable_segments
     te = te_tp_overlap_yaml(parallel, tuned_tp_overlap_yaml)
     te_name = "tp_comm_overlap.yaml" if te is not None else None
     args = megatron_args(model, parallel, workload, options, te_name)
