@@ -12,7 +12,7 @@ import yaml
 from ..costmodel.estimate import CostOptions
 from ..specs.megatron_args import render_flags, specs_to_megatron_args
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload
+from ..specs.parallel import ParallelConfig, Workload, needs_nccl_graph_register_off
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT, MemoryAllowance
 from . import bridge, verl
 
@@ -106,12 +106,12 @@ def launch_environment(
             f"({MemoryAllowance.for_allocator(True).fragmentation_fraction} x activations reserved but unallocated "
             f"on H200, {MemoryAllowance.for_allocator(False).fragmentation_fraction} without)",
         )
-        if cuda_graph_impl == "transformer_engine":
-            env["NCCL_GRAPH_REGISTER"] = (
-                "0",
-                "Megatron-LM refuses transformer_engine CUDA graphs with expandable segments without it (an illegal "
-                "memory access otherwise: megatron/core/transformer/cuda_graphs.py, megatron/training/arguments.py)",
-            )
+    if needs_nccl_graph_register_off(cuda_graph_impl, expandable_segments):
+        env["NCCL_GRAPH_REGISTER"] = (
+            "0",
+            "Megatron-LM refuses transformer_engine CUDA graphs beside expandable segments without it "
+            "(specs.parallel.needs_nccl_graph_register_off)",
+        )
     return env
 
 

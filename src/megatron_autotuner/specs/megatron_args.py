@@ -38,6 +38,7 @@ from .parallel import (
     ParallelConfig,
     RecomputeConfig,
     Workload,
+    needs_nccl_graph_register_off,
 )
 from .pipeline import PipelineLayout
 
@@ -1063,13 +1064,12 @@ def launch_cuda_graphs(launch: Launch, model: ModelSpec | None) -> CudaGraphConf
             "check_for_nan_in_loss_and_grad",
             "must be off with --cuda-graph-impl full_iteration: give --no-check-for-nan-in-loss-and-grad (Megatron-LM)",
         )
-    if impl == "transformer_engine":
-        alloc = launch.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
-        if "expandable_segments:True" in alloc and launch.env.get("NCCL_GRAPH_REGISTER", "") != "0":
-            raise ConfigError(
-                "cuda_graph_impl",
-                "transformer_engine graphs with expandable_segments:True need NCCL_GRAPH_REGISTER=0 (Megatron-LM)",
-            )
+    expandable = "expandable_segments:True" in launch.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if needs_nccl_graph_register_off(impl, expandable) and launch.env.get("NCCL_GRAPH_REGISTER", "") != "0":
+        raise ConfigError(
+            "cuda_graph_impl",
+            "transformer_engine graphs with expandable_segments:True need NCCL_GRAPH_REGISTER=0 (Megatron-LM)",
+        )
     if graphs.per_layer and (_int(launch, "cpu_offloading_num_layers") or 0) > 0:
         raise ConfigError("cuda_graph_impl", "per-layer CUDA graphs do not work with CPU offloading (megatron-core)")
     if model is not None and model.is_moe and graphs.per_layer:

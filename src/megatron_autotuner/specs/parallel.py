@@ -198,6 +198,13 @@ class RecomputeConfig:
         return self.granularity == "selective" and module in self.modules
 
 
+def needs_nccl_graph_register_off(cuda_graph_impl: str, expandable_segments: bool) -> bool:
+    """Whether a run needs NCCL_GRAPH_REGISTER=0: Megatron-LM refuses transformer_engine CUDA graphs beside
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True without it, "to avoid illegal memory access"
+    (megatron/core/transformer/cuda_graphs.py, megatron/training/arguments.py)."""
+    return cuda_graph_impl == "transformer_engine" and expandable_segments
+
+
 @dataclass(frozen=True)
 class CudaGraphConfig:
     """CUDA graphs of a megatron-core run (Megatron-LM `--cuda-graph-impl`, `--cuda-graph-modules` and

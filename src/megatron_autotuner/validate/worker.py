@@ -28,6 +28,7 @@ from pathlib import Path
 
 from ..launch import append_record, exit_with_owner
 from ..launch.environment import environment
+from ..specs.parallel import needs_nccl_graph_register_off
 from .layout import Layout
 from .results import current_file, rank_file
 
@@ -45,9 +46,8 @@ def set_allocator_config(layouts: list[Layout]) -> None:
         current = os.environ.get(ALLOC_CONF_ENV, "")
         parts = [x for x in current.split(",") if x and not x.startswith("expandable_segments")]
         os.environ[ALLOC_CONF_ENV] = ",".join([*parts, "expandable_segments:True"])
-        if any(lay.cuda_graph_impl == "transformer_engine" for lay in layouts):
-            # megatron-core's TE graph helper asserts it beside expandable segments (as export.launch_environment)
-            os.environ["NCCL_GRAPH_REGISTER"] = "0"
+    if any(needs_nccl_graph_register_off(lay.cuda_graph_impl, lay.expandable_segments) for lay in layouts):
+        os.environ["NCCL_GRAPH_REGISTER"] = "0"
 
 
 def fake_gloo_groups(torch) -> None:
