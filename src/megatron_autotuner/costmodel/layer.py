@@ -521,9 +521,10 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
     # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
     # reduce-scatter of the routed tokens
     tokens_moved = 2 * a2a + (expert_tp_comm_s(model, ctx) if is_moe else 0.0)
-    _add(fwd, "ep", tokens_moved)
-    if ctx.training:
-        _add(bwd, "ep", tokens_moved)
+    if tokens_moved:
+        _add(fwd, "ep", tokens_moved)
+        if ctx.training:
+            _add(bwd, "ep", tokens_moved)
 
     # ---- host-bound MoE block ----
     if is_moe and ctx.moe_host_bound:
