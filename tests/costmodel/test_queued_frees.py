@@ -115,7 +115,6 @@ def test_interleaved_pipelines_keep_their_buffers_waiting_without_weight_gradien
     [
         {"mode": "forward"},
         {"cuda_graph_impl": "transformer_engine", "warmup_steps": 4},
-        {"pp": 2, "vpp": None},
         {"ddp_side_stream": False},
     ],
 )

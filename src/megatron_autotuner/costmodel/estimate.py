@@ -1043,17 +1043,15 @@ def queued_free_inputs(
     """What `queued_frees` needs of each pipeline rank where something waits at the peak; none with DDP on the
     default stream (measured only with DDP on its own stream: runs of the default stream showed neither the weight
     gradients nor the pipeline buffers waiting, e.g. the 2-GPU pp2 vpp2 run of benchmarks/results/validation_h200_x2
-    reserved 1.2-2.3 GiB over its allocation), for forward-only passes, CUDA graphs, a non-interleaved pipeline (a
-    synchronisation after every p2p exchange), and on ranks with MoE layers (their dispatcher synchronises the host
-    every layer)."""
-    if (
-        not options.ddp_side_stream
-        or not workload.is_training
-        or workload.cuda_graph.impl != "none"
-        or (parallel.pp > 1 and parallel.vpp is None)
-    ):
+    reserved 1.2-2.3 GiB over its allocation), for forward-only passes, CUDA graphs, on ranks with MoE layers (their
+    dispatcher synchronises the host every layer), and on the later stages of a non-interleaved pipeline: a
+    synchronisation after every batched p2p exchange (`batch_p2p_sync`) precedes each of their forwards, where the
+    first stage receives nothing and its backward and next forward run with no synchronisation between them
+    (`queued_frees.QueuedFreeInputs.sync_every_microbatch`)."""
+    if not options.ddp_side_stream or not workload.is_training or workload.cuda_graph.impl != "none":
         return {}
     layout = pipeline_layout_of(model, parallel)
+    synced = parallel.pp > 1 and layout.vpp == 1
     tokens, _ = packed_microbatch_shape(model, parallel, workload)
     p2p_tensor_bytes = E_BF16 * tokens * model.hidden_size / (parallel.tp if parallel.sequence_parallel else 1)
     m = num_microbatches(parallel, workload)
@@ -1061,7 +1059,7 @@ def queued_free_inputs(
     out = {}
     for st in time.stages:
         layers = layout.rank_layers(st.stage)
-        if st.stage not in memory or any(model.is_moe_layer(i) for i in layers):
+        if st.stage not in memory or any(model.is_moe_layer(i) for i in layers) or (synced and st.stage > 0):
             continue
         params = memory[st.stage].parameters.total
         out[st.stage] = QueuedFreeInputs(
@@ -1074,7 +1072,8 @@ def queued_free_inputs(
             p2p_tensor_bytes=p2p_tensor_bytes,
             chunks=layout.vpp,
             num_microbatches=m,
-            interleaved=parallel.pp > 1,
+            interleaved=parallel.pp > 1 and not synced,
+            sync_every_microbatch=synced,
         )
     return out
 

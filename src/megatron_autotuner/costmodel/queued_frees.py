@@ -16,10 +16,18 @@ the host's lead in the profiled steps (362 / 608 ms).
 Where the queue never fills the term is zero: a host-bound micro-batch (the host issues no faster than the GPU
 runs), MoE layers under megatron-core's token dispatchers (a device-to-host synchronisation of the tokens per expert
 in every layer, `_maybe_dtoh_and_synchronize` in megatron/core/transformer/moe/token_dispatcher.py @ core_r0.19.0;
-the tp1 dp4 MoE layout of the same lease reserved 1.5 GiB over its allocation with expandable segments), a
-non-interleaved pipeline (`batch_p2p_sync`: torch.cuda.synchronize() after every batched exchange,
-megatron/core/pipeline_parallel/p2p_communication.py), forward-only passes (no weight gradients) and CUDA graphs
-(not measured; graphed layers launch one replay each).
+the tp1 dp4 MoE layout of the same lease reserved 1.5 GiB over its allocation with expandable segments), the later
+stages of a non-interleaved pipeline, forward-only passes (no weight gradients) and CUDA graphs (not measured; graphed
+layers launch one replay each).
+
+A non-interleaved pipeline synchronises the device after every batched exchange (`batch_p2p_sync`,
+torch.cuda.synchronize() in megatron/core/pipeline_parallel/p2p_communication.py; the runner and Megatron-LM batch
+the exchanges of a non-interleaved schedule). The 1F1B steady state runs forward, send-forward-receive-backward,
+backward, send-backward-receive-forward: a later stage synchronises before each forward, so its peak (a forward's
+end) finds nothing waiting; the first stage receives no forward, so its backward and next forward run unsynchronised
+and the host gains one micro-batch's lead (`sync_every_microbatch`). On 2x H200 (Qwen3-8B 16 layers, pp2, seq 4096,
+micro-batch 2, expandable segments; benchmarks/results/moe_tp_host_h200_x2/diagnose) stage 0's history held 2.86 GiB
+awaiting at the peak (1.83 GiB of weight gradients, the 1.16 GiB embedding gradient), stage 1's none.
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ class QueuedFreeInputs:
     `host_issue_s`: the host's issue time of the micro-batch; `layers`: decoder layers on the rank;
     `wgrad_bytes`: the weight gradients one backward materialises outside main_grad (bf16 parameters x 2 bytes;
     0 with gradient-accumulation fusion); `p2p_tensor_bytes`: one activation tensor a pipeline chunk sends;
-    `chunks`: model chunks (virtual stages) on the rank; `num_microbatches`: micro-batches per step."""
+    `chunks`: model chunks (virtual stages) on the rank; `num_microbatches`: micro-batches per step;
+    `sync_every_microbatch`: the device is synchronised once per micro-batch (a non-interleaved pipeline's first
+    stage), so the host's lead restarts from zero at each and gains one micro-batch's worth at most."""
 
     fwd_gpu_s: float
     bwd_gpu_s: float
@@ -49,6 +59,7 @@ class QueuedFreeInputs:
     chunks: int
     num_microbatches: int
     interleaved: bool
+    sync_every_microbatch: bool = False
 
 
 def host_lead_s(inputs: QueuedFreeInputs) -> float:
@@ -62,8 +73,11 @@ def host_lead_s(inputs: QueuedFreeInputs) -> float:
     ops = inputs.layers * (fwd_ops + bwd_ops)
     full_queue_s = d.LAUNCH_QUEUE_OPS / ops * gpu_s
     # the peak: the end of a forward after a backward (no pipeline: the last micro-batch's; interleaved: the steady
-    # state, half-way through the step's micro-batches on average)
-    issued_before = inputs.num_microbatches / 2 if inputs.interleaved else inputs.num_microbatches - 1
+    # state, half-way through the step's micro-batches on average; synchronised every micro-batch: the one since)
+    if inputs.sync_every_microbatch:
+        issued_before = min(1, inputs.num_microbatches - 1)
+    else:
+        issued_before = inputs.num_microbatches / 2 if inputs.interleaved else inputs.num_microbatches - 1
     gained_s = max(0.0, gpu_s - inputs.host_issue_s) * issued_before
     return min(full_queue_s, gained_s)
 
