@@ -669,6 +669,38 @@ def reserved_memory(root: Path) -> str:
     return out + table(head, rows)
 
 
+def moe_tp_host(root: Path) -> str:
+    """An eager MoE block's host at TP 2 / expert-TP 2 on 2x H200, and pipeline peaks (moe_tp_host_h200_x2)."""
+    rel = "moe_tp_host_h200_x2"
+    doc = load(root, f"{rel}/report.json")
+    out = source(f"{rel}/report.json")
+    floor = doc["moe_host_floor"]
+    out += (
+        f"This host's eager MoE block ({doc['gpu']}, one GPU, `--measure-host-floor`): forward "
+        f"{floor['fwd_s'] * 1e3:.2f} ms + {floor['fwd_per_local_expert_s'] * 1e6:.0f} us per local expert, backward "
+        f"{floor['bwd_s'] * 1e3:.2f} ms + {floor['bwd_per_local_expert_s'] * 1e6:.0f} us per local expert.\n\n"
+    )
+    rows = []
+    for r in doc["moe"]:
+        ranks = r["rerun_ranks"]
+        idle = " / ".join(f"{k['idle_ms'] / k['span_ms']:.0%}" for k in ranks) if ranks else ""
+        rerun = f"{r['rerun_measured_s']:.3f}" if r["rerun_measured_s"] else ""
+        rows.append([r["label"].removeprefix("moe host "), str(r["local_experts"]),
+                     f"{r['predicted_default_floor_s']:.3f}", f"{r['predicted_measured_floor_s']:.3f}",
+                     f"{r['measured_s']:.3f}", pct(r["predicted_measured_floor_s"] / r["measured_s"] - 1),
+                     f"{r['layer_host_fwd_ms']:.1f} / {r['layer_host_bwd_ms']:.1f}", rerun, idle])  # fmt: skip
+    head = ["layout (Qwen3-30B-A3B, 4 layers)", "local experts", "pred s (default floor)", "pred s (this host)",
+            "meas s", "err", "layer host fwd / bwd ms", "rerun s", "GPU idle per rank (profiled)"]  # fmt: skip
+    out += table(head, rows)
+    rows = [[r["label"].removeprefix("pipe "), f"{r['measured_gib']:.1f}", f"{r['predicted_before_gib']:.1f}",
+             pct(r["predicted_before_gib"] / r["measured_gib"] - 1), f"{r['predicted_now_gib']:.1f}",
+             f"{r['queued_frees_now_gib']:.1f}", pct(r["predicted_now_gib"] / r["measured_gib"] - 1)]
+            for r in doc["pipelines"]]  # fmt: skip
+    head = ["pipeline layout", "meas peak GiB", "pred before GiB", "err before", "pred now GiB", "of it awaiting GiB",
+            "err now"]  # fmt: skip
+    return out + "\n\n" + table(head, rows)
+
+
 def _moe_fragmentation_rows(doc: dict) -> list[list[str]]:
     rows = []
     for r in doc["rows"]:
@@ -1078,6 +1110,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_memory": moe_memory,
     "reserved_memory": reserved_memory,
     "moe_fragmentation": moe_fragmentation,
+    "moe_tp_host": moe_tp_host,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
     "scaling_pairs": scaling_pairs,
