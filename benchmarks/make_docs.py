@@ -701,6 +701,20 @@ def moe_tp_host(root: Path) -> str:
     return out + "\n\n" + table(head, rows)
 
 
+def memory_blind(root: Path) -> str:
+    """The blind 4-GPU memory set on 4x H100 (memory_blind_h100_x4/report.json)."""
+    rel = "memory_blind_h100_x4"
+    doc = load(root, f"{rel}/report.json")
+    rows = [[r["label"].removeprefix("mem4 "), f"{r['measured_peak_gib']:.1f}", f"{r['predicted_peak_gib']:.1f}",
+             pct(r["predicted_peak_gib"] / r["measured_peak_gib"] - 1),
+             pct(r["predicted_allocated_gib"] / r["measured_allocated_gib"] - 1),
+             f"{r['measured_reserve_gib']:.1f}", f"{r['predicted_reserve_gib']:.1f}",
+             pct(r["predicted_step_s"] / r["measured_step_s"] - 1)] for r in doc["rows"]]  # fmt: skip
+    head = ["layout", "meas peak GiB", "pred peak GiB", "peak err", "allocated err", "meas reserve GiB",
+            "pred reserve GiB", "step err"]  # fmt: skip
+    return source(f"{rel}/report.json", f"{rel}/predicted.json") + f"{doc['gpu']}:\n\n" + table(head, rows)
+
+
 def _moe_fragmentation_rows(doc: dict) -> list[list[str]]:
     rows = []
     for r in doc["rows"]:
@@ -1111,6 +1125,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "reserved_memory": reserved_memory,
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
+    "memory_blind": memory_blind,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
     "scaling_pairs": scaling_pairs,
