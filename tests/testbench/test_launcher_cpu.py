@@ -62,8 +62,9 @@ def test_cpu_run_resume_and_hung_case(tiny, tmp_path, monkeypatch):
     hang_cases, _ = expand_cases([tiny], ["norm", "mlp"], [32], use_te=False)
     monkeypatch.setenv("MAT_TESTBENCH_HANG_OP", "norm")
     out2 = tmp_path / "hang"
-    # the timeout counts from the case's start: the job's start-up has its own allowance
-    run2 = launcher.run_cases(hang_cases, out2, device="cpu", warmup=1, repeats=1, case_timeout_s=5, progress=False)
+    # the timeout counts from the case's start: the job's start-up has its own allowance. 15 s: the tiny mlp case
+    # takes about 1 s alone, and passed 5 s on a 2-core machine busy with a parallel test run
+    run2 = launcher.run_cases(hang_cases, out2, device="cpu", warmup=1, repeats=1, case_timeout_s=15, progress=False)
     failures = read_records(out2 / "collect" / LAUNCHER_FILE)
     assert [f["case"]["op"] for f in failures] == ["norm"] and "timed out" in failures[0]["error"]
     ok = [r for r in read_records(out2 / "collect" / "rank_0.jsonl") if r["status"] == "ok"]
