@@ -27,7 +27,7 @@ backward, send-backward-receive-forward: a later stage synchronises before each 
 end) finds nothing waiting; the first stage receives no forward, so its backward and next forward run unsynchronised
 and the host gains one micro-batch's lead (`sync_every_microbatch`). On 2x H200 (Qwen3-8B 16 layers, pp2, seq 4096,
 micro-batch 2, expandable segments; benchmarks/results/moe_tp_host_h200_x2/diagnose) stage 0's history held 2.86 GiB
-awaiting at the peak (1.83 GiB of weight gradients, the 1.16 GiB embedding gradient), stage 1's none.
+awaiting at the peak (1.70 GiB of weight gradients, the 1.16 GiB embedding gradient), stage 1's none.
 """
 
 from __future__ import annotations
