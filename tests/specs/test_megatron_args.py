@@ -238,3 +238,29 @@ def test_activation_offload_validity_errors(flags, needle):
     with pytest.raises(ConfigError) as err:
         _offload_of(flags)
     assert needle in str(err.value)
+
+
+LEGACY_BASE = (
+    "--num-layers 2 --hidden-size 1024 --num-attention-heads 16 --seq-length 2048 --max-position-embeddings 2048 "
+    "--micro-batch-size 1 --global-batch-size 8 --vocab-size 32000 --bf16"
+)
+
+
+def test_legacy_flags_are_read_as_megatron_lm_rewrites_them():
+    """validate_args turns --recompute-activations into selective recompute (over a granularity given beside it)
+    and --use-rotary-position-embeddings into rope; --use-mcore-models does nothing. Each rewrite is a note."""
+    recompute = launch_to_specs(read_launch(LEGACY_BASE + " --recompute-activations --recompute-granularity full"))
+    assert recompute.workload.recompute.granularity == "selective"
+    said = "--recompute-activations: read as --recompute-granularity selective"
+    assert any(n.startswith(said) for n in recompute.notes)
+    rope = launch_to_specs(read_launch(LEGACY_BASE + " --use-rotary-position-embeddings --use-mcore-models"))
+    assert rope.model.position_embedding_type == "rope"
+    assert not rope.not_modelled
+
+
+def test_a_real_launch_with_the_legacy_rope_flag_is_read_with_rope():
+    """MindSpeed-LLM's Qwen3-8B pretraining launch gives rope only as --use-rotary-position-embeddings."""
+    path = LAUNCHES / "real/megatron/Ascend__MindSpeed-LLM__examples__mcore__qwen3__pretrain_qwen3_8b_4K_ptd.sh"
+    imported = launch_to_specs(read_launch_file(str(path)))
+    assert imported.model.position_embedding_type == "rope"
+    assert not any("rotary" in flag or "mcore" in flag for flag in imported.not_modelled)

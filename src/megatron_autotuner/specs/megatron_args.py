@@ -243,6 +243,7 @@ NO_EFFECT_DESTS = frozenset(
         "distributed_backend",
         "distributed_timeout_minutes",
         "transformer_impl",
+        "deprecated_use_mcore_models",  # --use-mcore-models: a no-op, megatron-core models are the default
         "enable_experimental",
         "attention_backend",
         "use_flash_attn",
@@ -446,6 +447,7 @@ def read_launch(
         raise ConfigError("megatron_args", f"unexpected argument {extra[0]!r} (not a value of any flag)")
     args = vars(namespace)
     notes += [n for n in (_check_value(catalog()[2][dest], value) for dest, value in args.items()) if n]
+    notes += _apply_legacy_aliases(args)
     return Launch(
         args=args,
         given=tuple(args),
@@ -454,6 +456,25 @@ def read_launch(
         notes=tuple(dict.fromkeys((*command.notes, *notes))),
         source=script,
     )
+
+
+# Legacy flags Megatron-LM's validate_args rewrites into the ones it reads (megatron/training/arguments.py @ d98e8a6:
+# `if args.recompute_activations: args.recompute_granularity = 'selective'`, over any granularity given, and "Legacy
+# RoPE arguments": `if args.use_rotary_position_embeddings: args.position_embedding_type = 'rope'`)
+LEGACY_ALIASES = {
+    "recompute_activations": ("recompute_granularity", "selective", "--recompute-granularity selective"),
+    "use_rotary_position_embeddings": ("position_embedding_type", "rope", "--position-embedding-type rope"),
+}
+
+
+def _apply_legacy_aliases(args: dict[str, Any]) -> list[str]:
+    """Rewrite `LEGACY_ALIASES` in `args` as Megatron-LM does; a note for each."""
+    notes = []
+    for legacy, (dest, value, flags) in LEGACY_ALIASES.items():
+        if args.pop(legacy, False) is True:
+            args[dest] = value
+            notes.append(f"--{legacy.replace('_', '-')}: read as {flags}, as Megatron-LM's validate_args rewrites it")
+    return notes
 
 
 # Sizes that must be at least 1: Megatron-LM asserts micro_batch_size > 0 (arguments.py validate_args); the others
