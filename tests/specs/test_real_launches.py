@@ -57,9 +57,9 @@ def test_the_corpus_is_forty_launches_and_more():
 
 @pytest.mark.parametrize("name", [p.name for p in fixtures("megatron") if p.name not in helpers("megatron")])
 def test_each_megatron_launch_is_predicted_as_is(name, megatron_tree):
-    start = time.time()
+    start = time.process_time()  # CPU time: the tests run two at a time
     reason = _predict(megatron_tree[name])
-    assert time.time() - start < 5.0
+    assert time.process_time() - start < 5.0
     if name in MEGATRON_NOT_PREDICTED:
         assert reason is not None, f"{name} is predicted now: drop it from MEGATRON_NOT_PREDICTED"
     else:
