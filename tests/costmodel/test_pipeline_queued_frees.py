@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from megatron_autotuner.costmodel.queued_frees import queued_free_bytes
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
+
+from .test_queued_frees import queued_inputs
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/moe_tp_host_h200_x2"
 GIB = 2**30
@@ -26,18 +29,7 @@ def _history(rank: int) -> dict:
 
 
 def _queued_gib_per_stage(lay: Layout) -> dict[int, float]:
-    from megatron_autotuner.costmodel.estimate import padded_vocab, queued_free_inputs
-    from megatron_autotuner.costmodel.queued_frees import queued_free_bytes
-    from megatron_autotuner.theory.memory import ActivationOptions, memory_per_stage
-    from megatron_autotuner.validate.predict import estimate_layout
-
-    est = estimate_layout(lay, "H200")
-    model, parallel, workload = lay.model_spec(), lay.parallel(), lay.workload()
-    stages = memory_per_stage(
-        model, parallel, workload, ActivationOptions(), est.options.memory_allowance, padded_vocab(model, lay.tp)
-    )
-    inputs = queued_free_inputs(model, parallel, workload, est.options, est.time, stages)
-    return {stage: queued_free_bytes(i) / GIB for stage, i in inputs.items()}
+    return {stage: queued_free_bytes(i) / GIB for stage, i in queued_inputs(lay).items()}
 
 
 def test_only_the_first_stage_of_a_synchronised_pipeline_holds_frees_at_its_peak():

@@ -44,18 +44,23 @@ def test_awaiting_memory_at_the_peak_is_predicted_within_20pct(report, runs):
         assert predicted == pytest.approx(row["awaiting_at_peak_gib"], rel=0.2), row["label"]
 
 
-def _host_lead_s(lay: Layout) -> tuple[float, float]:
-    """The model's lead for the layout's first pipeline rank, and that rank's GPU time per micro-batch."""
+def queued_inputs(lay: Layout, gradient_accumulation_fusion: bool | None = None) -> dict[int, QueuedFreeInputs]:
+    """The model's `QueuedFreeInputs` per pipeline rank of the layout on H200 (ranks where nothing waits left out)."""
     from megatron_autotuner.costmodel.estimate import padded_vocab, queued_free_inputs
     from megatron_autotuner.theory.memory import ActivationOptions, memory_per_stage
     from megatron_autotuner.validate.predict import estimate_layout
 
-    est = estimate_layout(lay, "H200", gradient_accumulation_fusion=False)
+    est = estimate_layout(lay, "H200", gradient_accumulation_fusion=gradient_accumulation_fusion)
     model, parallel, workload = lay.model_spec(), lay.parallel(), lay.workload()
     stages = memory_per_stage(
         model, parallel, workload, ActivationOptions(), est.options.memory_allowance, padded_vocab(model, lay.tp)
     )
-    inputs = queued_free_inputs(model, parallel, workload, est.options, est.time, stages)[0]
+    return queued_free_inputs(model, parallel, workload, est.options, est.time, stages)
+
+
+def _host_lead_s(lay: Layout) -> tuple[float, float]:
+    """The model's lead for the layout's first pipeline rank, and that rank's GPU time per micro-batch."""
+    inputs = queued_inputs(lay, gradient_accumulation_fusion=False)[0]
     return host_lead_s(inputs), inputs.fwd_gpu_s + inputs.bwd_gpu_s
 
 
