@@ -1051,7 +1051,8 @@ def queued_free_inputs(
     if not options.ddp_side_stream or not workload.is_training or workload.cuda_graph.impl != "none":
         return {}
     layout = pipeline_layout_of(model, parallel)
-    synced = parallel.pp > 1 and layout.vpp == 1
+    interleaved = layout.vpp > 1
+    synced = parallel.pp > 1 and not interleaved
     tokens, _ = packed_microbatch_shape(model, parallel, workload)
     p2p_tensor_bytes = E_BF16 * tokens * model.hidden_size / (parallel.tp if parallel.sequence_parallel else 1)
     m = num_microbatches(parallel, workload)
@@ -1072,7 +1073,7 @@ def queued_free_inputs(
             p2p_tensor_bytes=p2p_tensor_bytes,
             chunks=layout.vpp,
             num_microbatches=m,
-            interleaved=parallel.pp > 1 and not synced,
+            interleaved=interleaved,
             sync_every_microbatch=synced,
         )
     return out
