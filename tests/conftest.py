@@ -7,14 +7,19 @@ import pytest
 
 # torch.compile's caches default to one folder per machine user (/tmp/torchinductor_<user>, triton's ~/.triton):
 # a run killed mid-compile there once left a 0-byte .so that failed every later run on that machine. This test run
-# keeps its own (set before anything imports torch; subprocesses inherit them) and removes them at the end.
-_COMPILE_CACHE = tempfile.mkdtemp(prefix="mat-tests-compile-")
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_COMPILE_CACHE, "inductor"))
-os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(_COMPILE_CACHE, "triton"))
+# keeps its own (set before anything imports torch; subprocesses and pytest-xdist's workers inherit them, so only the
+# process that made the folder removes it at the end).
+_CACHE_VARS = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+_COMPILE_CACHE = None
+if any(var not in os.environ for var in _CACHE_VARS):
+    _COMPILE_CACHE = tempfile.mkdtemp(prefix="mat-tests-compile-")
+    for var, folder in _CACHE_VARS.items():
+        os.environ.setdefault(var, os.path.join(_COMPILE_CACHE, folder))
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(_COMPILE_CACHE, ignore_errors=True)
+    if _COMPILE_CACHE is not None:
+        shutil.rmtree(_COMPILE_CACHE, ignore_errors=True)
 
 
 def _has_cuda() -> bool:
