@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from megatron_autotuner.launch.records import read_records
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/memory_blind_h100_x4"
 ALLOCATED = ("weights", "gradients", "optimizer", "activations", "optimizer_step")
@@ -41,7 +43,7 @@ def row(predicted: dict, ran: dict) -> dict:
 
 def main() -> None:
     before = {r["layout_id"]: r["predicted"] for r in json.loads((OUT / "predicted.json").read_text())["layouts"]}
-    ran = [json.loads(line) for line in (OUT / "results.jsonl").open()]
+    ran = read_records(OUT / "results.jsonl")
     rows = [row(before[r["layout_id"]], r) for r in ran]
     report = {"gpu": (OUT / "gpus.txt").read_text().splitlines()[0], "rows": rows}
     (OUT / "report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -16,15 +16,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from megatron_autotuner.launch.records import read_records
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks/results/moe_tp_host_h200_x2"
-
-
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.open()]
 
 
 def _cpu_predictions(name: str) -> dict[str, dict]:
@@ -43,10 +40,10 @@ def _trace_ranks(layout_id: str) -> list[dict]:
 
 def moe_rows() -> list[dict]:
     cpu = _cpu_predictions("predicted.json")
-    diagnosed = _jsonl(OUT / "diagnose/results.jsonl")
+    diagnosed = read_records(OUT / "diagnose/results.jsonl")
     rerun = {r["label"].removeprefix("diag ").removesuffix(" profile"): r for r in diagnosed}
     rows = []
-    for r in _jsonl(OUT / "moe/results.jsonl"):
+    for r in read_records(OUT / "moe/results.jsonl"):
         timing = r["measured"]["host_timing"]
         again = rerun.get(r["label"].replace("moe host ", "moe "))
         rows.append(
@@ -69,7 +66,7 @@ def moe_rows() -> list[dict]:
 def pipeline_rows() -> list[dict]:
     cpu = _cpu_predictions("predicted_pipe.json")
     rows = []
-    for r in _jsonl(OUT / "pipe/results.jsonl"):
+    for r in read_records(OUT / "pipe/results.jsonl"):
         now = predict(Layout.from_record(r), "H200")
         rows.append(
             {
