@@ -34,8 +34,13 @@ copy_traces() {
     [ -f "$trace" ] || { echo "no trace found under $1/traces"; return; }
     name=$(basename "$(dirname "$trace")")
     cp "$trace" "$2/$name.rank_0.json.gz"
-    $MAT trace summary --json "$trace" > "$2/$name.summary.json" || echo "trace summary failed: $trace"
+    summarize_trace "$trace" "$2/$name.summary.json"
   done
+}
+
+# summarize_trace TRACE DEST: `mat trace summary --json` of one torch-profiler trace into DEST.
+summarize_trace() {
+  $MAT trace summary --json "$1" > "$2" || echo "trace summary failed: $1"
 }
 
 # record_gpus: the GPUs' names and memory, on stdout and in "$OUT/gpus.txt".

@@ -16,6 +16,6 @@ mkdir -p "$EV/traces"
 for trace in "$OUT"/diag/traces/*/rank_*.json.gz; do
   [ -f "$trace" ] || continue
   name=$(basename "$(dirname "$trace")").$(basename "$trace" .json.gz)
-  $MAT trace summary --json "$trace" > "$EV/traces/$name.summary.json" || echo "trace summary failed: $trace"
+  summarize_trace "$trace" "$EV/traces/$name.summary.json"
 done
 finish "$EV"
