@@ -12,23 +12,18 @@ from megatron_autotuner.cli import main
 
 from ..specs.real_launches import fixtures, materialize
 
-NO_CONFIG = "its model's config.json is neither shipped nor cached here (give --model)"
 NOT_MODELLED = "its model's architecture is not modelled yet"
 VERL_NOT_PREDICTED = {
     "verl-project__verl-recipe__dapo__test_dapo_8b_megatron_fp8train.sh": "fp8 RL steps are not modelled",
-    "verl-project__verl-recipe__dapo__test_dapo_glm_air_megatron.sh": NOT_MODELLED + " (GLM-4.5 MoE)",
     "verl-project__verl-recipe__dapo__test_dapo_gptoss_20b_megatron.sh": NOT_MODELLED + " (gpt-oss)",
     "verl-project__verl-recipe__dapo__test_dapo_qwen3next_80b_megatron.sh": NOT_MODELLED + " (Qwen3-Next hybrid)",
     "verl-project__verl__examples__grpo_trainer__run_nemotron_nano_v3_30b_a3b_megatron.sh": NOT_MODELLED
     + " (Nemotron-H hybrid)",
-    "verl-project__verl__examples__grpo_trainer__run_qwen3_5_397b_megatron.sh": NO_CONFIG,
+    "verl-project__verl__examples__grpo_trainer__run_qwen3_5_397b_megatron.sh": NOT_MODELLED
+    + " (Qwen3.5: a gated-DeltaNet hybrid with vision; no config.json shipped)",
     "verl-project__verl__examples__grpo_trainer__run_kimi_k2_6_glm5_1_megatron_lite.sh": "no model path in the launch",
-    "verl-project__verl__tests__special_npu__nightly_ci_ascend__run_dapo_moonlight-16b_megatron_npu.sh": NO_CONFIG,
-    "volcengine__verl__examples__grpo_trainer__run_moonlight16b_math_megatron.sh": NO_CONFIG,
     "volcengine__verl__examples__ppo_trainer__run_moonlight16b_a3b_gsm8k_megatron.sh": "no model path in the launch",
     "volcengine__verl__examples__grpo_trainer__run_qwen2_5_vl-7b-megatron.sh": NOT_MODELLED + " (a vision model)",
-    "volcengine__verl__examples__mtp_trainer__test_dapo_mimo_7b_with_mtp_math_megatron.sh": NO_CONFIG,
-    "volcengine__verl__examples__ppo_trainer__run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": NO_CONFIG,
 }
 
 

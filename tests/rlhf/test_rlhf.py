@@ -452,3 +452,23 @@ def test_mat_rlhf_overrides_pass_verl_validation(verl_config_dir, capsys):
     for key in MCORE_LAYOUT_KEYS:
         assert cfg.actor_rollout_ref.ref.megatron[key] == getattr(actor.megatron, key), key
     assert actor.megatron.param_offload is True
+
+
+def test_verl_builds_mtp_layers_only_when_the_launch_enables_them():
+    """verl 0.9.1 zeroes num_nextn_predict_layers unless actor_rollout_ref.model.mtp.enable=true (HFModelConfig,
+    check_mtp_config): DeepSeek-V3's MTP layer is left out of a launch that does not enable it, with a note."""
+    path = "actor_rollout_ref.model.path=deepseek-ai/DeepSeek-V3\n"
+    model, note = model_from_launch(read_verl_text(path), None)
+    assert model.mtp_num_layers == 0 and "MTP layer(s) left out" in note
+    enabled = read_verl_text(
+        path + "actor_rollout_ref.model.mtp.enable=true\nactor_rollout_ref.model.mtp.enable_train=true\n"
+    )
+    model, note = model_from_launch(enabled, None)
+    assert model.mtp_num_layers == 1 and "MTP" not in (note or "")
+    held = read_verl_text(path + "actor_rollout_ref.model.mtp.enable=true\n")
+    assert "not trained" in model_from_launch(held, None)[1]
+    with pytest.raises(ConfigError, match="has no MTP layers"):
+        model_from_launch(
+            read_verl_text("actor_rollout_ref.model.path=Qwen/Qwen3-8B\nactor_rollout_ref.model.mtp.enable=true\n"),
+            None,
+        )

@@ -35,6 +35,11 @@ PUBLISHED_TOTAL_B = {
     "Qwen3-30B-A3B": (30.5, 0.005),
     "Qwen3-235B-A22B": (235.0, 0.005),
     "Qwen2.5-7B": (7.61, 0.005),
+    # 15,666,819,072 bytes of bf16 weights (model.safetensors.index.json total_size, MTP layer included) in a
+    # checked-in MiMo-7B snapshot (github.com/jj8127/mimo_kor @ 60c075c)
+    "MiMo-7B": (7.833409536, 1e-9),
+    "Qwen1.5-MoE-A2.7B": (14.3, 0.005),  # qwenlm.github.io/blog/qwen-moe: 14.3B total, 2.7B activated
+    "Moonlight-16B-A3B": (16.0, 0.005),  # Moonlight README / arXiv 2502.16982: 16B total, 3B activated
 }
 
 
@@ -64,6 +69,29 @@ def test_moe_active_parameters():
     counts = total_parameters(ds)
     main = counts.counts.total - counts.counts.mtp_dense - counts.counts.mtp_expert
     assert abs(main / 1e9 - 671) < 1.0
+
+
+def test_moe_presets_of_the_rl_launches_activate_what_their_authors_publish():
+    assert abs(total_parameters(load_model_spec("Qwen1.5-MoE-A2.7B")).active / 1e9 - 2.7) < 0.05
+    assert abs(total_parameters(load_model_spec("Moonlight-16B-A3B")).active / 1e9 - 3.0) < 0.1
+    # GLM-4.5 report (arXiv 2508.06471): GLM-4.5-Air has 106B total and 12B activated parameters, the main model
+    # (its MTP layer aside) and, activated, without the embedding and output layers
+    glm = total_parameters(load_model_spec("GLM-4.5-Air"))
+    mtp = glm.counts.mtp_dense + glm.counts.mtp_expert
+    assert int((glm.counts.total - mtp) / 1e9) == 106
+    per_expert = glm.counts.mtp_expert / 128
+    main_active = glm.active - glm.counts.mtp_dense - 8 * per_expert
+    assert round((main_active - glm.counts.embedding - glm.counts.output_layer) / 1e9) == 12
+
+
+def test_glm4_moe_and_mimo_map_as_megatron_bridge_maps_them():
+    glm = load_model_spec("GLM-4.5-Air")
+    assert glm.moe_layer_pattern == (0,) + (1,) * 45  # first_k_dense_replace = 1
+    assert glm.add_qkv_bias and not glm.add_bias_linear and not glm.qk_layernorm  # use_qk_norm false (Air)
+    assert glm.moe_shared_expert_intermediate_size == 1408 and not glm.moe_shared_expert_gate
+    assert glm.kv_channels == 128 and glm.num_query_groups == 8 and glm.mtp_num_layers == 1
+    mimo = load_model_spec("MiMo-7B")
+    assert mimo.add_qkv_bias and mimo.mtp_num_layers == 1 and not mimo.is_moe
 
 
 def test_deepseek_first_k_dense_and_mla():

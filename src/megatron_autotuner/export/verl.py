@@ -83,6 +83,8 @@ VERL_KEYS: dict[str, str] = {
     "use_kl_loss": f"{ARR}.actor.use_kl_loss",
     # model and cluster
     "model_path": f"{ARR}.model.path",
+    "mtp_enable": f"{ARR}.model.mtp.enable",
+    "mtp_enable_train": f"{ARR}.model.mtp.enable_train",
     "n_gpus_per_node": "trainer.n_gpus_per_node",
     "nnodes": "trainer.nnodes",
     "model_engine": "model_engine",

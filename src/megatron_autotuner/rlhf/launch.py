@@ -31,7 +31,36 @@ class LaunchInputs:
 
 def model_from_launch(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelSpec, str | None]:
     """`--model` when given, else `actor_rollout_ref.model.path` (a preset, config path or HF id in the local
-    cache; a path whose last part names a preset, e.g. ~/models/Qwen3-8B, uses that preset, with a note)."""
+    cache; a path whose last part names a preset, e.g. ~/models/Qwen3-8B, uses that preset, with a note); its
+    MTP layers as verl builds them (`verl_mtp`)."""
+    model, note = _named_model(launch, model_arg)
+    model, mtp_note = verl_mtp(launch, model)
+    return model, "; ".join(n for n in (note, mtp_note) if n) or None
+
+
+def verl_mtp(launch: VerlLaunch, model: ModelSpec) -> tuple[ModelSpec, str | None]:
+    """verl builds a model's MTP layers only with `model.mtp.enable=true`: otherwise HFModelConfig zeroes
+    num_nextn_predict_layers and check_mtp_config sets the provider's mtp_num_layers to None (verl 0.9.1
+    verl/workers/config/model.py HFModelConfig.__post_init__, verl/utils/megatron_utils.py check_mtp_config).
+    Enabled without `enable_train`, the layers are loaded but the training forward skips them
+    (verl/models/mcore/model_forward.py): the prediction still counts their time, an upper bound, with a note."""
+    if not model.mtp_num_layers:
+        if launch.flag("mtp_enable"):
+            raise ConfigError(VERL_KEYS["mtp_enable"], f"is true but {model.name} has no MTP layers (verl refuses it)")
+        return model, None
+    if not launch.flag("mtp_enable"):
+        key = VERL_KEYS["mtp_enable"]
+        note = f"{model.name}'s {model.mtp_num_layers} MTP layer(s) left out: verl builds them only with {key}=true"
+        return model.replace(mtp_num_layers=0), note
+    if not launch.flag("mtp_enable_train"):
+        return model, (
+            f"{VERL_KEYS['mtp_enable_train']} is false: the MTP layers are held but not trained; their time is "
+            "counted (an upper bound)"
+        )
+    return model, None
+
+
+def _named_model(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelSpec, str | None]:
     if model_arg:
         return load_model_spec(model_arg), None
     path = launch.get("model_path")

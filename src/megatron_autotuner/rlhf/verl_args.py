@@ -72,6 +72,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "use_kl_in_reward": False,
     "use_kl_loss": False,
     "model_path": None,
+    "mtp_enable": False,  # MtpConfig (verl/workers/config/model.py)
+    "mtp_enable_train": False,
     "n_gpus_per_node": 8,
     "nnodes": 1,
     "model_engine": "megatron",

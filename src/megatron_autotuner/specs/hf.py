@@ -1,7 +1,7 @@
 """Turn a Hugging Face `config.json` into a `ModelSpec`.
 
 Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3
-(and deepseek_v2), gpt2, nemotron. The mapping follows Megatron-Bridge's HF->Megatron converters
+(and deepseek_v2), glm4_moe, gpt2, nemotron, mimo. The mapping follows Megatron-Bridge's HF->Megatron converters
 (field meanings from each model's `configuration_*.py` in transformers).
 """
 
@@ -81,6 +81,15 @@ def _llama(cfg: dict[str, Any], name: str) -> ModelSpec:
 def _qwen2(cfg: dict[str, Any], name: str) -> ModelSpec:
     # Qwen2 / Qwen2.5 always carry q/k/v biases (no config flag for it).
     return _llama_like(cfg, name, "qwen2", add_qkv_bias=True)
+
+
+def _mimo(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """MiMo-7B: Qwen2 (q/k/v biases) with `num_nextn_predict_layers` MTP layers, as Megatron-Bridge's MiMoBridge
+    maps it (a Qwen2Bridge with add_qkv_bias=True, qk_layernorm=False, mtp_num_layers = num_nextn_predict_layers;
+    src/megatron/bridge/models/mimo/mimo_bridge.py @ 067f987)."""
+    return _llama_like(
+        cfg, name, "mimo", add_qkv_bias=True, mtp_num_layers=int(cfg.get("num_nextn_predict_layers") or 0)
+    )
 
 
 def _qwen3(cfg: dict[str, Any], name: str) -> ModelSpec:
@@ -163,6 +172,29 @@ def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
+def _glm4_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """GLM-4.5 / GLM-4.5-Air as Megatron-Bridge's GLM45Bridge maps them (src/megatron/bridge/models/glm/glm45_bridge.py
+    @ 067f987: q/k/v biases from attention_bias, qk_layernorm from use_qk_norm, no other linear bias, the first
+    `first_k_dense_replace` layers dense, a shared expert of moe_intermediate_size without a gate, and
+    num_nextn_predict_layers MTP layers). partial_rotary_factor (rotary_percent 0.5) changes no matmul."""
+    num_layers = _require(cfg, "num_hidden_layers", "glm4_moe")
+    first_dense = cfg.get("first_k_dense_replace", 0) or 0
+    moe_ffn = _require(cfg, "moe_intermediate_size", "glm4_moe")
+    return _llama_like(
+        cfg,
+        name,
+        "glm4_moe",
+        add_bias_linear=False,
+        qk_layernorm=bool(cfg.get("use_qk_norm", False)),
+        num_moe_experts=_require(cfg, "n_routed_experts", "glm4_moe"),
+        moe_router_topk=_require(cfg, "num_experts_per_tok", "glm4_moe"),
+        moe_ffn_hidden_size=moe_ffn,
+        moe_shared_expert_intermediate_size=int(cfg.get("n_shared_experts", 0) or 0) * moe_ffn,
+        moe_layer_pattern=_moe_pattern(num_layers, lambda i: i >= first_dense),
+        mtp_num_layers=int(cfg.get("num_nextn_predict_layers", 0) or 0),
+    )
+
+
 def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
     hidden = _require_positive_int(cfg, "n_embd", "gpt2")
     return ModelSpec(
@@ -217,8 +249,10 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "mixtral": _mixtral,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "glm4_moe": _glm4_moe,
     "gpt2": _gpt2,
     "nemotron": _nemotron,
+    "mimo": _mimo,
 }
 
 
