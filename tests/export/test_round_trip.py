@@ -4,12 +4,16 @@ prediction: the Megatron-LM flag table is the one source for both directions."""
 from __future__ import annotations
 
 import dataclasses
+import shlex
+import shutil
+import subprocess
 
 import pytest
 
 from megatron_autotuner.costmodel.estimate import CostOptions, estimate
 from megatron_autotuner.export import export_all, megatron_lm_args
 from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
+from megatron_autotuner.specs.megatron_args import _parser as megatron_parser
 from megatron_autotuner.specs.megatron_args import launch_to_specs, read_launch
 from megatron_autotuner.specs.pipeline import PipelineLayout
 
@@ -114,7 +118,7 @@ def test_export_then_import_gives_the_same_layout_and_prediction(name, parallel,
     model = load_model_spec(name)
     opts = CostOptions(**options)
     flags = export_all(model, parallel, workload, options=opts)["megatron_lm_args.txt"]
-    assert "\n" not in flags.strip()  # one line, usable as $(cat megatron_lm_args.txt)
+    assert "\n" not in flags.strip()  # one line, usable as eval "... $(cat megatron_lm_args.txt)"
     imported = launch_to_specs(
         read_launch(flags), num_gpus=parallel.num_gpus, mode=workload.mode, max_token_len=workload.max_token_len
     )
@@ -132,6 +136,28 @@ def test_export_then_import_gives_the_same_layout_and_prediction(name, parallel,
     ))  # fmt: skip
     assert after.step_time_s == pytest.approx(before.step_time_s, rel=1e-12)
     assert after.peak_memory_gib == pytest.approx(before.peak_memory_gib, rel=1e-12)
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_args_file_through_bash_is_the_argv_the_export_means(tmp_path):
+    """A DeepSeek-V3 plan's file holds a layout string and a --moe-layer-freq list (| ( * [ ]): run as its comment
+    says, `eval "... $(cat megatron_lm_args.txt)"`, bash hands Megatron-LM's argparse each flag and value unquoted,
+    and they parse to the plan's values; a bare $(cat ...) would pass the quotes along (why the file says eval)."""
+    model = load_model_spec("DeepSeek-V3")
+    parallel = ParallelConfig(512, pp=16, ep=32, pipeline_layout=PipelineLayout.from_string("Et*4|(t*4|)*14tmL", 16))
+    text = export_all(model, parallel, Workload(4096, 1, 4096))["megatron_lm_args.txt"]
+    path = tmp_path / "megatron_lm_args.txt"
+    path.write_text(text)
+    script = 'eval "set -- $(cat "$1")"; printf "%s\\0" "$@"'
+    out = subprocess.run(["bash", "-c", script, "_", str(path)], capture_output=True, text=True, check=True).stdout
+    argv = out.split("\0")[:-1]
+    assert argv == shlex.split(text)
+    namespace, extra = megatron_parser().parse_known_args(argv)
+    assert extra == []
+    assert namespace.pipeline_model_parallel_layout == "Et*4|(t*4|)*14tmL"
+    assert namespace.moe_layer_freq == "[0]*3+[1]*58"
+    bare = subprocess.run(["bash", "-c", 'printf "%s\\0" $(cat "$1")', "_", str(path)], capture_output=True, text=True)
+    assert "'Et*4|(t*4|)*14tmL'" in bare.stdout.split("\0")
 
 
 def test_exported_flags_are_all_real_megatron_lm_flags():

@@ -144,7 +144,9 @@ def export_all(
     te_name = "tp_comm_overlap.yaml" if te is not None else None
     args = megatron_args(model, parallel, workload, options, te_name)
     out = {
-        # one line: `torchrun ... pretrain_gpt.py $(cat megatron_lm_args.txt)`
+        # one line of shell-quoted words (a layout string or a --moe-layer-freq list holds | ( * [): bash's quote
+        # removal must see it, so `eval "torchrun ... pretrain_gpt.py $(cat megatron_lm_args.txt)"`; a bare
+        # $(cat ...) would hand Megatron-LM the quotes. `mat estimate --megatron-args` reads it the same way.
         "megatron_lm_args.txt": " ".join(render_flags(args)) + "\n",
         "bridge_overrides.yaml": bridge.bridge_overrides_yaml(args, tp_comm_overlap_cfg=te_name),
         "verl_megatron.yaml": verl.verl_overrides_yaml(args, mode=workload.mode, max_token_len=workload.max_token_len),
