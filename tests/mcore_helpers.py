@@ -145,9 +145,16 @@ def transformer_config(
     import torch
     import torch.nn.functional as F
     from megatron.core.activations import squared_relu
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    activations = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu}
+    activations = {
+        "silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu, "quick_gelu": quick_gelu,
+    }  # fmt: skip
+    if spec.get("softmax_type", "vanilla") != "vanilla" and not torch.cuda.is_available():
+        # megatron-core 0.16.1's local DotProductAttention allocates softmax_offset on torch.cuda.current_device()
+        # (dot_product_attention.py:132); a CPU build has none, so it goes on the CPU: only its shape is counted
+        torch.cuda.current_device = lambda: "cpu"
     moe = spec["num_moe_experts"] > 0
     kwargs: dict[str, Any] = dict(
         num_layers=spec["num_layers"],
@@ -176,6 +183,10 @@ def transformer_config(
         params_dtype=torch.float32,
         pipeline_dtype=torch.float32,
         mtp_num_layers=spec["mtp_num_layers"] or None,
+        # attention sinks and sliding windows (gpt-oss); the window changes no parameter
+        softmax_type=spec.get("softmax_type", "vanilla"),
+        window_size=(spec["window_size"] - 1, 0) if spec.get("window_size") else None,
+        window_attn_skip_freq=list(spec.get("window_layer_pattern") or ()) or None,
         **(pipeline or {}),
     )
     if moe:

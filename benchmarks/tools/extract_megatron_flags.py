@@ -1,5 +1,6 @@
 """Regenerate `src/megatron_autotuner/specs/presets/megatron_lm_flags.json`: every option of Megatron-LM's own
-argparse (`megatron.training.arguments.add_megatron_arguments`), with its dest, default, action, nargs, group, and
+argparse (`megatron.training.arguments.add_megatron_arguments`, and `megatron.post_training.arguments.add_modelopt_args`
+that pretrain_gpt.py adds), with its dest, default, action, nargs, group, and
 for a value flag its type (int / float / str; none for a converter of Megatron's own) and choices.
 
 Megatron-LM's training package imports GPU-only modules at import time; on a CPU machine they are replaced by
@@ -61,10 +62,14 @@ def extract(megatron_lm: str, extra_path: list[str]) -> list[dict]:
     sys.meta_path.insert(0, _Stubs())
     if not hasattr(typing, "override"):  # Python 3.12's typing.override, used by megatron.training.models
         typing.override = lambda f: f
+    from megatron.post_training.arguments import add_modelopt_args
     from megatron.training.arguments import add_megatron_arguments
 
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_megatron_arguments(parser)
+    # pretrain_gpt.py passes these as its extra_args_provider when nvidia-modelopt is installed (pretrain_gpt.py:526
+    # @ d98e8a6): its gpt-oss example's --enable-gpt-oss and --export-* flags are pretrain_gpt.py's too
+    add_modelopt_args(parser)
     rows = []
     for group in parser._action_groups:
         for action in group._group_actions:
@@ -101,7 +106,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = extract(args.megatron_lm, args.extra_path)
     body = ",\n".join("  " + json.dumps(r) for r in rows)
-    source = json.dumps(args.source + " megatron/training/arguments.py")
+    source = json.dumps(args.source + " megatron/training/arguments.py + megatron/post_training/arguments.py")
     OUT.write_text(f'{{"source": {source},\n "flags": [\n{body}\n ]}}\n')
     print(f"{len(rows)} flags -> {OUT}")
 

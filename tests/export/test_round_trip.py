@@ -110,6 +110,8 @@ CASES = [
     case("Mixtral-8x7B", ParallelConfig(16, tp=2, ep=8, pp=1, sequence_parallel=True), W),
     case("Llama-2-7b", ParallelConfig(8, pp=2), Workload(4096, 1, 32, mode="forward")),
     case("Qwen2.5-7B", ParallelConfig(8, tp=2, sequence_parallel=True), W),
+    # sliding windows on every other layer, attention sinks, a clamped GLU with biases everywhere
+    case("gpt-oss-20b", ParallelConfig(16, tp=2, ep=8, etp=1, sequence_parallel=True), Workload(8192, 1, 64)),
 ]
 
 

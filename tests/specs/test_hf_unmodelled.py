@@ -1,4 +1,5 @@
-"""config.json models with layers the tool does not model are refused, not predicted as plain transformers."""
+"""config.json models with layers the tool does not model are refused, not predicted as plain transformers; the
+sliding windows it models are read."""
 
 from __future__ import annotations
 
@@ -15,12 +16,21 @@ MISTRAL_V01 = {
 }  # fmt: skip
 
 
-def test_sliding_window_attention_that_is_on_is_refused():
+def test_sliding_window_attention_that_is_on_is_refused_where_not_modelled():
+    """Qwen2's window (on for the layers from max_window_layers, a split Megatron-Bridge does not map) is refused."""
+    qwen2 = {**MISTRAL_V01, "model_type": "qwen2", "use_sliding_window": True, "max_window_layers": 28}
     with pytest.raises(ConfigError, match="sliding_window: 4096: sliding-window attention is not modelled"):
-        model_spec_from_hf_config(MISTRAL_V01)
-    # Mistral v0.3 (null), Qwen2's use_sliding_window false, a window as long as the context: full attention
-    for extra in ({"sliding_window": None}, {"use_sliding_window": False}, {"sliding_window": 32768}):
-        assert model_spec_from_hf_config({**MISTRAL_V01, **extra}).num_layers == 32
+        model_spec_from_hf_config(qwen2)
+    # Qwen2's use_sliding_window false, a window as long as the context: full attention
+    for extra in ({"use_sliding_window": False}, {"sliding_window": 32768}):
+        assert model_spec_from_hf_config({**qwen2, **extra}).window_size == 0
+
+
+def test_mistral_s_window_is_modelled_on_every_layer():
+    """Megatron-Bridge's MistralBridge: window_size [sliding_window - 1, 0] on every layer (v0.1: 4096 keys)."""
+    spec = model_spec_from_hf_config(MISTRAL_V01)
+    assert spec.window_size == 4096 and all(spec.is_window_layer(i) for i in range(32))
+    assert model_spec_from_hf_config({**MISTRAL_V01, "sliding_window": None}).window_size == 0  # v0.3
 
 
 def test_a_hybrid_mamba_pattern_is_refused():

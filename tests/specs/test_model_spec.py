@@ -40,6 +40,9 @@ PUBLISHED_TOTAL_B = {
     "MiMo-7B": (7.833409536, 1e-9),
     "Qwen1.5-MoE-A2.7B": (14.3, 0.005),  # qwenlm.github.io/blog/qwen-moe: 14.3B total, 2.7B activated
     "Moonlight-16B-A3B": (16.0, 0.005),  # Moonlight README / arXiv 2502.16982: 16B total, 3B activated
+    # gpt-oss model card (OpenAI, arXiv 2508.10925) Table 1: 20.91B and 116.83B total
+    "gpt-oss-20b": (20.91, 0.0005),
+    "gpt-oss-120b": (116.83, 0.0001),
 }
 
 
@@ -82,6 +85,17 @@ def test_moe_presets_of_the_rl_launches_activate_what_their_authors_publish():
     per_expert = glm.counts.mtp_expert / 128
     main_active = glm.active - glm.counts.mtp_dense - 8 * per_expert
     assert round((main_active - glm.counts.embedding - glm.counts.output_layer) / 1e9) == 12
+
+
+def test_gpt_oss_active_parameters_and_layers_as_its_model_card_and_bridge_give_them():
+    """Model card Table 1: 3.61B / 5.13B active, counted without the input embedding (the unembedding is in);
+    Megatron-Bridge's GPTOSSBridge: window (127, 0) on every other layer from the first, learnable sinks."""
+    for name, active_b in (("gpt-oss-20b", 3.61), ("gpt-oss-120b", 5.13)):
+        counts = total_parameters(load_model_spec(name))
+        assert round((counts.active - counts.counts.embedding) / 1e9, 2) == active_b
+    oss = load_model_spec("gpt-oss-20b")
+    assert oss.window_size == 128 and [oss.is_window_layer(i) for i in range(4)] == [True, False, True, False]
+    assert oss.softmax_type == "learnable" and oss.add_bias_linear and oss.activation == "quick_gelu"
 
 
 def test_glm4_moe_and_mimo_map_as_megatron_bridge_maps_them():

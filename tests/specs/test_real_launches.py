@@ -74,3 +74,18 @@ def test_the_launches_read_say_what_they_assumed(megatron_tree):
     assert imported.model.num_layers == 28 and imported.model.hidden_size == 1024  # Qwen3-0.6B, its first size
     assert any("read the first" in n for n in imported.notes)
     assert any(n.startswith("num_gpus:") for n in imported.notes)
+
+
+def test_megatron_lm_s_gpt_oss_flags_read_as_the_model_its_config_json_describes(megatron_tree):
+    """Megatron-LM's modelopt gpt-oss-20b flags (sliding windows every other layer, sinks, a clamped quick GeGLU,
+    --padded-vocab-size) build the model of openai/gpt-oss-20b's config.json: the same layers and parameters."""
+    from megatron_autotuner.specs import load_model_spec
+    from megatron_autotuner.theory.params import total_parameters
+
+    name = "NVIDIA__Megatron-LM__examples__post_training__modelopt__conf__openai__gpt-oss-20b.sh"
+    read = launch_to_specs(read_launch_file(str(megatron_tree[name]))).model
+    preset = load_model_spec("gpt-oss-20b")
+    for field in ("window_size", "window_layer_pattern", "softmax_type", "activation", "glu_linear_offset",
+                  "activation_clamp_value", "vocab_size", "add_bias_linear", "num_moe_experts"):  # fmt: skip
+        assert getattr(read, field) == getattr(preset, field), field
+    assert total_parameters(read).total == total_parameters(preset).total

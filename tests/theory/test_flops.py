@@ -102,3 +102,32 @@ def test_flops_do_not_depend_on_layout(layout):
     flops = iteration_flops(model, ParallelConfig(num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, cp=cp), workload)
     assert flops.model_flops == pytest.approx(reference.model_flops, rel=1e-12)
     assert flops.hardware_flops == pytest.approx(reference.hardware_flops, rel=1e-12)
+
+
+@given(st.integers(1, 64), st.integers(65, 4096))
+@settings(max_examples=50, deadline=None)
+def test_a_sliding_window_layer_counts_the_keys_each_query_sees(window, seq):
+    """Query i of a causal sliding window of w keys attends min(i + 1, w) keys: the per-token count is that sum
+    over i, by brute force, times 2*a*(d_qk + d_v); a sequence no longer than the window costs what causal does."""
+    from megatron_autotuner.theory.flops import attention_flops_per_token
+
+    model = gpt(h=256, heads=4).replace(window_size=window)
+    per_key = 2.0 * 4 * (64 + 64)
+    keys = sum(min(i + 1, window) for i in range(seq))
+    assert attention_flops_per_token(model, seq, "causal", windowed=True) == pytest.approx(per_key * keys / seq)
+    assert attention_flops_per_token(model, window, "causal", windowed=True) == attention_flops_per_token(
+        model, window, "causal"
+    )
+
+
+def test_gpt_oss_attention_flops_follow_its_alternating_windows():
+    """gpt-oss-20b at 32k: the 12 sliding layers (128 keys) cost ~1/128 of the 12 full causal ones in attention."""
+    from megatron_autotuner.theory.flops import layer_forward_flops_per_token
+
+    oss = load_model_spec("gpt-oss-20b")
+    sliding = layer_forward_flops_per_token(oss, 0, 32768)["core_attention"]
+    full = layer_forward_flops_per_token(oss, 1, 32768)["core_attention"]
+    assert full / sliding == pytest.approx((32768 / 2) / (128 - 128 * 127 / (2 * 32768)))
+    assert model_flops_per_token(oss, 32768) < model_flops_per_token(
+        oss.replace(window_size=0, window_layer_pattern=()), 32768
+    )

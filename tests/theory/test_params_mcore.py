@@ -133,6 +133,19 @@ DEEPSEEK_LIKE = dataclasses.replace(  # MLA + first-dense MoE + shared experts +
 )
 
 
+GPT_OSS_LIKE = MOE_BIAS_LN.replace(  # gpt-oss: biases everywhere, learnable attention sinks, alternating windows
+    name="gpt-oss-like",
+    normalization="RMSNorm",
+    gated_linear_unit=True,
+    activation="quick_gelu",
+    num_query_groups=2,
+    moe_router_topk=2,
+    softmax_type="learnable",
+    window_size=16,
+    window_layer_pattern=(1, 0),
+)
+
+
 def _case(name: str, spec: ModelSpec, **kwargs) -> McoreCase:
     return McoreCase(name=name, spec=spec.to_dict(), **kwargs)
 
@@ -154,6 +167,7 @@ CASES = [
     _case("mtp-moe", MTP_MOE),
     _case("mtp-moe-tied", MTP_MOE_TIED),
     _case("deepseek-like", DEEPSEEK_LIKE),
+    _case("gpt-oss-like-sinks-windows", GPT_OSS_LIKE),
     # world size 2
     _case("gpt-tp2", GPT, world=2, tp=2),
     _case("llama-tp2", LLAMA, world=2, tp=2),
@@ -163,6 +177,7 @@ CASES = [
     _case("moe-first-layer-dense-tp2", MOE_FIRST_DENSE, world=2, tp=2),
     # megatron-core supports expert biases only with etp = 1
     _case("moe-bias-layernorm-tp2-etp1", MOE_BIAS_LN, world=2, tp=2, etp=1),
+    _case("gpt-oss-like-tp2-etp1", GPT_OSS_LIKE, world=2, tp=2, etp=1),
     _case("mla-tp2", MLA, world=2, tp=2),
     _case("mtp-moe-tp2", MTP_MOE, world=2, tp=2),
     _case("gpt-tied-pp2", GPT, world=2, pp=2),

@@ -548,12 +548,13 @@ def stage_time(
     v = layout.vpp
     layers = layout.rank_layers(stage)
     per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc if training else RecomputeConfig())
-    # one layer of each kind (MoE or dense, fully recomputed or not): fwd and bwd (+ recompute) parts
-    kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
-    kind_host: dict[tuple[bool, bool], tuple[float, float]] = {}
+    # one layer of each kind (MoE or dense, sliding-window or full attention, fully recomputed or not): fwd and bwd
+    # (+ recompute) parts
+    kind_cost: dict[tuple[bool, bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
+    kind_host: dict[tuple[bool, bool, bool], tuple[float, float]] = {}
     for kinds in per_chunk_kinds:
         for moe, full, _n, i in kinds:
-            key = (moe, full)
+            key = (moe, model.is_window_layer(i), full)
             if key in kind_cost:
                 continue
             lctx = ctx if not full else replace(ctx, full_recompute=True, recompute_modules=())
@@ -579,11 +580,12 @@ def stage_time(
     host_fwd_issue_s = host_bwd_issue_s = 0.0  # the host's issue time of the stage's layers, one micro-batch
     layers_fwd_gpu_s = 0.0  # the GPU's forward work of those layers
     for c, kinds in enumerate(per_chunk_kinds):
-        for moe, full, count, _layer in kinds:
-            add(c, *kind_cost[(moe, full)], count)
-            host_fwd_issue_s += count * kind_host[(moe, full)][0]
-            host_bwd_issue_s += count * kind_host[(moe, full)][1]
-            layers_fwd_gpu_s += count * sum(kind_cost[(moe, full)][0].values())
+        for moe, full, count, layer in kinds:
+            key = (moe, model.is_window_layer(layer), full)
+            add(c, *kind_cost[key], count)
+            host_fwd_issue_s += count * kind_host[key][0]
+            host_bwd_issue_s += count * kind_host[key][1]
+            layers_fwd_gpu_s += count * sum(kind_cost[key][0].values())
 
     h = model.hidden_size
     e = E_BF16
@@ -790,7 +792,7 @@ def _offload_exposed_s(
     stage: int,
     ctx: LayerContext,
     options: CostOptions,
-    kind_cost: dict[tuple[bool, bool], tuple[dict[str, float], dict[str, float]]],
+    kind_cost: dict[tuple[bool, bool, bool], tuple[dict[str, float], dict[str, float]]],
     per_chunk_kinds: tuple,
     head_s: float,
 ) -> tuple[float, float, list[float], float]:
@@ -813,7 +815,7 @@ def _offload_exposed_s(
         layers = layout.rank_layers(stage)
         fwd_s, bwd_s, d2h_s, h2d_s = [], [], [], []
         for i in layers:
-            f, b = kind_cost[(model.is_moe_layer(i), False)]
+            f, b = kind_cost[(model.is_moe_layer(i), model.is_window_layer(i), False)]
             fwd_s.append(sum(f.values()))
             bwd_s.append(sum(b.values()))
             moved = sum(g.copied_bytes for g in offload_groups(model, parallel, workload, i, act))
@@ -836,7 +838,7 @@ def _offload_exposed_s(
             if not groups:
                 continue
             count += n * len(groups)
-            f, b = kind_cost[(moe, full_rc)]
+            f, b = kind_cost[(moe, model.is_window_layer(i), full_rc)]
             window = sum(f.values()) + (0.0 if immediate else sum(b.values()))
             units = backward_units_s(model, i, gemm_shapes(model, i, ctx), b)
             lt = fine_grained_layer_time(groups, window, units, *bandwidths(sum(g.copied_bytes for g in groups)))

@@ -198,14 +198,25 @@ def _gemm_phase_time(op: str, shape: tuple[float, float, float, int], phase: str
     return factor * wgrad
 
 
-def _attention_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:
-    """(fwd, bwd, memory-bound extra fwd) seconds of core attention for one micro-batch."""
+def _attention_times(model: ModelSpec, ctx: LayerContext, windowed: bool = False) -> tuple[float, float, float]:
+    """(fwd, bwd, memory-bound extra fwd) seconds of core attention for one micro-batch.
+
+    A sliding-window layer shorter than its sequence (flash path) is one causal-masked kernel whose queries each
+    see about w keys, as a causal kernel over 2w tokens does on average: its efficiency is the causal one at 2w
+    (an assumption: no sliding-window kernel has been measured here). Megatron's unfused path masks the full
+    s x s scores (get_sliding_window_causal_mask), so its time does not change."""
     gpu = ctx.cluster.gpu
-    fwd_flops = attention_flops_per_token(model, ctx.seq_length, "causal") * ctx.tokens / ctx.tp
+    fwd_flops = attention_flops_per_token(model, ctx.seq_length, "causal", windowed) * ctx.tokens / ctx.tp
     if model.multi_latent_attention:
         d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
     else:
         d_qk = d_v = model.kv_channels
+    if ctx.flash_attention and windowed and model.window_size < ctx.seq_length:
+        dropout = model.attention_dropout > 0
+        seq_eff = 2.0 * model.window_size
+        fwd = flash_attention_time_s("fwd", fwd_flops, seq_eff, d_qk, True, gpu, dropout, ctx.calibration)
+        bwd = flash_attention_time_s("bwd", 2 * fwd_flops, seq_eff, d_qk, True, gpu, dropout, ctx.calibration)
+        return fwd, bwd, 0.0
     if ctx.flash_attention:
         # Ring CP (load-balanced, 2cp chunks): of the cp steps, the local one is a causal block of
         # s/cp tokens and the others are full (unmasked) blocks against s/cp keys.
@@ -408,7 +419,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
         _add(fwd, "gemm", times["fwd"])
         if ctx.training:
             _add(bwd, "gemm", times["dgrad"] + times["wgrad"])
-    attn_fwd, attn_bwd, _ = _attention_times(model, ctx)
+    attn_fwd, attn_bwd, _ = _attention_times(model, ctx, model.is_window_layer(layer_index))
     _add(fwd, "attention", attn_fwd)
     if ctx.training:
         _add(bwd, "attention", attn_bwd)

@@ -302,6 +302,30 @@ class MegatronArgs:
         if self["mtp_num_layers"]:
             out["mtp_num_layers"] = int(self["mtp_num_layers"])
             out["mtp_loss_scaling_factor"] = self["mtp_loss_scaling_factor"]
+        out.update(self._attention_window_fields())
+        return out
+
+    def _attention_window_fields(self) -> dict[str, Any]:
+        """gpt-oss / Mistral attention fields as TransformerConfig takes them: window_size a [left, right] pair
+        (Megatron-LM's tuple_type of "127,0"; Bridge's MistralBridge writes a list), window_attn_skip_freq an int or
+        the evaluated list (moe_freq_type), softmax_type, and the clamped GLU's offset and clamp
+        (transformer_config.py @ d98e8a6). --quick-geglu is gated_linear_unit; its activation_func (quick_gelu, a
+        callable) stays the recipe's, as --swiglu's does."""
+        from ..specs.megatron_args import window_layer_pattern
+
+        out: dict[str, Any] = {}
+        if self.has("quick_geglu") and self["quick_geglu"]:
+            out["gated_linear_unit"] = True
+        if self.has("window_size") and self["window_size"] is not None:
+            out["window_size"] = [int(x) for x in str(self["window_size"]).strip("()[] ").split(",")]
+        if self.has("window_attn_skip_freq") and self["window_attn_skip_freq"] is not None:
+            freq = self["window_attn_skip_freq"]
+            if isinstance(freq, str) and "[" in freq:
+                freq = list(window_layer_pattern(freq, int(self["num_layers"])))
+            out["window_attn_skip_freq"] = freq if isinstance(freq, list) else int(freq)
+        for key in ("softmax_type", "glu_linear_offset", "activation_func_clamp_value"):
+            if self.has(key) and self[key] != megatron_default(key):
+                out[key] = self[key]
         return out
 
 

@@ -1,8 +1,8 @@
 """Turn a Hugging Face `config.json` into a `ModelSpec`.
 
 Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3
-(and deepseek_v2), glm4_moe, gpt2, nemotron, mimo. The mapping follows Megatron-Bridge's HF->Megatron converters
-(field meanings from each model's `configuration_*.py` in transformers).
+(and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, mimo. The mapping follows Megatron-Bridge's HF->Megatron
+converters (field meanings from each model's `configuration_*.py` in transformers).
 """
 
 from __future__ import annotations
@@ -76,6 +76,13 @@ def _llama_like(cfg: dict[str, Any], name: str, model_type: str, **extra: Any) -
 
 def _llama(cfg: dict[str, Any], name: str) -> ModelSpec:
     return _llama_like(cfg, name, cfg["model_type"])
+
+
+def _mistral(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """Mistral: a sliding window of `sliding_window` keys on every layer when set, as Megatron-Bridge's
+    MistralBridge maps it (window_size [sliding_window - 1, 0], cp_comm_type a2a;
+    src/megatron/bridge/models/mistral/mistral_bridge.py @ 067f987)."""
+    return _llama_like(cfg, name, "mistral", window_size=int(cfg.get("sliding_window") or 0))
 
 
 def _qwen2(cfg: dict[str, Any], name: str) -> ModelSpec:
@@ -195,6 +202,37 @@ def _glm4_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
+def _gpt_oss(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """gpt-oss as Megatron-Bridge's GPTOSSBridge maps it (src/megatron/bridge/models/gpt_oss/gpt_oss_bridge.py
+    @ 067f987): biases on every linear layer, the experts' and the router's included (add_bias_linear); a clamped
+    GLU of quick_gelu (activation_func_clamp_value = swiglu_limit, glu_linear_offset 1.0); learnable attention sinks
+    (softmax_type learnable); sliding-window attention of `sliding_window` keys (window_size (w-1, 0)) on the layers
+    `layer_types` marks "sliding_attention"; every layer an MoE of `num_local_experts` experts of width
+    intermediate_size, no shared expert. YaRN rope changes no matmul."""
+    num_layers = _require(cfg, "num_hidden_layers", "gpt_oss")
+    types = cfg.get("layer_types") or []
+    if types and len(types) != num_layers:
+        raise ConfigError("layer_types", f"needs one entry per layer ({num_layers}), got {len(types)}")
+    experts = _require(cfg, "num_local_experts", "gpt_oss")
+    topk = cfg.get("num_experts_per_tok") or _require(cfg, "experts_per_token", "gpt_oss")
+    return _llama_like(
+        cfg,
+        name,
+        "gpt_oss",
+        add_bias_linear=True,
+        add_qkv_bias=bool(cfg.get("attention_bias", True)),
+        activation="quick_gelu",
+        activation_clamp_value=float(cfg.get("swiglu_limit", 7.0)),
+        glu_linear_offset=1.0,
+        softmax_type="learnable",
+        window_size=int(cfg.get("sliding_window") or 0),
+        window_layer_pattern=tuple(int(t == "sliding_attention") for t in types),
+        num_moe_experts=experts,
+        moe_router_topk=topk,
+        moe_ffn_hidden_size=_require(cfg, "intermediate_size", "gpt_oss"),
+    )
+
+
 def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
     hidden = _require_positive_int(cfg, "n_embd", "gpt2")
     return ModelSpec(
@@ -241,7 +279,7 @@ def _nemotron(cfg: dict[str, Any], name: str) -> ModelSpec:
 
 HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "llama": _llama,
-    "mistral": _llama,
+    "mistral": _mistral,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "qwen2_moe": _qwen_moe,
@@ -250,16 +288,22 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
     "glm4_moe": _glm4_moe,
+    "gpt_oss": _gpt_oss,
     "gpt2": _gpt2,
     "nemotron": _nemotron,
     "mimo": _mimo,
 }
 
 
+# model types whose `sliding_window` the converter models (the others' is refused while it is on)
+WINDOW_MODELLED = ("mistral", "gpt_oss")
+
+
 def _refuse_unmodelled_attention(cfg: dict[str, Any]) -> None:
     """Layers the tool would otherwise predict as something else: a hybrid pattern (Nemotron-H's Mamba layers,
     `hybrid_override_pattern`) and sliding-window attention that is on (`sliding_window` below the context, and
-    `use_sliding_window` not false, as transformers' Mistral / Qwen2 configs say)."""
+    `use_sliding_window` not false, as transformers' Qwen2 configs say) where the converter does not model it
+    (Qwen2's `max_window_layers` split, which Megatron-Bridge does not map either)."""
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and any(ch != "*" and ch != "-" for ch in pattern):
         raise ConfigError(
@@ -267,6 +311,8 @@ def _refuse_unmodelled_attention(cfg: dict[str, Any]) -> None:
             f"{pattern[:40]!r}: hybrid (Mamba) models are not modelled, the tool predicts transformer layers only",
         )
     window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
+    if cfg.get("model_type") in WINDOW_MODELLED:
+        return
     if isinstance(window, int) and cfg.get("use_sliding_window", True) and (not context or window < context):
         raise ConfigError(
             "sliding_window",

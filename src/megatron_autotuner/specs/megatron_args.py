@@ -22,6 +22,7 @@ import difflib
 import json
 import math
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -103,15 +104,22 @@ FLAG_TABLE: dict[str, str] = {
     "kv_channels": "model.kv_channels (default hidden / heads)",
     "swiglu": "model.gated_linear_unit + activation silu (off: gelu)",
     "squared_relu": "model.activation squared_relu",
-    "quick_geglu": "model.gated_linear_unit + activation gelu (quick GeGLU: a gated GeLU, costed as one)",
+    "quick_geglu": "model.gated_linear_unit + activation quick_gelu",
+    "glu_linear_offset": "model.glu_linear_offset (elementwise: no cost)",
+    "activation_func_clamp_value": "model.activation_clamp_value (elementwise: no cost)",
+    "window_size": "model.window_size (LEFT,0: LEFT + 1 keys; -1 or none: full attention)",
+    "window_attn_skip_freq": "model.window_layer_pattern (every N-th layer full, or a list expression; none: all)",
+    "softmax_type": "model.softmax_type (learnable: attention-sink parameters)",
     "normalization": "model.normalization",
     "add_bias_linear": "model.add_bias_linear (--disable-bias-linear)",
     "add_qkv_bias": "model.add_qkv_bias",
     "qk_layernorm": "model.qk_layernorm",
     "untie_embeddings_and_output_weights": "model.tie_embeddings (inverted)",
     "position_embedding_type": "model.position_embedding_type",
+    "enable_gpt_oss": "model.position_embedding_type rope (YaRN, set by megatron/post_training/model_builder.py)",
     "max_position_embeddings": "model.max_position_embeddings (default seq_length)",
     "vocab_size": "model.vocab_size",
+    "padded_vocab_size": "model.vocab_size, not padded further (make_vocab_size_divisible_by 1)",
     "make_vocab_size_divisible_by": "model.make_vocab_size_divisible_by",
     "hidden_dropout": "model.hidden_dropout",
     "attention_dropout": "model.attention_dropout",
@@ -586,25 +594,74 @@ def moe_layer_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
     """`--moe-layer-freq`: an integer N (one MoE layer every N: layer i is MoE when i % N == 0) or a list
     expression such as "[0]*3+[1]*58" (Megatron-LM `moe_freq_type`, megatron-core `TransformerBlock`). The list
     expression is evaluated over integer lists, +, * and parentheses only."""
+    return _layer_pattern("moe_layer_freq", freq, num_layers, lambda i, n: i % n == 0)
+
+
+def window_layer_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
+    """`--window-attn-skip-freq`: an integer N (every N-th layer, counted from 1, attends in full: layer i slides
+    when (i + 1) % N != 0) or a list expression, 1 for a sliding-window layer (megatron-core
+    utils.is_layer_window_attention; Megatron-LM parses it with `moe_freq_type`)."""
+    return _layer_pattern("window_attn_skip_freq", freq, num_layers, lambda i, n: (i + 1) % n != 0)
+
+
+def _layer_pattern(field: str, freq: Any, num_layers: int, every: Callable[[int, int], bool]) -> tuple[int, ...]:
+    """One 0 / 1 entry per layer from an integer N (`every(i, N)`) or a list expression."""
     if isinstance(freq, int) or (isinstance(freq, str) and "[" not in freq):
         try:
             n = int(freq)
         except ValueError as exc:
-            raise ConfigError("moe_layer_freq", f"must be an integer or a list expression, got {freq!r}") from exc
+            raise ConfigError(field, f"must be an integer or a list expression, got {freq!r}") from exc
         if n < 1:
-            raise ConfigError("moe_layer_freq", f"must be >= 1, got {n}")
-        return tuple(1 if i % n == 0 else 0 for i in range(num_layers))
+            raise ConfigError(field, f"must be >= 1, got {n}")
+        return tuple(1 if every(i, n) else 0 for i in range(num_layers))
     if len(freq) > MAX_LIST_EXPRESSION_CHARS:
-        raise ConfigError("moe_layer_freq", f"is {len(freq)} characters (limit {MAX_LIST_EXPRESSION_CHARS})")
+        raise ConfigError(field, f"is {len(freq)} characters (limit {MAX_LIST_EXPRESSION_CHARS})")
     try:
         pattern = _eval_list_expression(ast.parse(freq.strip(), mode="eval").body)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        raise ConfigError("moe_layer_freq", f"cannot read {freq[:60]!r}: {exc}") from exc
+        raise ConfigError(field, f"cannot read {freq[:60]!r}: {exc}") from exc
     if not isinstance(pattern, list) or any(not isinstance(x, int) or isinstance(x, bool) for x in pattern):
-        raise ConfigError("moe_layer_freq", f"{freq[:60]!r} must make a flat list of 0 / 1 integers")
+        raise ConfigError(field, f"{freq[:60]!r} must make a flat list of 0 / 1 integers")
     if len(pattern) != num_layers:
-        raise ConfigError("moe_layer_freq", f"has {len(pattern)} entries, the model has num_layers={num_layers}")
+        raise ConfigError(field, f"has {len(pattern)} entries, the model has num_layers={num_layers}")
     return tuple(pattern)
+
+
+def _window(launch: Launch, base: ModelSpec | None, num_layers: int) -> dict[str, Any]:
+    """The attention fields of `ModelSpec` from `--window-size LEFT,RIGHT` (Megatron-LM `tuple_type`; -1 is
+    unbounded, so LEFT + 1 keys when RIGHT is 0), `--window-attn-skip-freq`, `--softmax-type`, and gpt-oss's GLU
+    offset and clamp; the base model's where the launch gives none."""
+    out: dict[str, Any] = {}
+    if launch.gave("window_size") or base is None:
+        raw = _str(launch, "window_size")
+        left = 0
+        if raw is not None:
+            parts = [x.strip() for x in str(raw).strip("()[] ").split(",")]
+            try:
+                left, right = (int(x) for x in parts)
+            except ValueError:
+                raise ConfigError("window_size", f"must be LEFT,RIGHT integers, got {raw!r}") from None
+            if right != 0 and right != -1:
+                raise ConfigError("window_size", f"{raw}: a window to the right (bidirectional) is not modelled")
+        out["window_size"] = left + 1 if left >= 0 and raw is not None else 0
+    else:
+        out["window_size"] = base.window_size
+    if launch.gave("window_attn_skip_freq"):
+        pattern = window_layer_pattern(launch.value("window_attn_skip_freq"), num_layers)
+        out["window_layer_pattern"] = () if all(pattern) or not out["window_size"] else pattern
+    elif base is not None and not launch.gave("window_size") and base.num_layers == num_layers:
+        out["window_layer_pattern"] = base.window_layer_pattern
+    for dest, name, read in (
+        ("softmax_type", "softmax_type", _str),
+        ("glu_linear_offset", "glu_linear_offset", _float),
+        ("activation_func_clamp_value", "activation_clamp_value", _float),
+    ):
+        if launch.gave(dest) or base is None:
+            value = read(launch, dest)
+            out[name] = value if value is not None or name == "activation_clamp_value" else megatron_default(dest)
+        else:
+            out[name] = getattr(base, name)
+    return out
 
 
 # `--moe-layer-freq` list expressions: their text, the entries they make (one per layer) and their nesting
@@ -718,7 +775,12 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
     if kv_channels is None:
         kv_channels = base.kv_channels if base is not None and not launch.gave("hidden_size") else None
     vocab = _int(launch, "vocab_size") if launch.gave("vocab_size") else (base.vocab_size if base else None)
-    if vocab is None:
+    # --padded-vocab-size is the model's vocabulary as it is: Megatron-LM pads the tokenizer's only when it is unset
+    # (megatron/core/tokenizers/utils/build_tokenizer.py _set_padded_vocab_size; argument_utils.py:474 @ d98e8a6)
+    padded_vocab = _int(launch, "padded_vocab_size") if launch.gave("padded_vocab_size") else None
+    if padded_vocab is not None:
+        vocab = padded_vocab
+    elif vocab is None:
         vocab = _tokenizer_vocab(launch, notes)
     seq = _int(launch, "seq_length")
     max_pos = _int(launch, "max_position_embeddings") if launch.gave("max_position_embeddings") else None
@@ -726,7 +788,10 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         max_pos = base.max_position_embeddings if base is not None else (seq or 4096)
     experts = _int(launch, "num_experts") if launch.gave("num_experts") else (base.num_moe_experts if base else 0)
     experts = experts or 0
-    activation = "silu" if swiglu else ("squared_relu" if squared_relu else "gelu")
+    # --quick-geglu: activation_func quick_gelu on a gated unit (megatron/training/argument_utils.py)
+    activation = "silu" if swiglu else ("squared_relu" if squared_relu else ("quick_gelu" if geglu else "gelu"))
+    if base is not None and not any(launch.gave(d) for d in ("swiglu", "squared_relu", "quick_geglu")):
+        activation = base.activation
     gated = swiglu or geglu or (base is not None and not launch.gave("swiglu") and base.gated_linear_unit)
     values: dict[str, Any] = {
         "name": base.name if base is not None else _launch_model_name(launch, num_layers, hidden),
@@ -748,13 +813,14 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         ),
         "position_embedding_type": pick("position_embedding_type", base.position_embedding_type if base else None),
         "max_position_embeddings": max_pos,
-        "make_vocab_size_divisible_by": pick(
-            "make_vocab_size_divisible_by", base and base.make_vocab_size_divisible_by, _int
-        ),
+        "make_vocab_size_divisible_by": 1
+        if padded_vocab is not None
+        else pick("make_vocab_size_divisible_by", base and base.make_vocab_size_divisible_by, _int),
         "hidden_dropout": pick("hidden_dropout", base and base.hidden_dropout, _float),
         "attention_dropout": pick("attention_dropout", base and base.attention_dropout, _float),
         "num_moe_experts": experts,
         "mtp_num_layers": pick("mtp_num_layers", base and base.mtp_num_layers, _int) or 0,
+        **_window(launch, base, num_layers),
     }
     defaulted = [f"--{d.replace('_', '-')}" for d in ("hidden_dropout", "attention_dropout") if not launch.gave(d)]
     if base is None and defaulted and (values["hidden_dropout"] or values["attention_dropout"]):
@@ -765,6 +831,8 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
             f"(hidden {values['hidden_dropout']:g}, attention {values['attention_dropout']:g}) is priced; "
             "most pre-training recipes pass 0"
         )
+    if launch.value("enable_gpt_oss"):
+        values["position_embedding_type"] = "yarn"  # the modelopt model builder's GPT-OSS YaRN rope
     if values["position_embedding_type"] not in ("rope", "learned_absolute", "none"):
         notes.append(f"not modelled: --position-embedding-type {values['position_embedding_type']} (as rope)")
         values["position_embedding_type"] = "rope"
@@ -1188,7 +1256,7 @@ def specs_to_megatron_args(
         "num_attention_heads": model.num_attention_heads,
         "kv_channels": model.kv_channels,
         "swiglu": model.gated_linear_unit and model.activation == "silu",
-        "quick_geglu": model.gated_linear_unit and model.activation == "gelu",
+        "quick_geglu": model.gated_linear_unit and model.activation in ("gelu", "quick_gelu"),
         "squared_relu": model.activation == "squared_relu",
         "normalization": model.normalization,
         "add_bias_linear": model.add_bias_linear,
@@ -1229,6 +1297,7 @@ def specs_to_megatron_args(
         )
     if model.mtp_num_layers:
         args["mtp_num_layers"] = model.mtp_num_layers
+    args.update(_window_args(model))
     args.update(
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
@@ -1296,6 +1365,23 @@ def activation_offload_args(offload: ActivationOffloadConfig) -> dict[str, Any]:
             "activation_offload_fraction": offload.fraction,
         }
     return {}
+
+
+def _window_args(model: ModelSpec) -> dict[str, Any]:
+    """Megatron-LM's sliding-window, softmax and GLU flags of `model` (`_window` reads them back)."""
+    args: dict[str, Any] = {
+        "softmax_type": model.softmax_type,
+        "glu_linear_offset": model.glu_linear_offset,
+        "activation_func_clamp_value": model.activation_clamp_value,
+    }
+    if not model.window_size:
+        return args
+    args["window_size"] = f"{model.window_size - 1},0"
+    pattern = model.window_layer_pattern
+    if pattern:
+        every = [n for n in range(2, model.num_layers + 1) if window_layer_pattern(n, model.num_layers) == pattern]
+        args["window_attn_skip_freq"] = every[0] if every else _pattern_expression(pattern)
+    return args
 
 
 def _pattern_expression(pattern: tuple[int, ...]) -> str:

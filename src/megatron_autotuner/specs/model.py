@@ -14,9 +14,11 @@ from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
 
-ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu")
+ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
+# megatron-core TransformerConfig.softmax_type: "learnable" adds one sink logit per head and layer (softmax_offset)
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,16 @@ class ModelSpec:
     v_head_dim: int = 0
     # Multi-token prediction layers (DeepSeek-V3: 1).
     mtp_num_layers: int = 0
+    # Sliding-window attention: the keys a query sees, itself included (HF `sliding_window`; Megatron-LM
+    # `--window-size window_size-1,0`); 0 = full causal attention. `window_layer_pattern`: one entry per layer, 1 for
+    # a sliding-window layer, 0 for full attention (megatron-core's list form of `window_attn_skip_freq`); empty
+    # means every layer when `window_size` > 0.
+    window_size: int = 0
+    window_layer_pattern: tuple[int, ...] = field(default_factory=tuple)
+    softmax_type: str = "vanilla"
+    # gpt-oss's clamped GLU (megatron-core glu_linear_offset / activation_func_clamp_value): elementwise, no matmul
+    glu_linear_offset: float = 0.0
+    activation_clamp_value: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_query_groups is None:
@@ -78,6 +90,7 @@ class ModelSpec:
                 )
             object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
         object.__setattr__(self, "moe_layer_pattern", tuple(int(x) for x in self.moe_layer_pattern))
+        object.__setattr__(self, "window_layer_pattern", tuple(int(x) for x in self.window_layer_pattern))
         self.validate()
 
     # ---- validation -------------------------------------------------------------------------
@@ -128,6 +141,24 @@ class ModelSpec:
                     raise ConfigError(name, "must be > 0 with multi_latent_attention")
         if self.mtp_num_layers < 0:
             raise ConfigError("mtp_num_layers", "must be >= 0")
+        self._validate_attention_window()
+
+    def _validate_attention_window(self) -> None:
+        if isinstance(self.window_size, bool) or not isinstance(self.window_size, int) or self.window_size < 0:
+            raise ConfigError("window_size", f"must be an integer >= 0 (0: full attention), got {self.window_size!r}")
+        pattern = self.window_layer_pattern
+        if pattern and len(pattern) != self.num_layers:
+            raise ConfigError(
+                "window_layer_pattern", f"needs one entry per layer ({self.num_layers}), got {len(pattern)}"
+            )
+        if set(pattern) - {0, 1}:
+            raise ConfigError("window_layer_pattern", "entries must be 1 (sliding window) or 0 (full attention)")
+        if any(pattern) and not self.window_size:
+            raise ConfigError("window_layer_pattern", "marks sliding-window layers but window_size is 0")
+        if self.softmax_type not in SOFTMAX_TYPES:
+            raise ConfigError("softmax_type", f"must be one of {', '.join(SOFTMAX_TYPES)}, got {self.softmax_type!r}")
+        if self.activation_clamp_value is not None and not self.activation_clamp_value > 0:
+            raise ConfigError("activation_clamp_value", "must be > 0 (megatron-core TransformerConfig)")
 
     # ---- derived shapes ---------------------------------------------------------------------
     @property
@@ -141,6 +172,15 @@ class ModelSpec:
         if not self.moe_layer_pattern:
             return True
         return bool(self.moe_layer_pattern[layer_index])
+
+    def is_window_layer(self, layer_index: int) -> bool:
+        """True if decoder layer `layer_index` (0-based) attends through a sliding window of `window_size` keys
+        (megatron-core utils.is_layer_window_attention, with the pattern in its list form)."""
+        if not self.window_size:
+            return False
+        if not self.window_layer_pattern:
+            return True
+        return bool(self.window_layer_pattern[layer_index])
 
     @property
     def num_moe_layers(self) -> int:
@@ -178,6 +218,7 @@ class ModelSpec:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["moe_layer_pattern"] = list(self.moe_layer_pattern)
+        data["window_layer_pattern"] = list(self.window_layer_pattern)
         return data
 
     @classmethod
@@ -197,10 +238,16 @@ class ModelSpec:
 
     def with_num_layers(self, num_layers: int) -> ModelSpec:
         """The same model with fewer (or more) layers: keeps the MoE pattern's prefix."""
-        pattern = self.moe_layer_pattern
-        if pattern:
-            pattern = tuple(pattern[i % len(pattern)] for i in range(num_layers))
-        return dataclasses.replace(self, num_layers=num_layers, moe_layer_pattern=pattern)
+
+        def cycled(pattern: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(pattern[i % len(pattern)] for i in range(num_layers)) if pattern else pattern
+
+        return dataclasses.replace(
+            self,
+            num_layers=num_layers,
+            moe_layer_pattern=cycled(self.moe_layer_pattern),
+            window_layer_pattern=cycled(self.window_layer_pattern),
+        )
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

@@ -44,15 +44,24 @@ def _check_convention(convention: str) -> None:
         raise ConfigError("flops_convention", f"must be causal or full, got {convention!r}")
 
 
-def attention_flops_per_token(model: ModelSpec, seq_length: float, convention: str = "causal") -> float:
+def attention_flops_per_token(
+    model: ModelSpec, seq_length: float, convention: str = "causal", windowed: bool = False
+) -> float:
     """Forward core-attention FLOPs per token: 2*s*a*(d_qk + d_v), halved for causal. Linear in s, so sequences of
-    lengths s_i cost this at s = sum s_i^2 / sum s_i per token (`effective_seq_length`)."""
+    lengths s_i cost this at s = sum s_i^2 / sum s_i per token (`effective_seq_length`).
+
+    A sliding-window layer (`windowed`, window w = `model.window_size` keys) longer than its window: query i sees
+    min(i+1, w) keys, sum_i = s*w - w(w-1)/2, so 2*a*(d_qk + d_v) * (w - w(w-1)/(2s)) per token in either
+    convention (the mask is the model's, not a counting convention)."""
     _check_convention(convention)
     a = model.num_attention_heads
     if model.multi_latent_attention:
         d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
     else:
         d_qk = d_v = model.kv_channels
+    w = model.window_size
+    if windowed and w and seq_length > w:
+        return 2.0 * a * (d_qk + d_v) * (w - w * (w - 1) / (2.0 * seq_length))
     flops = 2.0 * seq_length * a * (d_qk + d_v)
     return flops / 2 if convention == "causal" else flops
 
@@ -85,7 +94,7 @@ def layer_forward_flops_per_token(
         ops["kv_up"] = 2.0 * model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim)
     else:
         ops["qkv"] = 2.0 * h * (model.query_projection_size + model.kv_projection_size)
-    ops["core_attention"] = attention_flops_per_token(model, seq_length, convention)
+    ops["core_attention"] = attention_flops_per_token(model, seq_length, convention, model.is_window_layer(layer_index))
     ops["proj"] = 2.0 * model.attention_output_size * h
     if model.is_moe_layer(layer_index):
         ops["router"] = 2.0 * h * model.num_moe_experts
@@ -171,7 +180,8 @@ def chunk_layer_kinds(
     model: ModelSpec, parallel: ParallelConfig, stage: int, recompute: RecomputeConfig
 ) -> tuple[tuple[tuple[bool, bool, int, int], ...], ...]:
     """Per model chunk of rank `stage`: (MoE layer?, fully recomputed?, how many, one such layer's index) for each
-    kind of layer it holds. Time and memory are per kind, so the search's inner loops count kinds, not layers."""
+    kind of layer it holds (a sliding-window layer is a kind of its own: `model.is_window_layer` of the index says
+    which). Time and memory are per kind, so the search's inner loops count kinds, not layers."""
     return _chunk_layer_kinds(model, pipeline_layout_of(model, parallel), stage, recompute)
 
 
@@ -181,11 +191,12 @@ def _chunk_layer_kinds(model: ModelSpec, layout, stage: int, recompute: Recomput
     mask = full_recompute_layer_mask(model, parallel, recompute)
     out = []
     for chunk in range(layout.vpp):
-        kinds: dict[tuple[bool, bool], list[int]] = {}
+        kinds: dict[tuple[bool, bool, bool], list[int]] = {}
         for layer in layout.chunk_layers(stage, chunk):
-            entry = kinds.setdefault((model.is_moe_layer(layer), mask[layer]), [0, layer])
+            key = (model.is_moe_layer(layer), model.is_window_layer(layer), mask[layer])
+            entry = kinds.setdefault(key, [0, layer])
             entry[0] += 1
-        out.append(tuple((moe, full, n, first) for (moe, full), (n, first) in kinds.items()))
+        out.append(tuple((moe, full, n, first) for (moe, _window, full), (n, first) in kinds.items()))
     return tuple(out)
 
 

@@ -20,7 +20,8 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
   model (a model chunk with MTP layers builds its own copy of the embedding: `pre_process or mtp_process`);
 - which layers sit on which stage: `specs.pipeline.PipelineLayout` (even, uneven first / last, embedding / loss
   accounting, layout strings);
-- MoE router bias `[E]` when `add_bias_linear`.
+- MoE router bias `[E]` when `add_bias_linear`;
+- attention sinks (`softmax_type` learnable, gpt-oss): `core_attention.softmax_offset` `[a/tp]` per layer.
 """
 
 from __future__ import annotations
@@ -116,6 +117,10 @@ def attention_parameters(model: ModelSpec, tp: int = 1) -> int:
     params += model.attention_output_size * h // tp
     if model.add_bias_linear:
         params += h
+    if model.softmax_type == "learnable":
+        # attention sinks: core_attention.softmax_offset, one logit per head, split over TP (megatron-core
+        # DotProductAttention / TE DotProductAttention: Parameter(num_attention_heads // tp))
+        params += model.num_attention_heads // tp
     return params
 
 
