@@ -140,3 +140,23 @@ def test_calibration_keeps_each_precision_to_itself():
     assert cal.efficiency("fc1", "fwd", flops, "bf16") is None
     # the TE linear layers calibrate every GEMM of the layer: H200 column-parallel fc1 at 0.69-0.74
     assert 0.6 < calibration_from_dict(bf16).efficiency("fc1", "dgrad", flops, "bf16") < 0.85
+
+
+def test_the_runner_builds_gpt_oss_with_its_windows_sinks_and_clamped_glu():
+    """What `mat validate` and the testbench run is the model that was predicted: megatron-core's TransformerConfig
+    for gpt-oss carries the sliding window on every other layer, the learnable softmax and the clamped quick GeGLU."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    from megatron.core.transformer.utils import is_layer_window_attention
+
+    from megatron_autotuner.specs import load_model_spec
+    from megatron_autotuner.testbench.cases import Case
+    from megatron_autotuner.testbench.operators import build_transformer_config
+
+    spec = load_model_spec("gpt-oss-20b").with_num_layers(4)
+    config = build_transformer_config(spec, Case("gpt-oss-20b", "decoder", 4096, ep=1), False, "cpu")
+    assert config.window_size == (127, 0) and config.softmax_type == "learnable"
+    assert config.activation_func is quick_gelu and config.glu_linear_offset == 1.0
+    assert config.activation_func_clamp_value == 7.0 and config.add_bias_linear
+    windowed = [is_layer_window_attention(config.window_size, config.window_attn_skip_freq, n) for n in range(1, 5)]
+    assert windowed == [spec.is_window_layer(i) for i in range(4)] == [True, False, True, False]

@@ -74,6 +74,16 @@ def transformer_config_kwargs(spec: ModelSpec, case: Case) -> dict[str, Any]:
             moe_aux_loss_coeff=0.0,
             moe_router_pre_softmax=spec.moe_router_topk == 1,
         )
+    if spec.window_size:
+        # megatron-core: window_size (left, right), left = keys - 1; window_attn_skip_freq None = every layer
+        kwargs["window_size"] = (spec.window_size - 1, 0)
+        kwargs["window_attn_skip_freq"] = list(spec.window_layer_pattern) or None
+    if spec.softmax_type != "vanilla":
+        kwargs["softmax_type"] = spec.softmax_type
+    if spec.glu_linear_offset:
+        kwargs["glu_linear_offset"] = spec.glu_linear_offset
+    if spec.activation_clamp_value is not None:
+        kwargs["activation_func_clamp_value"] = spec.activation_clamp_value
     if spec.multi_latent_attention:
         kwargs.update(
             q_lora_rank=spec.q_lora_rank,
@@ -89,7 +99,7 @@ def uses_bias_activation_fusion(spec: ModelSpec) -> bool:
     """Megatron-LM trains with bias_activation_fusion on (--bias-swiglu-fusion / --bias-gelu-fusion default
     True); megatron-core fuses GLU with silu or gelu, and plain gelu only with a bias."""
     if spec.gated_linear_unit:
-        return spec.activation in ("silu", "gelu")
+        return spec.activation in ("silu", "gelu", "quick_gelu")  # quick_gelu: weighted_bias_quick_geglu
     return spec.activation == "gelu" and spec.add_bias_linear
 
 
@@ -118,7 +128,11 @@ def build_transformer_config(
         def squared_relu(x):
             return torch.pow(F.relu(x), 2)
 
-    activations: dict[str, Callable] = {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu}
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+
+    activations: dict[str, Callable] = {
+        "silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu, "quick_gelu": quick_gelu,
+    }  # fmt: skip
     kwargs = transformer_config_kwargs(spec, case)
     kwargs["activation_func"] = activations[spec.activation]
     # Megatron-LM trains with bias_activation_fusion on (--bias-swiglu-fusion / --bias-gelu-fusion default
