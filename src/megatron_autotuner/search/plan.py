@@ -39,7 +39,14 @@ from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
-from ..specs.parallel import CudaGraphConfig, ParallelConfig, RecomputeConfig, Workload, validate_layout
+from ..specs.parallel import (
+    CudaGraphConfig,
+    ParallelConfig,
+    RecomputeConfig,
+    Workload,
+    cp_comm_type_for,
+    validate_layout,
+)
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
 from .host_pace import PaceSpread, rank_with_host_pace
 from .space import (
@@ -331,7 +338,7 @@ def plan(
         work = base if graphs is None else base.replace(cuda_graph=graphs)
         parallel = ParallelConfig(
             num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, tp_comm_overlap and sp and tp > 1,
-            pipeline_layout=pipeline_layout,
+            pipeline_layout=pipeline_layout, cp_comm_type=cp_comm_type_for(model, cp),
         )  # fmt: skip
         if budgets is not None:
             return parallel, work.replace(max_token_len=mbs, recompute=RECOMPUTE_CHOICES[rc_name])

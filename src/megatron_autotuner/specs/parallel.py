@@ -565,6 +565,35 @@ def check_tp_comm_overlap(parallel: ParallelConfig) -> None:
         raise ConfigError("tp_comm_overlap", "needs sequence_parallel (TE userbuffers overlap the SP collectives)")
 
 
+def cp_comm_type_for(model: ModelSpec, cp: int) -> str:
+    """The context-parallel exchange a model's attention runs with: a2a (Ulysses) for sliding windows and attention
+    sinks, which TE's ring (p2p) does not run (`check_cp_attention`; Megatron-Bridge's MistralBridge sets a2a for
+    the same reason); p2p, Megatron's default, otherwise."""
+    if cp > 1 and (model.window_size or model.softmax_type != "vanilla"):
+        return "a2a"
+    return "p2p"
+
+
+def check_cp_attention(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """TE's context parallelism runs a sliding window only with a2a or all-gather, and a softmax other than vanilla
+    (attention sinks) only with a2a; a2a splits the heads of each TP rank over cp
+    (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py @ d0067d0:
+    `assert not sliding_window_attn or cp_comm_type in ["a2a", "all_gather"]`,
+    `assert softmax_type == "vanilla" or cp_comm_type == "a2a"`, heads % cp_size for a2a)."""
+    cp, kind = parallel.cp, parallel.cp_comm_type
+    if cp == 1:
+        return
+    if model.window_size and kind not in ("a2a", "allgather"):
+        raise ConfigError("cp_comm_type", f"{kind}: sliding-window attention with cp > 1 runs with a2a or allgather")
+    if model.softmax_type != "vanilla" and kind != "a2a":
+        raise ConfigError("cp_comm_type", f"{kind}: softmax_type {model.softmax_type} with cp > 1 runs with a2a only")
+    heads = model.num_attention_heads // parallel.tp
+    if kind == "a2a" and heads % cp:
+        raise ConfigError(
+            "cp", f"a2a context parallelism splits the {heads} heads of a TP rank: cp={cp} must divide them"
+        )
+
+
 def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> None:
     """Raise `ConfigError` if megatron-core would refuse this model / layout / workload combination."""
     tp, pp, cp, ep, etp = parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp
@@ -602,6 +631,7 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
     packed = workload.lengths is not None  # THD: each sequence is padded to `thd_alignment` instead
     if packed:
         packed_batch(parallel, workload, padded=False)  # raises when verl could not pack the step
+    check_cp_attention(model, parallel)
     if cp > 1 and seq % (2 * cp) and not packed:
         raise ConfigError("seq_length", f"{seq} must be divisible by 2*cp = {2 * cp} (load-balanced context parallel)")
     if parallel.sequence_parallel and (seq // cp) % tp and not packed:
