@@ -18,7 +18,7 @@ from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded, write_text_atomic
 from ..report import output_dir_for, write_plan_report
 from ..search import GRAPH_MODES, plan_with_graphs
-from ..search.current import CurrentRun, compare_with_best
+from ..search.current import CurrentRun, FlagChange, compare_with_best, refused_launch
 from ..validate.command import add_stand_in_argument
 from .estimate_cmd import (
     add_assumption_arguments,
@@ -145,6 +145,8 @@ class PlanInputs:
     graphs: Any
     lengths: Any
     current: Any = None
+    # the launch's own layout when Megatron-LM would refuse it (the reason, its layout, workload): planned all the same
+    refused: tuple[str, Any, Any, tuple[str, ...], tuple[str, ...]] | None = None
 
 
 def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
@@ -166,12 +168,17 @@ def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
         imported = import_launch(args)
         model, mine, work = imported.model, imported.parallel, imported.workload
         options = cost_options_from_args(args, imported.options)  # the launch's own run settings, for every layout
-        current = estimate(model, mine, work, gpu, options).with_notes(imported.notes, imported.not_modelled)
+        current, refused = None, None
+        try:
+            current = estimate(model, mine, work, gpu, options).with_notes(imported.notes, imported.not_modelled)
+        except ConfigError as exc:
+            # a layout Megatron-LM would refuse (24 layers on 16 stages): the model, workload and GPUs still plan
+            refused = (str(exc), mine, work, imported.notes, imported.not_modelled)
         inputs = PlanInputs(
             model, options, mine.tp_comm_overlap, mine.num_gpus, work.seq_length, work.global_batch_size,
             work.precision, work.fp8_recipe, work.fp8_param, mine.grad_reduce_in_fp32,
             work.cuda_graph,  # the launch's CUDA graphs, kept for every candidate
-            lengths, current,
+            lengths, current, refused,
         )  # fmt: skip
     else:
         model = model_from_args(args)
@@ -223,17 +230,22 @@ def run(args: argparse.Namespace) -> int:
     out_dir = ensure_output_dir(out_dir)
     files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
     validation = run_validation(args, result, out_dir) if args.validate is not None else None
+    refused = None
+    if inputs.refused is not None:
+        refused = refused_launch(*inputs.refused, result.best.estimate, result.options)
     if args.json:
         data = result.to_dict(top_k=args.top)
         if comparison is not None:
             data["current_run"] = comparison.to_dict()
+        if refused is not None:
+            data["current_run"] = refused
         if validation is not None:
             data["validation"] = validation.plan
         data["output_dir"] = str(out_dir)
         data["files"] = files
         print_json(data)
     else:
-        print_plan(args, inputs, result, comparison, out_dir, validation)
+        print_plan(args, inputs, result, comparison, out_dir, validation, refused)
     _require_validated(validation)
     return 0
 
@@ -260,7 +272,9 @@ def run_validation(args: argparse.Namespace, result, out_dir: Path):
     return validation
 
 
-def print_plan(args: argparse.Namespace, inputs: PlanInputs, result, comparison, out_dir: Path, validation) -> None:
+def print_plan(
+    args: argparse.Namespace, inputs: PlanInputs, result, comparison, out_dir: Path, validation, refused=None
+) -> None:
     out = console()
     precision = result.base_workload.precision_label
     lengths, seq = inputs.lengths, inputs.seq
@@ -280,6 +294,15 @@ def print_plan(args: argparse.Namespace, inputs: PlanInputs, result, comparison,
         out.print(f"max_token_len of the best layout: {result.best.max_token_len_reason}")
     if comparison is not None:
         print_current_run(out, comparison)
+    if refused is not None:
+        out.print(
+            f"[bold]your launch[/bold] would not start: {refused['refused']} (Megatron-LM refuses it too); the "
+            f"fastest layout for its model, workload and {inputs.num_gpus} GPUs runs "
+            f"{refused['best_step_time_s']:.3f} s/step; change these Megatron-LM flags:"
+        )
+        for change in refused["flag_changes"]:
+            out.print(f"  {FlagChange(**change)}")
+        print_notes(out, refused["notes"], refused["not_modelled"])
     out.print("TP scaling (the overlap tuner's check, predicted): " + result.tp_scaling().summary())
     out.print("run settings assumed (in every exported launch): " + run_settings_line(result.options))
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))

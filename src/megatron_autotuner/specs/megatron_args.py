@@ -326,6 +326,7 @@ class Launch:
     num_gpus: int | None = None
     notes: tuple[str, ...] = ()  # what reading the script had to assume, flags dropped
     source: str | None = None  # the launch file, when read from one
+    script: str | None = None  # the training script the launch runs (None: bare flags or a fragment)
 
     def value(self, dest: str) -> Any:
         """The launch's value of `dest`, or Megatron-LM's default."""
@@ -463,6 +464,7 @@ def read_launch(
         num_gpus=command.num_gpus,
         notes=tuple(dict.fromkeys((*command.notes, *notes))),
         source=script,
+        script=command.script,
     )
 
 
@@ -955,6 +957,16 @@ def _smallest_world(tp: int, pp: int, cp: int, ep: int, etp: int) -> int:
     return tp * pp * cp * dp
 
 
+# Megatron-LM training scripts whose model is not the GPT decoder the flags describe (Megatron-LM's own and the
+# forks' in the corpus): the prediction covers the decoder only, and says so
+NOT_DECODER_SCRIPTS = {
+    "pretrain_bert.py": "BERT (a bidirectional encoder with a binary head)",
+    "pretrain_t5.py": "T5 (an encoder-decoder)",
+    "pretrain_vlm.py": "a vision-language model (its vision encoder is not counted)",
+    "pretrain_llava.py": "a vision-language model (its vision encoder is not counted)",
+}
+
+
 def launch_to_specs(
     launch: Launch,
     base_model: ModelSpec | None = None,
@@ -974,6 +986,9 @@ def launch_to_specs(
         flag = next((f for f in entry.flags if f.startswith("--")), entry.flags[0])
         reason = _NOT_MODELLED_NOTES.get(dest)
         not_modelled.append(f"{flag}: {reason}" if reason else flag)
+    other_model = NOT_DECODER_SCRIPTS.get((launch.script or "").rsplit("/", 1)[-1])
+    if other_model:
+        not_modelled.append(f"{launch.script}: {other_model}, predicted as the GPT decoder its flags describe")
     model = _model_from_launch(launch, base_model, notes)
     options: dict[str, Any] = {
         "overlap_grad_reduce": bool(launch.value("overlap_grad_reduce")),
@@ -996,7 +1011,7 @@ def launch_to_specs(
         # (moe_router / moe_preprocess graphs leave the dispatch and experts eager)
         options["moe_host_bound"] = not launch.value("moe_permute_fusion") and not graphs.captures("moe", True)
     if model is None:
-        return ImportedLaunch(None, None, None, options, tuple(notes), tuple(not_modelled), launch)
+        return ImportedLaunch(None, None, None, options, tuple(notes), _said_once(not_modelled), launch)
 
     gpus = num_gpus or launch.num_gpus
     seq = _int(launch, "seq_length")
@@ -1092,7 +1107,18 @@ def launch_to_specs(
         notes.append("activation offloading: ignored for a forward-only pass")
     elif offload.enabled:
         workload = workload.replace(activation_offload=offload)
-    return ImportedLaunch(model, parallel, workload, options, tuple(notes), tuple(not_modelled), launch)
+    return ImportedLaunch(model, parallel, workload, options, tuple(notes), _said_once(not_modelled), launch)
+
+
+def _said_once(not_modelled: list[str]) -> tuple[str, ...]:
+    """Each unmodelled flag once: a bare `--flag` entry goes when a fuller one names the same flag (`--fp16` beside
+    `--fp16 (predicted as bf16)`)."""
+
+    def flag(item: str) -> str:
+        return item.split(":")[0].split(" ")[0]
+
+    fuller = {flag(item) for item in not_modelled if item != flag(item)}
+    return tuple(dict.fromkeys(item for item in not_modelled if item != flag(item) or item not in fuller))
 
 
 def _cuda_graph_modules(launch: Launch, dest: str) -> list[str]:
