@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -28,6 +27,8 @@ import yaml
 
 from megatron_autotuner.export.bridge import MegatronArgs, bridge_overrides, bridge_overrides_yaml, layout_num_stages
 from megatron_autotuner.export.verl import MCORE_LAYOUT_KEYS, verl_override_lines, verl_overrides, verl_overrides_yaml
+
+from .verl_checks import VERL_BASE, engine_worker_configs
 
 # The brief's example launch (Megatron-LM argparse dests and values).
 EXAMPLE: dict = {
@@ -360,63 +361,6 @@ def test_verl_override_lines_syntax():
 # verl's own config code
 # --------------------------------------------------------------------------------------------------------
 
-# A GRPO run with a KL loss (so the reference policy is used) on 32 nodes of 8 GPUs (TP8 x PP8 x CP2 -> DP 2).
-VERL_BASE = [
-    "model_engine=megatron",
-    "algorithm.adv_estimator=grpo",
-    "critic.enable=false",
-    "actor_rollout_ref.actor.use_kl_loss=true",
-    "actor_rollout_ref.rollout.name=vllm",
-    "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=32",
-    "data.train_batch_size=512",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=128",
-]
-
-
-@pytest.fixture(scope="module")
-def verl_env():
-    verl_config = pytest.importorskip("verl.utils.config", exc_type=ImportError)
-    hydra = pytest.importorskip("hydra")
-    import verl
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-
-    def compose(overrides):
-        with hydra.initialize_config_dir(config_dir=config_dir, version_base=None):
-            return hydra.compose("ppo_trainer", overrides=[*VERL_BASE, *overrides])
-
-    def validate(cfg):
-        # as verl.trainer.main_ppo.main does
-        verl_config.validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-
-    return compose, validate, verl_config.omega_conf_to_dataclass
-
-
-def _engine_worker_configs(cfg, omega_conf_to_dataclass):
-    """Instantiate actor and ref as verl/workers/engine_workers.py init_model does (verl 0.9.1)."""
-    from omegaconf import open_dict
-
-    arr = copy.deepcopy(cfg.actor_rollout_ref)
-    actor = omega_conf_to_dataclass(arr.actor)
-    with open_dict(arr.ref):
-        arr.ref.ppo_mini_batch_size = arr.actor.ppo_mini_batch_size
-        arr.ref.ppo_micro_batch_size = arr.ref.pop("log_prob_micro_batch_size", None)
-        arr.ref.ppo_micro_batch_size_per_gpu = arr.ref.pop("log_prob_micro_batch_size_per_gpu", None)
-        arr.ref.use_dynamic_bsz = arr.ref.pop("log_prob_use_dynamic_bsz", False)
-        arr.ref.ppo_max_token_len_per_gpu = arr.ref.pop("log_prob_max_token_len_per_gpu", None)
-    ref = omega_conf_to_dataclass(arr.ref)
-    # engine_workers.py asserts these before building the actor
-    assert arr.actor.use_dynamic_bsz == arr.rollout.log_prob_use_dynamic_bsz
-    if arr.actor.use_dynamic_bsz:
-        assert arr.rollout.log_prob_max_token_len_per_gpu is not None
-        assert arr.actor.ppo_max_token_len_per_gpu is not None
-    else:
-        assert arr.rollout.log_prob_micro_batch_size_per_gpu is not None
-        assert arr.actor.ppo_micro_batch_size_per_gpu is not None
-    return actor, ref
-
 
 @pytest.mark.parametrize(
     "args,max_token_len",
@@ -427,7 +371,7 @@ def test_verl_train_lines_pass_verl_validation(verl_env, args, max_token_len):
     compose, validate, to_dataclass = verl_env
     cfg = compose(verl_override_lines(args, mode="train", max_token_len=max_token_len))
     validate(cfg)
-    actor, ref = _engine_worker_configs(cfg, to_dataclass)
+    actor, ref = engine_worker_configs(cfg, to_dataclass)
     expected = verl_overrides(args, mode="train", max_token_len=max_token_len)["actor_rollout_ref"]
     for key in MCORE_LAYOUT_KEYS:
         assert getattr(actor.megatron, key) == expected["actor"]["megatron"][key]
@@ -458,7 +402,7 @@ def test_verl_forward_lines_pass_with_the_users_training_batch(verl_env, max_tok
     user = [] if max_token_len else ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]
     cfg = compose([*user, *lines])
     validate(cfg)
-    actor, ref = _engine_worker_configs(cfg, to_dataclass)
+    actor, ref = engine_worker_configs(cfg, to_dataclass)
     assert ref.megatron.tensor_model_parallel_size == actor.megatron.tensor_model_parallel_size == 8
     if max_token_len is None:
         assert ref.ppo_micro_batch_size_per_gpu == 2
@@ -481,7 +425,7 @@ def test_verl_yaml_config_composes_like_the_lines(verl_env, tmp_path):
             # the same run settings as VERL_BASE; model_engine comes from the file's defaults
             from_file = hydra.compose(mode, overrides=VERL_BASE[1:])
         validate(from_file)
-        _engine_worker_configs(from_file, to_dataclass)
+        engine_worker_configs(from_file, to_dataclass)
         assert OmegaConf.to_container(from_file.actor_rollout_ref, resolve=True) == OmegaConf.to_container(
             from_lines.actor_rollout_ref, resolve=True
         )

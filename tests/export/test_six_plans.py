@@ -32,7 +32,8 @@ from megatron_autotuner.specs import get_gpu_spec, load_model_spec
 from megatron_autotuner.specs.lengths import SequenceLengths
 from megatron_autotuner.specs.megatron_args import launch_to_specs, read_launch, specs_to_megatron_args
 
-from .test_framework_exports import BRIDGE_CHECK, READ_FINAL, _engine_worker_configs
+from .test_framework_exports import BRIDGE_CHECK, READ_FINAL
+from .verl_checks import engine_worker_configs
 
 H100 = get_gpu_spec("H100-SXM")
 PACKED = SequenceLengths.from_mean_max((512.0, 1024), (1536.0, 4096))
@@ -90,28 +91,8 @@ def test_megatron_lm_reads_back_the_plan(plans, name, tmp_path):
     _row(name, "Megatron-LM flags", best, "layout, model, workload, step time")
 
 
-@pytest.fixture(scope="module")
-def verl_compose():
-    verl_config = pytest.importorskip("verl.utils.config", exc_type=ImportError)
-    hydra = pytest.importorskip("hydra")
-    import os
-
-    import verl
-    from verl.trainer.ppo.utils import need_critic, need_reference_policy
-
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-
-    def compose_and_validate(overrides):
-        with hydra.initialize_config_dir(config_dir=config_dir, version_base=None):
-            cfg = hydra.compose("ppo_trainer", overrides=overrides)
-        verl_config.validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))
-        return cfg, _engine_worker_configs(cfg, verl_config.omega_conf_to_dataclass)
-
-    return compose_and_validate
-
-
 @pytest.mark.parametrize("name", list(PLANS))
-def test_verl_validates_and_reads_back_the_plan(plans, name, verl_compose):
+def test_verl_validates_and_reads_back_the_plan(plans, name, verl_env):
     best, options, _files = plans[name]
     p, w = best.parallel, best.workload
     args = specs_to_megatron_args(best.model, p, w, options)
@@ -127,7 +108,10 @@ def test_verl_validates_and_reads_back_the_plan(plans, name, verl_compose):
     ]  # fmt: skip
     if w.mode == "forward" and w.max_token_len is None:
         base.append("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1")
-    _cfg, (actor, ref) = verl_compose([*base, *lines])
+    compose, validate, to_dataclass = verl_env
+    cfg = compose(lines, base=base)
+    validate(cfg)
+    actor, ref = engine_worker_configs(cfg, to_dataclass)
     read = read_verl_text("\n".join(lines)).layout("ref" if w.mode == "forward" else "actor")
     for key in MCORE_LAYOUT_KEYS:
         value = getattr((ref if w.mode == "forward" else actor).megatron, key)
