@@ -149,7 +149,7 @@ def test_lines_and_yaml_read_the_same():
         ("python3 -m verl.trainer.main_ppo --config-name=my_cfg a.b=1", "--config-name", "my_cfg"),
         ("python3 -m verl.trainer.main_ppo --config-name ppo_trainer a.b=1", "--config-name", "ppo_trainer"),
         ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "ref.megatron", "share one parallel layout"),
-        ("actor_rollout_ref.actor.megatron.override_transformer_config.fp8=e4m3", "fp8", "not modelled"),
+        ("actor_rollout_ref.actor.megatron.override_transformer_config.fp8=e5m2", "fp8", "must be one of e4m3"),
     ],
 )
 def test_bad_launches_are_one_config_error(text, field, rule):
@@ -472,3 +472,34 @@ def test_verl_builds_mtp_layers_only_when_the_launch_enables_them():
             read_verl_text("actor_rollout_ref.model.path=Qwen/Qwen3-8B\nactor_rollout_ref.model.mtp.enable=true\n"),
             None,
         )
+
+
+def test_fp8_actor_passes_are_priced_in_fp8():
+    """verl's actor override_transformer_config fp8 / fp8_recipe (verl-recipe's DAPO fp8 launch: e4m3, blockwise)
+    price the actor update and the log-prob passes with fp8 GEMMs; fp8 parameters and unmodelled recipes are
+    refused."""
+    from megatron_autotuner.rlhf.step import evaluate_step
+    from megatron_autotuner.specs import get_gpu_spec
+
+    otc = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+    base = (
+        "actor_rollout_ref.model.path=Qwen/Qwen3-8B\ntrainer.n_gpus_per_node=8\n"
+        "actor_rollout_ref.actor.use_dynamic_bsz=true\nactor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true\n"
+    )
+    fp8 = read_verl_text(base + f'{otc}.fp8="e4m3"\n{otc}.fp8_recipe="blockwise"\n')
+    assert fp8.actor_numerics() == ("fp8", "blockwise")
+    gpu = get_gpu_spec("H100-SXM")
+    steps = {}
+    for name, launch in (("fp8", fp8), ("bf16", read_verl_text(base))):
+        model, _ = model_from_launch(launch, None)
+        inputs = launch_inputs(launch, model, 8, None)
+        assert inputs.spec.actor_numerics[0] == name
+        steps[name] = {
+            ph.name: ph.time_s for ph in evaluate_step(inputs.spec, inputs.choice, gpu, inputs.options).phases
+        }
+    assert steps["fp8"]["actor update"] < steps["bf16"]["actor update"]
+    assert steps["fp8"]["old log-prob"] < steps["bf16"]["old log-prob"]
+    with pytest.raises(ConfigError, match="fp8_recipe: 'mxfp8' is not modelled"):
+        read_verl_text(base + f"{otc}.fp8=e4m3\n{otc}.fp8_recipe=mxfp8\n")
+    with pytest.raises(ConfigError, match="fp8 parameters are not modelled"):
+        read_verl_text(base + f"{otc}.fp8=e4m3\n{otc}.fp8_param=true\n")

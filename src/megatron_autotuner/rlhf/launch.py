@@ -266,6 +266,7 @@ def launch_inputs(
         free_cache_engine=launch.flag("rollout_free_cache_engine"),
         rollout_s=rollout_s,
         use_critic=use_critic,
+        actor_numerics=launch.actor_numerics(),
         **critic_kw,
     )
     choice = StepChoice(

@@ -64,6 +64,7 @@ def pass_workload(
     mode: str,
     recompute: RecomputeConfig,
     for_memory: bool,
+    numerics: tuple[str, str] = ("bf16", "delayed"),
 ) -> Workload:
     """The Workload of one pass over `sequences` sequences.
 
@@ -71,7 +72,9 @@ def pass_workload(
     max_token_len = verl's per-GPU budget x CP as verl packs them, so one Workload prices both time (the packed
     tokens, sum s^2, padding) and memory (the largest micro-batch); `for_memory` does not matter.
     Fixed micro-batches (`micro_batch_size`): `Workload.lengths` needs a token budget, so every sequence is taken
-    at the mean length (`for_memory` False: time) or at the longest (True: memory)."""
+    at the mean length (`for_memory` False: time) or at the longest (True: memory). `numerics`: (precision,
+    fp8 recipe) of the engine's GEMMs (override_transformer_config fp8 / fp8_recipe)."""
+    precision, recipe = numerics
     recompute = recompute if mode == "train" else RecomputeConfig()
     if batching.dynamic:
         budget = int(batching.max_token_len_per_gpu) * parallel.cp
@@ -82,9 +85,11 @@ def pass_workload(
                 f"sequence ({lengths.max_tokens} = max prompt + max response): verl asserts max_token_len >= the "
                 "longest sequence (seqlen_balancing.py rearrange_micro_batches)",
             )
-        return Workload(lengths.max_tokens, 1, sequences, recompute, "bf16", mode, budget, lengths=lengths)
+        return Workload(
+            lengths.max_tokens, 1, sequences, recompute, precision, mode, budget, fp8_recipe=recipe, lengths=lengths
+        )
     seq = lengths.max_tokens if for_memory else max(1, round(lengths.mean_tokens))
-    return Workload(seq, int(batching.micro_batch_size), sequences, recompute, "bf16", mode)
+    return Workload(seq, int(batching.micro_batch_size), sequences, recompute, precision, mode, fp8_recipe=recipe)
 
 
 @dataclass(frozen=True)
@@ -124,14 +129,15 @@ def pass_cost(
     recompute: RecomputeConfig,
     gpu: GPUSpec,
     options: CostOptions,
+    numerics: tuple[str, str] = ("bf16", "delayed"),
 ) -> tuple[Estimate, Estimate]:
     """(estimate for time, estimate for memory) of one pass: one packed estimate with dynamic batching, the mean
     and the longest length with fixed micro-batches (`pass_workload`). Memoised on its inputs: a step prices the
     same pass for old and ref log-prob (one budget) and the same actor update for every offload setting and
     log-prob budget the search tries (every input is a frozen dataclass; a calibration hashes by identity)."""
-    timed_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, False)
+    timed_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, False, numerics)
     timed = estimate(model, parallel, timed_w, gpu, options)
-    peak_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, True)
+    peak_w = pass_workload(batching, parallel, lengths, sequences, mode, recompute, True, numerics)
     if peak_w == timed_w:
         return timed, timed
     return timed, estimate(model, parallel, peak_w, gpu, options)

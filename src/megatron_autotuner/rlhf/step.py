@@ -67,6 +67,9 @@ class StepSpec:
     critic_param_offload: bool = False
     critic_optimizer_offload: bool = False
     critic_recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    # (precision, fp8 recipe) of the actor's and the reference's Megatron passes (override_transformer_config fp8 /
+    # fp8_recipe; the ref's interpolates the actor's); their weights stay bf16 (no fp8 parameters)
+    actor_numerics: tuple[str, str] = ("bf16", "delayed")
 
     def __post_init__(self) -> None:
         if self.sequences > MAX_SAMPLED_SEQUENCES:
@@ -211,6 +214,7 @@ def evaluate_step(
         choice.recompute,
         gpu,
         options,
+        spec.actor_numerics,
     )
     mem_w = pass_workload(
         choice.actor_batching, p, spec.lengths, spec.mini_batch_sequences, "train", choice.recompute, True
@@ -277,8 +281,9 @@ def evaluate_step(
     )
     # 3. old log-prob (actor forward over every sequence)
     old_t, old_m = pass_cost(
-        model, p, choice.old_log_prob_batching, spec.lengths, spec.sequences, "forward", RecomputeConfig(), gpu, options
-    )
+        model, p, choice.old_log_prob_batching, spec.lengths, spec.sequences, "forward", RecomputeConfig(), gpu,
+        options, spec.actor_numerics,
+    )  # fmt: skip
     load_e = load_state("load actor params", actor, gpu, cal, params=P, grads=False, optimizer=False)
     others = grads_resident + opt_resident + ref_resident + critic_rollout_resident + vllm_sleeping
     phases.append(
@@ -294,7 +299,7 @@ def evaluate_step(
     if spec.use_reference:
         ref_t, ref_m = pass_cost(
             model, p, choice.ref_log_prob_batching, spec.lengths, spec.sequences, "forward", RecomputeConfig(), gpu,
-            options,
+            options, spec.actor_numerics,
         )  # fmt: skip
         load_r, off_r = ref_transitions(ref_w, gpu, cal)
         moves = (load_r, off_r) if R else ()

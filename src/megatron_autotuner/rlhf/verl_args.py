@@ -91,8 +91,12 @@ LAYOUT_DEFAULTS: dict[str, Any] = {
 # keys of verl's override_transformer_config / override_ddp_config the step model reads
 TRANSFORMER_READ = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules")
 DDP_READ = ("grad_reduce_in_fp32", "overlap_grad_reduce")
-# override_transformer_config keys the cost model does not cover: refused rather than silently mispredicted
-TRANSFORMER_REFUSED = ("fp8", "fp8_recipe", "fp8_param")
+# override_transformer_config keys the cost model does not cover: refused rather than silently mispredicted (fp8
+# parameters change what the weight sync to the rollout moves)
+TRANSFORMER_REFUSED = ("fp8_param",)
+# the fp8 GEMMs the cost model prices: megatron-core TransformerConfig fp8 formats and fp8_recipe values
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise")
 
 # A key matters to speed or memory when it sits in a megatron engine section, or its last name has one of these.
 _MATTERS = (
@@ -311,7 +315,10 @@ class VerlLaunch:
         otc = self.pass_through("actor_transformer_overrides")
         for key in TRANSFORMER_REFUSED:
             if otc.get(key):
-                raise ConfigError(f"{VERL_KEYS['actor_transformer_overrides']}.{key}", "fp8 RL steps are not modelled")
+                raise ConfigError(
+                    f"{VERL_KEYS['actor_transformer_overrides']}.{key}", "fp8 parameters are not modelled"
+                )
+        self.actor_numerics()  # refuses fp8 formats and recipes the cost model does not price
         dtype = self.get("actor_dtype")
         if dtype != "bfloat16":
             raise ConfigError(VERL_KEYS["actor_dtype"], f"only bfloat16 is modelled, got {dtype!r}")
@@ -323,6 +330,20 @@ class VerlLaunch:
                     f"is {ref[key]!r}, the actor's is {actor[key]!r}: colocated actor and ref share one parallel "
                     "layout (leave the ref's unset: verl interpolates the actor's)",
                 )
+
+    def actor_numerics(self) -> tuple[str, str]:
+        """(precision, fp8 recipe) of the actor's Megatron passes: fp8 when override_transformer_config.fp8 names a
+        format (megatron-core's fp8_recipe default is delayed), else bf16."""
+        otc = self.pass_through("actor_transformer_overrides")
+        key = f"{VERL_KEYS['actor_transformer_overrides']}"
+        fp8, recipe = otc.get("fp8"), otc.get("fp8_recipe") or "delayed"
+        if not fp8:
+            return "bf16", "delayed"
+        if fp8 not in FP8_FORMATS:
+            raise ConfigError(f"{key}.fp8", f"must be one of {', '.join(FP8_FORMATS)}, got {fp8!r}")
+        if recipe not in FP8_RECIPES:
+            raise ConfigError(f"{key}.fp8_recipe", f"{recipe!r} is not modelled (modelled: {', '.join(FP8_RECIPES)})")
+        return "fp8", recipe
 
     def get(self, name: str) -> Any:
         """The value of VERL_KEYS[name]: the launch's, else verl's default (interpolations followed)."""
