@@ -405,7 +405,21 @@ def expert_tp_comm_s(model: ModelSpec, ctx: LayerContext) -> float:
 
 @lru_cache(maxsize=16384)
 def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
-    """Time of decoder layer `layer_index` (its kind: dense or MoE) for one micro-batch on one rank."""
+    """Time of decoder layer `layer_index` for one micro-batch on one rank. It depends on the layer's kind only (MoE
+    or dense, sliding-window or full attention), so layers of one kind share one computation across the layouts a
+    search tries (the result is read, never changed, by its callers)."""
+    return _kind_cost(model, model.is_moe_layer(layer_index), model.is_window_layer(layer_index), ctx)
+
+
+@lru_cache(maxsize=8192)
+def _kind_cost(model: ModelSpec, moe: bool, windowed: bool, ctx: LayerContext) -> LayerCost:
+    index = next(
+        i for i in range(model.num_layers) if (model.is_moe_layer(i), model.is_window_layer(i)) == (moe, windowed)
+    )
+    return _layer_cost(model, index, ctx)
+
+
+def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
     gpu, cluster, tp = ctx.cluster.gpu, ctx.cluster, ctx.tp
     is_moe = model.is_moe_layer(layer_index)
     shapes = gemm_shapes(model, layer_index, ctx)

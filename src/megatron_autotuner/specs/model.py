@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
+from .hashing import cached_hash
 
 ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
@@ -79,6 +80,8 @@ class ModelSpec:
     # gpt-oss's clamped GLU (megatron-core glu_linear_offset / activation_func_clamp_value): elementwise, no matmul
     glu_linear_offset: float = 0.0
     activation_clamp_value: float | None = None
+
+    __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
     def __post_init__(self) -> None:
         if self.num_query_groups is None:

@@ -14,6 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import ConfigError
+from .hashing import cached_hash
 from .lengths import MAX_SAMPLED_SEQUENCES, PackedBatch, SequenceLengths, pack_micro_batches
 from .model import ModelSpec
 from .pipeline import PipelineLayout, even_layout
@@ -80,6 +81,8 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
     cp_comm_type: str = "p2p"  # p2p (ring) | a2a (Ulysses) | allgather
     pipeline_layout: PipelineLayout | None = None
+
+    __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
     def __post_init__(self) -> None:
         for name in ("num_gpus", "tp", "pp", "cp", "ep"):
@@ -378,6 +381,8 @@ class Workload:
     lengths: SequenceLengths | None = None
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
+
+    __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
     def __post_init__(self) -> None:
         if not isinstance(self.cuda_graph, CudaGraphConfig):

@@ -28,6 +28,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from ..errors import ConfigError
+from .hashing import cached_hash
 
 FORMS = ("even", "account", "first_last", "string")
 # a layout string, repeats unrolled: one character per embedding / layer / loss plus the stage separators (the largest
@@ -117,6 +118,8 @@ class PipelineLayout:
     account_loss: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+
+    __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
     def __post_init__(self) -> None:
         if not isinstance(self.pp, int) or self.pp < 1:
