@@ -699,8 +699,9 @@ def _bridge_cases():
     return [*cases, flat, plain]
 
 
-@pytest.fixture(scope="module")
-def bridge_results(tmp_path_factory):
+def run_bridge_check(cases: list[dict], folder) -> dict[str, dict]:
+    """Each case's `yaml_text` through Bridge's loader and runtime_config_update in a subprocess (BRIDGE_CHECK);
+    {case name: result}. Skips the test when Bridge is not installed."""
     try:
         installed = importlib.util.find_spec("megatron.bridge") is not None
     except (ImportError, ValueError):
@@ -710,12 +711,10 @@ def bridge_results(tmp_path_factory):
     # Bridge's import chain needs these besides megatron-core (importing megatron.bridge itself needs TE).
     for module in ("omegaconf", "hydra", "transformers", "datasets", "einops", "triton"):
         pytest.importorskip(module, exc_type=ImportError)
-    folder = tmp_path_factory.mktemp("bridge")
     script = folder / "bridge_check.py"
     script.write_text(BRIDGE_CHECK)
-    cases = _bridge_cases()
-    for case in cases:
-        path = folder / f"{case['name']}.yaml"
+    for k, case in enumerate(cases):
+        path = folder / f"{k}.yaml"
         path.write_text(case.pop("yaml_text"))
         case["yaml_path"] = str(path)
     proc = subprocess.run(
@@ -728,6 +727,11 @@ def bridge_results(tmp_path_factory):
     line = next((x for x in proc.stdout.splitlines() if x.startswith("BRIDGE_RESULT ")), None)
     assert line is not None, f"Bridge check failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return {r["name"]: r for r in json.loads(line[len("BRIDGE_RESULT ") :])}
+
+
+@pytest.fixture(scope="module")
+def bridge_results(tmp_path_factory):
+    return run_bridge_check(_bridge_cases(), tmp_path_factory.mktemp("bridge"))
 
 
 def _loader_warnings(result):

@@ -14,11 +14,9 @@ prints one row per plan and check."""
 
 from __future__ import annotations
 
-import json
 import shlex
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -32,7 +30,7 @@ from megatron_autotuner.specs import get_gpu_spec, load_model_spec
 from megatron_autotuner.specs.lengths import SequenceLengths
 from megatron_autotuner.specs.megatron_args import launch_to_specs, read_launch, specs_to_megatron_args
 
-from .test_framework_exports import BRIDGE_CHECK, READ_FINAL
+from .test_framework_exports import READ_FINAL, run_bridge_check
 from .verl_checks import engine_worker_configs
 
 H100 = get_gpu_spec("H100-SXM")
@@ -131,32 +129,16 @@ def test_verl_validates_and_reads_back_the_plan(plans, name, verl_env):
 
 @pytest.fixture(scope="module")
 def bridge_loaded(plans, tmp_path_factory):
-    try:
-        import importlib.util
-
-        installed = importlib.util.find_spec("megatron.bridge") is not None
-    except (ImportError, ValueError):
-        installed = False
-    if not installed:
-        pytest.skip("megatron-bridge is not installed")
-    folder = tmp_path_factory.mktemp("bridge-six")
-    script = folder / "bridge_check.py"
-    script.write_text(BRIDGE_CHECK)
     cases = []
     for name, (best, options, files) in plans.items():
-        path = folder / f"{len(cases)}.yaml"
-        path.write_text(files["bridge_overrides.yaml"])
         args = specs_to_megatron_args(best.model, best.parallel, best.workload, options)
         overrides = bridge_overrides(args)
         read = {s: [k for k in v if k != "_target_"] for s, v in overrides.items() if isinstance(v, dict)}
         provider = "deepseek" if best.model.multi_latent_attention else "gpt"
-        cases.append({"name": name, "yaml_path": str(path), "base": "recipe-common", "provider": provider,
-                      "world_size": best.parallel.num_gpus, "read": read, "read_final": READ_FINAL})  # fmt: skip
-    proc = subprocess.run([sys.executable, str(script)], input=json.dumps({"cases": cases}), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("BRIDGE_RESULT ")), None)
-    assert line is not None, f"Bridge check failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return {r["name"]: r for r in json.loads(line[len("BRIDGE_RESULT ") :])}
+        cases.append({"name": name, "yaml_text": files["bridge_overrides.yaml"], "base": "recipe-common",
+                      "provider": provider, "world_size": best.parallel.num_gpus, "read": read,
+                      "read_final": READ_FINAL})  # fmt: skip
+    return run_bridge_check(cases, tmp_path_factory.mktemp("bridge-six"))
 
 
 @pytest.mark.parametrize("name", list(PLANS))
