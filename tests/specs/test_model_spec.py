@@ -96,6 +96,10 @@ def test_gpt_oss_active_parameters_and_layers_as_its_model_card_and_bridge_give_
     oss = load_model_spec("gpt-oss-20b")
     assert oss.window_size == 128 and [oss.is_window_layer(i) for i in range(4)] == [True, False, True, False]
     assert oss.softmax_type == "learnable" and oss.add_bias_linear and oss.activation == "quick_gelu"
+    # a copy with the window switched off (sliding_window null) is the same model with full attention everywhere
+    cfg = json.loads(_preset_path("gpt-oss-20b").read_text())
+    full = model_spec_from_hf_config({**cfg, "sliding_window": None})
+    assert full.window_size == 0 and not any(full.is_window_layer(i) for i in range(24))
 
 
 def test_glm4_moe_and_mimo_map_as_megatron_bridge_maps_them():

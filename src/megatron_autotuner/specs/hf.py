@@ -215,6 +215,7 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> ModelSpec:
         raise ConfigError("layer_types", f"needs one entry per layer ({num_layers}), got {len(types)}")
     experts = _require(cfg, "num_local_experts", "gpt_oss")
     topk = cfg.get("num_experts_per_tok") or _require(cfg, "experts_per_token", "gpt_oss")
+    window = int(cfg.get("sliding_window") or 0)
     return _llama_like(
         cfg,
         name,
@@ -225,8 +226,9 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> ModelSpec:
         activation_clamp_value=float(cfg.get("swiglu_limit", 7.0)),
         glu_linear_offset=1.0,
         softmax_type="learnable",
-        window_size=int(cfg.get("sliding_window") or 0),
-        window_layer_pattern=tuple(int(t == "sliding_attention") for t in types),
+        window_size=window,
+        # no window (sliding_window null) leaves every layer full, whatever layer_types says
+        window_layer_pattern=tuple(int(t == "sliding_attention") for t in types) if window else (),
         num_moe_experts=experts,
         moe_router_topk=topk,
         moe_ffn_hidden_size=_require(cfg, "intermediate_size", "gpt_oss"),
