@@ -553,8 +553,8 @@ def stage_time(
     kind_cost: dict[tuple[bool, bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
     kind_host: dict[tuple[bool, bool, bool], tuple[float, float]] = {}
     for kinds in per_chunk_kinds:
-        for moe, full, _n, i in kinds:
-            key = (moe, model.is_window_layer(i), full)
+        for _moe, full, _n, i in kinds:
+            key = (*model.layer_kind(i), full)
             if key in kind_cost:
                 continue
             lctx = ctx if not full else replace(ctx, full_recompute=True, recompute_modules=())
@@ -580,8 +580,8 @@ def stage_time(
     host_fwd_issue_s = host_bwd_issue_s = 0.0  # the host's issue time of the stage's layers, one micro-batch
     layers_fwd_gpu_s = 0.0  # the GPU's forward work of those layers
     for c, kinds in enumerate(per_chunk_kinds):
-        for moe, full, count, layer in kinds:
-            key = (moe, model.is_window_layer(layer), full)
+        for _moe, full, count, layer in kinds:
+            key = (*model.layer_kind(layer), full)
             add(c, *kind_cost[key], count)
             host_fwd_issue_s += count * kind_host[key][0]
             host_bwd_issue_s += count * kind_host[key][1]
@@ -815,7 +815,7 @@ def _offload_exposed_s(
         layers = layout.rank_layers(stage)
         fwd_s, bwd_s, d2h_s, h2d_s = [], [], [], []
         for i in layers:
-            f, b = kind_cost[(model.is_moe_layer(i), model.is_window_layer(i), False)]
+            f, b = kind_cost[(*model.layer_kind(i), False)]
             fwd_s.append(sum(f.values()))
             bwd_s.append(sum(b.values()))
             moved = sum(g.copied_bytes for g in offload_groups(model, parallel, workload, i, act))
@@ -833,12 +833,12 @@ def _offload_exposed_s(
     chunks = [0.0] * v
     for c, kinds in enumerate(per_chunk_kinds):
         exp_f = exp_b = full = count = 0.0
-        for moe, full_rc, n, i in kinds:
+        for _moe, full_rc, n, i in kinds:
             groups = offload_groups(model, parallel, workload, i, act)
             if not groups:
                 continue
             count += n * len(groups)
-            f, b = kind_cost[(moe, model.is_window_layer(i), full_rc)]
+            f, b = kind_cost[(*model.layer_kind(i), full_rc)]
             window = sum(f.values()) + (0.0 if immediate else sum(b.values()))
             units = backward_units_s(model, i, gemm_shapes(model, i, ctx), b)
             lt = fine_grained_layer_time(groups, window, units, *bandwidths(sum(g.copied_bytes for g in groups)))

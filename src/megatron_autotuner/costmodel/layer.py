@@ -403,20 +403,16 @@ def expert_tp_comm_s(model: ModelSpec, ctx: LayerContext) -> float:
     )
 
 
-@lru_cache(maxsize=16384)
 def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
-    """Time of decoder layer `layer_index` for one micro-batch on one rank. It depends on the layer's kind only (MoE
-    or dense, sliding-window or full attention), so layers of one kind share one computation across the layouts a
-    search tries (the result is read, never changed, by its callers)."""
-    return _kind_cost(model, model.is_moe_layer(layer_index), model.is_window_layer(layer_index), ctx)
+    """Time of decoder layer `layer_index` for one micro-batch on one rank. It depends on the layer's kind only
+    (`ModelSpec.layer_kind`), so layers of one kind share one computation across the layouts a search tries (the
+    result is read, never changed, by its callers)."""
+    return _kind_cost(model, model.layer_kind(layer_index), ctx)
 
 
-@lru_cache(maxsize=8192)
-def _kind_cost(model: ModelSpec, moe: bool, windowed: bool, ctx: LayerContext) -> LayerCost:
-    index = next(
-        i for i in range(model.num_layers) if (model.is_moe_layer(i), model.is_window_layer(i)) == (moe, windowed)
-    )
-    return _layer_cost(model, index, ctx)
+@lru_cache(maxsize=16384)
+def _kind_cost(model: ModelSpec, kind: tuple[bool, bool], ctx: LayerContext) -> LayerCost:
+    return _layer_cost(model, next(i for i in range(model.num_layers) if model.layer_kind(i) == kind), ctx)
 
 
 def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:

@@ -185,6 +185,10 @@ class ModelSpec:
             return True
         return bool(self.window_layer_pattern[layer_index])
 
+    def layer_kind(self, layer_index: int) -> tuple[bool, bool]:
+        """(MoE layer?, sliding-window layer?): what a decoder layer's time and memory depend on besides the run."""
+        return self.is_moe_layer(layer_index), self.is_window_layer(layer_index)
+
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))

@@ -180,8 +180,8 @@ def chunk_layer_kinds(
     model: ModelSpec, parallel: ParallelConfig, stage: int, recompute: RecomputeConfig
 ) -> tuple[tuple[tuple[bool, bool, int, int], ...], ...]:
     """Per model chunk of rank `stage`: (MoE layer?, fully recomputed?, how many, one such layer's index) for each
-    kind of layer it holds (a sliding-window layer is a kind of its own: `model.is_window_layer` of the index says
-    which). Time and memory are per kind, so the search's inner loops count kinds, not layers."""
+    kind of layer it holds (`ModelSpec.layer_kind` of the index: a sliding-window layer is a kind of its own). Time
+    and memory are per kind, so the search's inner loops count kinds, not layers."""
     return _chunk_layer_kinds(model, pipeline_layout_of(model, parallel), stage, recompute)
 
 
@@ -193,8 +193,7 @@ def _chunk_layer_kinds(model: ModelSpec, layout, stage: int, recompute: Recomput
     for chunk in range(layout.vpp):
         kinds: dict[tuple[bool, bool, bool], list[int]] = {}
         for layer in layout.chunk_layers(stage, chunk):
-            key = (model.is_moe_layer(layer), model.is_window_layer(layer), mask[layer])
-            entry = kinds.setdefault(key, [0, layer])
+            entry = kinds.setdefault((*model.layer_kind(layer), mask[layer]), [0, layer])
             entry[0] += 1
         out.append(tuple((moe, full, n, first) for (moe, _window, full), (n, first) in kinds.items()))
     return tuple(out)
