@@ -311,13 +311,13 @@ class MegatronArgs:
         the evaluated list (moe_freq_type), softmax_type, and the clamped GLU's offset and clamp
         (transformer_config.py @ d98e8a6). --quick-geglu is gated_linear_unit; its activation_func (quick_gelu, a
         callable) stays the recipe's, as --swiglu's does."""
-        from ..specs.megatron_args import window_layer_pattern
+        from ..specs.megatron_args import window_layer_pattern, window_size_pair
 
         out: dict[str, Any] = {}
         if self.has("quick_geglu") and self["quick_geglu"]:
             out["gated_linear_unit"] = True
         if self.has("window_size") and self["window_size"] is not None:
-            out["window_size"] = [int(x) for x in str(self["window_size"]).strip("()[] ").split(",")]
+            out["window_size"] = list(window_size_pair(self["window_size"]))
         if self.has("window_attn_skip_freq") and self["window_attn_skip_freq"] is not None:
             freq = self["window_attn_skip_freq"]
             if isinstance(freq, str) and "[" in freq:

@@ -629,23 +629,29 @@ def _layer_pattern(field: str, freq: Any, num_layers: int, every: Callable[[int,
     return tuple(pattern)
 
 
+def window_size_pair(raw: Any) -> tuple[int, int]:
+    """`--window-size LEFT,RIGHT` as Megatron-LM's `tuple_type` reads it ("127,0", also "(127, 0)" or a pair)."""
+    parts = [x.strip() for x in str(raw).strip("()[] ").split(",")]
+    try:
+        left, right = (int(x) for x in parts)
+    except ValueError:
+        raise ConfigError("window_size", f"must be LEFT,RIGHT integers, got {raw!r}") from None
+    return left, right
+
+
 def _window(launch: Launch, base: ModelSpec | None, num_layers: int) -> dict[str, Any]:
-    """The attention fields of `ModelSpec` from `--window-size LEFT,RIGHT` (Megatron-LM `tuple_type`; -1 is
-    unbounded, so LEFT + 1 keys when RIGHT is 0), `--window-attn-skip-freq`, `--softmax-type`, and gpt-oss's GLU
-    offset and clamp; the base model's where the launch gives none."""
+    """The attention fields of `ModelSpec` from `--window-size LEFT,RIGHT` (-1 is unbounded, so LEFT + 1 keys when
+    RIGHT is 0), `--window-attn-skip-freq`, `--softmax-type`, and gpt-oss's GLU offset and clamp; the base model's
+    where the launch gives none."""
     out: dict[str, Any] = {}
     if launch.gave("window_size") or base is None:
         raw = _str(launch, "window_size")
-        left = 0
+        left = -1
         if raw is not None:
-            parts = [x.strip() for x in str(raw).strip("()[] ").split(",")]
-            try:
-                left, right = (int(x) for x in parts)
-            except ValueError:
-                raise ConfigError("window_size", f"must be LEFT,RIGHT integers, got {raw!r}") from None
-            if right != 0 and right != -1:
+            left, right = window_size_pair(raw)
+            if right not in (0, -1):
                 raise ConfigError("window_size", f"{raw}: a window to the right (bidirectional) is not modelled")
-        out["window_size"] = left + 1 if left >= 0 and raw is not None else 0
+        out["window_size"] = left + 1 if left >= 0 else 0
     else:
         out["window_size"] = base.window_size
     if launch.gave("window_attn_skip_freq"):
@@ -658,11 +664,7 @@ def _window(launch: Launch, base: ModelSpec | None, num_layers: int) -> dict[str
         ("glu_linear_offset", "glu_linear_offset", _float),
         ("activation_func_clamp_value", "activation_clamp_value", _float),
     ):
-        if launch.gave(dest) or base is None:
-            value = read(launch, dest)
-            out[name] = value if value is not None or name == "activation_clamp_value" else megatron_default(dest)
-        else:
-            out[name] = getattr(base, name)
+        out[name] = read(launch, dest) if launch.gave(dest) or base is None else getattr(base, name)
     return out
 
 
@@ -1402,7 +1404,7 @@ def _window_args(model: ModelSpec) -> dict[str, Any]:
     }
     if not model.window_size:
         return args
-    args["window_size"] = f"{model.window_size - 1},0"
+    args["window_size"] = ",".join(map(str, model.megatron_window_size))
     pattern = model.window_layer_pattern
     if pattern:
         every = [n for n in range(2, model.num_layers + 1) if window_layer_pattern(n, model.num_layers) == pattern]

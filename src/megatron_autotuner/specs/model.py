@@ -185,6 +185,12 @@ class ModelSpec:
             return True
         return bool(self.window_layer_pattern[layer_index])
 
+    @property
+    def megatron_window_size(self) -> tuple[int, int] | None:
+        """megatron-core's `window_size`: (keys to the left, 0 to the right), the query itself not counted; None for
+        full attention."""
+        return (self.window_size - 1, 0) if self.window_size else None
+
     def layer_kind(self, layer_index: int) -> tuple[bool, bool]:
         """(MoE layer?, sliding-window layer?): what a decoder layer's time and memory depend on besides the run."""
         return self.is_moe_layer(layer_index), self.is_window_layer(layer_index)

@@ -75,8 +75,8 @@ def transformer_config_kwargs(spec: ModelSpec, case: Case) -> dict[str, Any]:
             moe_router_pre_softmax=spec.moe_router_topk == 1,
         )
     if spec.window_size:
-        # megatron-core: window_size (left, right), left = keys - 1; window_attn_skip_freq None = every layer
-        kwargs["window_size"] = (spec.window_size - 1, 0)
+        # megatron-core's window_attn_skip_freq None: every layer slides
+        kwargs["window_size"] = spec.megatron_window_size
         kwargs["window_attn_skip_freq"] = list(spec.window_layer_pattern) or None
     if spec.softmax_type != "vanilla":
         kwargs["softmax_type"] = spec.softmax_type
