@@ -143,14 +143,10 @@ def transformer_config(
     """A megatron-core `TransformerConfig` (`MLATransformerConfig` for MLA) equal to the ModelSpec, with the
     uneven-pipeline fields of `pipeline`."""
     import torch
-    import torch.nn.functional as F
-    from megatron.core.activations import squared_relu
-    from megatron.core.fusions.fused_bias_geglu import quick_gelu
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    activations = {
-        "silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu, "quick_gelu": quick_gelu,
-    }  # fmt: skip
+    from megatron_autotuner.testbench.operators import activation_function
+
     if spec.get("softmax_type", "vanilla") != "vanilla" and not torch.cuda.is_available():
         # megatron-core 0.16.1's local DotProductAttention allocates softmax_offset on torch.cuda.current_device()
         # (dot_product_attention.py:132); a CPU build has none, so it goes on the CPU: only its shape is counted
@@ -164,7 +160,7 @@ def transformer_config(
         kv_channels=spec["kv_channels"],
         ffn_hidden_size=spec["ffn_hidden_size"],
         gated_linear_unit=spec["gated_linear_unit"],
-        activation_func=activations[spec["activation"]],
+        activation_func=activation_function(spec["activation"]),
         normalization=spec["normalization"],
         add_bias_linear=spec["add_bias_linear"],
         add_qkv_bias=spec["add_qkv_bias"],

@@ -112,14 +112,12 @@ def megatron_lm_fusions(device: str, use_te: bool) -> dict[str, bool]:
     return {"bias_dropout_fusion": cuda, "masked_softmax_fusion": cuda, "apply_rope_fusion": cuda and use_te}
 
 
-def build_transformer_config(
-    spec: ModelSpec, case: Case, use_te: bool, device: str, overrides: dict[str, Any] | None = None
-):
-    """megatron-core `TransformerConfig` for `spec`; `overrides` (e.g. pipeline sizes, recompute) win over
-    the defaults (the validate runner uses them for whole training runs)."""
+def activation_function(name: str) -> Callable:
+    """The megatron-core activation_func of a `ModelSpec.activation` (quick_gelu: gpt-oss's, from
+    megatron.core.fusions.fused_bias_geglu, as Megatron-LM's --quick-geglu sets it)."""
     import torch
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
 
     try:
         from megatron.core.activations import squared_relu
@@ -128,13 +126,21 @@ def build_transformer_config(
         def squared_relu(x):
             return torch.pow(F.relu(x), 2)
 
-    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    return {"silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu, "quick_gelu": quick_gelu}[
+        name
+    ]
 
-    activations: dict[str, Callable] = {
-        "silu": F.silu, "gelu": F.gelu, "relu": F.relu, "squared_relu": squared_relu, "quick_gelu": quick_gelu,
-    }  # fmt: skip
+
+def build_transformer_config(
+    spec: ModelSpec, case: Case, use_te: bool, device: str, overrides: dict[str, Any] | None = None
+):
+    """megatron-core `TransformerConfig` for `spec`; `overrides` (e.g. pipeline sizes, recompute) win over
+    the defaults (the validate runner uses them for whole training runs)."""
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
     kwargs = transformer_config_kwargs(spec, case)
-    kwargs["activation_func"] = activations[spec.activation]
+    kwargs["activation_func"] = activation_function(spec.activation)
     # Megatron-LM trains with bias_activation_fusion on (--bias-swiglu-fusion / --bias-gelu-fusion default
     # True); megatron-core can fuse GLU with silu or gelu, and plain gelu only with a bias.
     kwargs["bias_activation_fusion"] = uses_bias_activation_fusion(spec)
