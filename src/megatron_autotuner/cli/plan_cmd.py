@@ -145,8 +145,8 @@ class PlanInputs:
     graphs: Any
     lengths: Any
     current: Any = None
-    # the launch's own layout when Megatron-LM would refuse it (the reason, its layout, workload): planned all the same
-    refused: tuple[str, Any, Any, tuple[str, ...], tuple[str, ...]] | None = None
+    # why Megatron-LM would refuse the launch's own layout, and the launch as read: planned all the same
+    refused: tuple[str, Any] | None = None
 
 
 def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
@@ -173,7 +173,7 @@ def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
             current = estimate(model, mine, work, gpu, options).with_notes(imported.notes, imported.not_modelled)
         except ConfigError as exc:
             # a layout Megatron-LM would refuse (24 layers on 16 stages): the model, workload and GPUs still plan
-            refused = (str(exc), mine, work, imported.notes, imported.not_modelled)
+            refused = (str(exc), imported)
         inputs = PlanInputs(
             model, options, mine.tp_comm_overlap, mine.num_gpus, work.seq_length, work.global_batch_size,
             work.precision, work.fp8_recipe, work.fp8_param, mine.grad_reduce_in_fp32,

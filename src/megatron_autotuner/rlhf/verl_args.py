@@ -335,7 +335,7 @@ class VerlLaunch:
         """(precision, fp8 recipe) of the actor's Megatron passes: fp8 when override_transformer_config.fp8 names a
         format (megatron-core's fp8_recipe default is delayed), else bf16."""
         otc = self.pass_through("actor_transformer_overrides")
-        key = f"{VERL_KEYS['actor_transformer_overrides']}"
+        key = VERL_KEYS["actor_transformer_overrides"]
         fp8, recipe = otc.get("fp8"), otc.get("fp8_recipe") or "delayed"
         if not fp8:
             return "bf16", "delayed"

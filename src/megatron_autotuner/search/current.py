@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..costmodel.estimate import CostOptions, Estimate
-from ..specs.megatron_args import FLAG_TABLE, render_flags, specs_to_megatron_args
+from ..specs.megatron_args import FLAG_TABLE, ImportedLaunch, render_flags, specs_to_megatron_args
 
 
 @dataclass(frozen=True)
@@ -79,27 +79,19 @@ def compare_with_best(current: Estimate, best: Estimate, best_options: CostOptio
     return CurrentRun(current, best, tuple(flag_changes(mine, theirs)))
 
 
-__all__ = ["CurrentRun", "FlagChange", "compare_with_best", "flag_changes"]
-
-
-def refused_launch(
-    reason: str,
-    parallel,
-    workload,
-    notes: tuple[str, ...],
-    not_modelled: tuple[str, ...],
-    best: Estimate,
-    best_options: CostOptions,
-) -> dict[str, Any]:
+def refused_launch(reason: str, launch: ImportedLaunch, best: Estimate, best_options: CostOptions) -> dict[str, Any]:
     """A launch whose own layout Megatron-LM would refuse (`reason`): its layout, what reading it assumed, the best
     layout's step time and the Megatron-LM flags that turn the launch into the best layout."""
-    mine = specs_to_megatron_args(best.model, parallel, workload, best_options)
+    mine = specs_to_megatron_args(best.model, launch.parallel, launch.workload, best_options)
     theirs = specs_to_megatron_args(best.model, best.parallel, best.workload, best_options)
     return {
         "refused": reason,
-        "parallel": parallel.to_dict(),
+        "parallel": launch.parallel.to_dict(),
         "best_step_time_s": best.step_time_s,
         "flag_changes": [c.to_dict() for c in flag_changes(mine, theirs)],
-        "notes": list(notes),
-        "not_modelled": list(not_modelled),
+        "notes": list(launch.notes),
+        "not_modelled": list(launch.not_modelled),
     }
+
+
+__all__ = ["CurrentRun", "FlagChange", "compare_with_best", "flag_changes", "refused_launch"]
