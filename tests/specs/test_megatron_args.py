@@ -264,3 +264,30 @@ def test_a_real_launch_with_the_legacy_rope_flag_is_read_with_rope():
     imported = launch_to_specs(read_launch_file(str(path)))
     assert imported.model.position_embedding_type == "rope"
     assert not any("rotary" in flag or "mcore" in flag for flag in imported.not_modelled)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--window-size abc", "mat: error: window_size: must be LEFT,RIGHT integers, got 'abc'"),
+        ("--window-size 127", "mat: error: window_size: must be LEFT,RIGHT integers, got '127'"),
+        ("--window-size 127,5",
+         "mat: error: window_size: 127,5: a window to the right (bidirectional) is not modelled"),
+        ("--window-size 127,0 --window-attn-skip-freq 0", "mat: error: window_attn_skip_freq: must be >= 1, got 0"),
+        ("--window-size 127,0 --window-attn-skip-freq [1]*3",
+         "mat: error: window_attn_skip_freq: has 3 entries, the model has num_layers=4"),
+        ("--activation-func-clamp-value -1",
+         "mat: error: activation_clamp_value: must be > 0 (megatron-core TransformerConfig)"),
+        ("--glu-linear-offset x", "mat: error: glu_linear_offset: must be a number, got 'x'"),
+        ("--window-size 127,0 --context-parallel-size 2",
+         "mat: error: cp_comm_type: p2p: sliding-window attention with cp > 1 runs with a2a or allgather"),
+    ],
+)  # fmt: skip
+def test_bad_window_sink_and_glu_flags_are_one_line_errors(flags, message, tmp_path, capsys):
+    from megatron_autotuner.cli import main
+
+    launch = tmp_path / "launch.sh"
+    launch.write_text("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 1024 "
+                      f"--micro-batch-size 1 --global-batch-size 8 --vocab-size 1000 {flags}\n")  # fmt: skip
+    assert main(["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--num-gpus", "2"]) == 2
+    assert capsys.readouterr().err.strip() == message
