@@ -98,10 +98,28 @@ CASES_R4: list[dict[str, Any]] = [
     {"case": "llama31-70b-8l", "model": "Llama-3.1-70B", "num_layers": 8, "seq_length": 4096, "global_batch_size": 16},
     {"case": "mixtral-6l-s8192", "model": "Mixtral-8x7B", "num_layers": 6, "seq_length": 8192, "global_batch_size": 16},
 ]
+# round 5, planned by the model as it stands after the expert-TP term, expandable segments and the pipeline
+# queued-frees term, at full depth where a model fits: a dense model with q/k/v biases at seq 8192 (Qwen2.5-7B, whose
+# lower-ranked picks include TP 4), a small dense model at seq 16384 (long-sequence CP and an uneven interleaved
+# pipeline), the small-MoE shape the 4-GPU report of #37 found the plan's #1 8% slower than its #4 on (60 experts
+# top-4 with a shared expert: Qwen1.5-MoE-A2.7B, all 24 layers), and a multi-latent-attention MoE with 64 experts
+# top-6 and a dense first layer (Moonlight-16B-A3B, 8 layers)
+CASES_R5: list[dict[str, Any]] = [
+    {"case": "qwen25-7b-s8192", "model": "Qwen2.5-7B", "seq_length": 8192, "global_batch_size": 8},
+    {"case": "qwen3-1.7b-s16384", "model": "Qwen3-1.7B", "seq_length": 16384, "global_batch_size": 8},
+    {"case": "qwen15-moe-a2.7b", "model": "Qwen1.5-MoE-A2.7B", "seq_length": 4096, "global_batch_size": 32},
+    {"case": "moonlight-8l", "model": "Moonlight-16B-A3B", "num_layers": 8, "seq_length": 4096, "global_batch_size": 32},
+]
 # folder / layouts-file suffix of each round
-ROUNDS: dict[str, list[dict[str, Any]]] = {"": CASES, "_r2": CASES_R2, "_r3": CASES_R3, "_r4": CASES_R4}
+ROUNDS: dict[str, list[dict[str, Any]]] = {
+    "": CASES,
+    "_r2": CASES_R2,
+    "_r3": CASES_R3,
+    "_r4": CASES_R4,
+    "_r5": CASES_R5,
+}
 # run settings a round plans and runs under beside `runner_options`' (a layout carries them to the runner)
-ROUND_OPTIONS: dict[str, dict[str, Any]] = {"_r4": {"expandable_segments": True}}
+ROUND_OPTIONS: dict[str, dict[str, Any]] = {"_r4": {"expandable_segments": True}, "_r5": {"expandable_segments": True}}
 
 
 def runner_options(suffix: str = "") -> CostOptions:

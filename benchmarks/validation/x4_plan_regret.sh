@@ -8,6 +8,9 @@
 #     bash benchmarks/validation/x4_plan_regret.sh r3b     # round 3's dense case (resumes what r3 left)
 #     bash benchmarks/validation/x4_plan_regret.sh r4      # round 4 (CASES_R4, expandable segments): the MoE cases
 #     bash benchmarks/validation/x4_plan_regret.sh r4b     # round 4's dense case (resumes what r4 left)
+#     bash benchmarks/validation/x4_plan_regret.sh r5      # round 5 (CASES_R5): the two dense cases   ~9 min
+#     bash benchmarks/validation/x4_plan_regret.sh r5b     # round 5's MoE cases                       ~9 min
+#     bash benchmarks/validation/x4_plan_regret.sh r5c     # resumes whatever r5 / r5b left
 # Each part stops starting layouts at its deadline (DEADLINE_S, default 540 s) and packs what it has; a part run again
 # on the same machine resumes (mat validate skips finished layouts). The layouts and the predictions made before the
 # runs come from `python benchmarks/plan_regret.py predict` (x4_plan_regret_<h100|h200>_layouts.json,
@@ -25,7 +28,7 @@ case "$(head -1 "$OUT/gpus.txt")" in
 esac
 SUFFIX=""
 [ "$PART" = r2 ] && SUFFIX="_r2"
-case "$PART" in r3*) SUFFIX="_r3" ;; r4*) SUFFIX="_r4" ;; esac
+case "$PART" in r3*) SUFFIX="_r3" ;; r4*) SUFFIX="_r4" ;; r5*) SUFFIX="_r5" ;; esac
 LAYOUTS="$HERE/x4_plan_regret_${KIND}${SUFFIX}_layouts.json"
 # one layouts file per case (the case is the first word of each layout's name)
 $PY - "$LAYOUTS" "$OUT" <<'EOF'
@@ -76,6 +79,14 @@ elif [ "$PART" = r4 ]; then
 elif [ "$PART" = r4b ]; then
   run_case llama31-70b-8l
   run_case mixtral-6l-s8192   # resumes what r4 left
+elif [ "$PART" = r5 ]; then
+  run_case qwen25-7b-s8192
+  run_case qwen3-1.7b-s16384
+elif [ "$PART" = r5b ]; then
+  run_case qwen15-moe-a2.7b
+  run_case moonlight-8l
+elif [ "$PART" = r5c ]; then
+  for c in qwen25-7b-s8192 qwen3-1.7b-s16384 qwen15-moe-a2.7b moonlight-8l; do run_case "$c"; done
 elif [ "$PART" = r3b ]; then
   run_case qwen3-32b-16l
   run_case qwen3-moe-e128-8l   # resumes what r3 left
@@ -90,7 +101,8 @@ fi
 
 EV="$OUT/evidence"
 for c in qwen3-4b llama31-8b qwen3-moe-e32-24l qwen3-moe-e64-12l qwen3-8b-s4096 qwen3-moe-e32-12l-s8192 \
-  mixtral-8l-s4096 qwen3-moe-e128-8l qwen3-32b-16l qwen3-235b-4l llama31-70b-8l mixtral-6l-s8192; do
+  mixtral-8l-s4096 qwen3-moe-e128-8l qwen3-32b-16l qwen3-235b-4l llama31-70b-8l mixtral-6l-s8192 \
+  qwen25-7b-s8192 qwen3-1.7b-s16384 qwen15-moe-a2.7b moonlight-8l; do
   [ -d "$OUT/$c" ] && collect_batch "$c" "$EV/$c"
 done
 cp "$OUT"/nccl_*.json "$OUT"/nccl_*.txt "$EV/" 2>/dev/null
