@@ -108,7 +108,13 @@ CASES_R5: list[dict[str, Any]] = [
     {"case": "qwen25-7b-s8192", "model": "Qwen2.5-7B", "seq_length": 8192, "global_batch_size": 8},
     {"case": "qwen3-1.7b-s16384", "model": "Qwen3-1.7B", "seq_length": 16384, "global_batch_size": 8},
     {"case": "qwen15-moe-a2.7b", "model": "Qwen1.5-MoE-A2.7B", "seq_length": 4096, "global_batch_size": 32},
-    {"case": "moonlight-8l", "model": "Moonlight-16B-A3B", "num_layers": 8, "seq_length": 4096, "global_batch_size": 32},
+    {
+        "case": "moonlight-8l",
+        "model": "Moonlight-16B-A3B",
+        "num_layers": 8,
+        "seq_length": 4096,
+        "global_batch_size": 32,
+    },
 ]
 # folder / layouts-file suffix of each round
 ROUNDS: dict[str, list[dict[str, Any]]] = {
