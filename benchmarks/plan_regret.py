@@ -272,6 +272,7 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
         run = measured.get(row["label"], {})
         m = run.get("measured") or {}
         p = row["predicted"]
+        now = _predict_now(row, gpu)
         layouts.append(
             {
                 "rank": row["rank"],
@@ -285,7 +286,8 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
                 "peak_memory_error": _rel(p.get("peak_memory_gib"), m.get("peak_gib")),
                 "former_plan_step_time_s": row["former_plan_step_time_s"],
                 # today's model on the same layout, after the runs (the error above is the prediction made before)
-                "step_time_error_now": _rel(_predict_now(row, gpu), m.get("step_time_s")),
+                "predicted_step_time_s_now": now,
+                "step_time_error_now": _rel(now, m.get("step_time_s")),
             }
         )
     ran = [lay for lay in layouts if lay["measured_step_time_s"]]
@@ -298,6 +300,10 @@ def case_report(case: str, predicted_rows: list[dict[str, Any]], measured: dict[
     out["plan_first"] = first["label"]
     if first["measured_step_time_s"]:
         out["regret"] = first["measured_step_time_s"] / best["measured_step_time_s"] - 1.0
+    # today's model over the same measured layouts (after the runs, so not a blind test): its pick and that regret
+    now_first = min(ran, key=lambda lay: lay["predicted_step_time_s_now"])
+    out["model_now_first"] = now_first["label"]
+    out["model_now_regret"] = now_first["measured_step_time_s"] / best["measured_step_time_s"] - 1.0
     out["spearman"] = spearman(
         [lay["predicted_step_time_s"] for lay in ran], [lay["measured_step_time_s"] for lay in ran]
     )

@@ -75,3 +75,37 @@ def test_round_three_planned_with_the_measured_moe_dispatcher_ran_its_first_choi
     misses = [lay["label"] for c in cases for lay in c["layouts"] if abs(lay["step_time_error"]) > 0.10]
     assert misses == ["qwen3-moe-e128-8l #116 tp1 pp2 vpp4 cp1 dp2 nosp mbs8 rc-full"]
     assert next(c for c in cases if c["case"] == "qwen3-moe-e128-8l")["spearman"] > 0.95
+
+
+def test_round_five_dense_picks_ran_fastest_and_every_peak_came_within_5_percent():
+    """Round 5 (`plan_regret.CASES_R5`, four shapes no run had, at full depth where the model fits), predicted before
+    the lease and run on it: the two dense cases' #1 ran fastest with every step within 10%, and all 24 peaks (TP 4,
+    CP 2 / 4, pp2 vpp5 / vpp6 and an uneven interleaved pipeline among them) came within 5% of the prediction. The MoE
+    cases are the open misses of docs/accuracy.md: Qwen1.5-MoE's steps ran 9-23% over the prediction, and
+    Moonlight's #1 (64 local experts, no EP) ran more than 3% slower than its #4 (EP 4)."""
+    (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4_r5"]
+    kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r5"
+    predicted = json.loads((kind_dir / "predicted.json").read_text())
+    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
+    assert cases == lease["cases"]
+    assert [c["case"] for c in cases] == [c["case"] for c in plan_regret.CASES_R5]
+    assert all(c["measured"] == c["planned"] == 6 for c in cases)
+    assert all(abs(lay["peak_memory_error"]) <= 0.05 for c in cases for lay in c["layouts"])
+    by_case = {c["case"]: c for c in cases}
+    for dense in ("qwen25-7b-s8192", "qwen3-1.7b-s16384"):
+        assert by_case[dense]["regret"] == 0.0
+        assert all(abs(lay["step_time_error"]) <= 0.10 for lay in by_case[dense]["layouts"])
+    assert by_case["qwen15-moe-a2.7b"]["regret"] <= 0.03
+    assert by_case["moonlight-8l"]["regret"] > 0.03  # known miss: the wait across ranks at each gather chain
+
+
+def test_round_five_ran_after_its_predictions_and_as_predicted():
+    """Every run of round 5 is later than its committed predictions and carries the same predicted step."""
+    kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r5"
+    predicted = json.loads((kind_dir / "predicted.json").read_text())
+    by_label = {row["label"]: row["predicted"] for row in predicted["rows"]}
+    runs = [json.loads(line) for path in kind_dir.glob("*/results.jsonl") for line in path.open()]
+    assert len(runs) == 24
+    assert min(run["env"]["date"] for run in runs) > predicted["date"]
+    for run in runs:
+        assert run["predicted"]["step_time_s"] == pytest.approx(by_label[run["label"]]["step_time_s"], rel=1e-9)
