@@ -21,6 +21,16 @@ REPORT = json.loads((ROOT / "benchmarks/results/plan_regret.json").read_text())
 (LEASE,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4"]
 
 
+def _round_cases(folder: str) -> list[dict]:
+    """A round's cases as `plan_regret.py report` makes them from its runs, checked against the committed report."""
+    (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == folder]
+    kind_dir = plan_regret.RESULTS / folder
+    predicted = json.loads((kind_dir / "predicted.json").read_text())
+    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
+    assert cases == lease["cases"]
+    return cases
+
+
 def test_the_committed_report_is_what_the_script_makes_of_the_runs():
     kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4"
     predicted = json.loads((kind_dir / "predicted.json").read_text())
@@ -48,11 +58,7 @@ def test_round_two_planned_with_the_overlap_cost_measured_its_dense_pick_best():
     """Round 2 (`plan_regret.CASES_R2`), planned and predicted by the model that charges hidden NCCL collectives
     (`defaults.NCCL_OVERLAP_COST`) before the runs: the dense case's #1 ran fastest, every step within 10% and every
     peak within 5%; the report is what the script makes of the runs."""
-    (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4_r2"]
-    kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r2"
-    predicted = json.loads((kind_dir / "predicted.json").read_text())
-    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
-    assert cases == lease["cases"]
+    cases = _round_cases("plan_regret_h200_x4_r2")
     dense = next(c for c in cases if c["case"] == "qwen3-8b-s4096")
     assert dense["measured"] == 6 and dense["regret"] == 0.0
     assert all(
@@ -65,11 +71,7 @@ def test_round_three_planned_with_the_measured_moe_dispatcher_ran_its_first_choi
     16 layers), planned and predicted before the runs by the model with the MoE dispatcher's measured kernels
     (`benchmarks/moe_permute.py`) and the measured NVLink all-to-all / send-recv: every case's #1 measured fastest or
     within 3% of it, and every step within 10% except a full-recompute pipeline layout ranked #116."""
-    (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4_r3"]
-    kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r3"
-    predicted = json.loads((kind_dir / "predicted.json").read_text())
-    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
-    assert cases == lease["cases"]
+    cases = _round_cases("plan_regret_h200_x4_r3")
     assert [c["case"] for c in cases] == [c["case"] for c in plan_regret.CASES_R3]
     assert all(c["measured"] == c["planned"] == 6 and c["regret"] <= 0.03 for c in cases)
     misses = [lay["label"] for c in cases for lay in c["layouts"] if abs(lay["step_time_error"]) > 0.10]
@@ -83,11 +85,7 @@ def test_round_five_dense_picks_ran_fastest_and_every_peak_came_within_5_percent
     CP 2 / 4, pp2 vpp5 / vpp6 and an uneven interleaved pipeline among them) came within 5% of the prediction. The MoE
     cases are the open misses of docs/accuracy.md: Qwen1.5-MoE's steps ran 9-23% over the prediction, and
     Moonlight's #1 (64 local experts, no EP) ran more than 3% slower than its #4 (EP 4)."""
-    (lease,) = [lease for lease in REPORT["leases"] if lease["folder"] == "plan_regret_h200_x4_r5"]
-    kind_dir = plan_regret.RESULTS / "plan_regret_h200_x4_r5"
-    predicted = json.loads((kind_dir / "predicted.json").read_text())
-    cases = plan_regret.lease_cases(predicted, plan_regret._measured_rows(kind_dir))
-    assert cases == lease["cases"]
+    cases = _round_cases("plan_regret_h200_x4_r5")
     assert [c["case"] for c in cases] == [c["case"] for c in plan_regret.CASES_R5]
     assert all(c["measured"] == c["planned"] == 6 for c in cases)
     assert all(abs(lay["peak_memory_error"]) <= 0.05 for c in cases for lay in c["layouts"])

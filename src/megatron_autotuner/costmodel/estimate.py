@@ -61,7 +61,7 @@ from ..specs.parallel import (
     pipeline_layout_of,
     validate_layout,
 )
-from ..theory.comm import dp_step_volumes
+from ..theory.comm import chained_expert_param_gathers, dp_step_volumes
 from ..theory.flops import chunk_layer_kinds, iteration_flops, model_flops_per_token
 from ..theory.memory import (
     EXPANDABLE_SEGMENTS_BY_DEFAULT,
@@ -74,6 +74,7 @@ from ..theory.memory import (
     offload_groups,
     offloaded_per_chunk,
     optimizer_shard_parameters,
+    param_gather_bytes,
     stage_signature,
 )
 from ..theory.params import ParameterCounts, stage_parameters
@@ -741,7 +742,10 @@ def stage_time(
         exposed += _hidden_cost_s(grad_calls, grad_t, exposed, cluster)
         if gather_t:
             overlap_gather = options.overlap_param_gather and parallel.use_distributed_optimizer
-            gather_exposed = gather_t if not overlap_gather else max(gather_t - window_fwd, gather_t * tail)
+            gather_exposed = gather_t
+            if overlap_gather:
+                chained_s = _chained_gathers_s(model, parallel, counts, workload, bucket, cluster, expert_stride)
+                gather_exposed = min(gather_t, max(gather_t - window_fwd, gather_t * tail + chained_s))
             exposed += gather_exposed + _hidden_cost_s(gather_calls, gather_t, gather_exposed, cluster)
         if model.tie_embeddings and pp > 1 and stage in (0, pp - 1):
             emb = mg * padded * h / tp
@@ -753,6 +757,25 @@ def stage_time(
         # gradients on the host), so the host's lead does not carry over from one step to the next
         extra["host_ramp"] = host_ramp_s
     return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s), host_issue_s, host_step_s), note
+
+
+def _chained_gathers_s(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    counts: ParameterCounts,
+    workload: Workload,
+    bucket_params: int,
+    cluster: ClusterSpec,
+    stride: int,
+) -> float:
+    """The forward's expert-parameter all-gathers that no compute hides: each bucket boundary inside a grouped
+    expert module (`theory.comm.chained_expert_param_gathers`) costs one bucket's all-gather over edp."""
+    chained = chained_expert_param_gathers(model, parallel, counts, bucket_params)
+    if not chained:
+        return 0.0
+    bytes_per_param = param_gather_bytes(counts, workload)[1] / counts.experts
+    bucket_bytes = min(bucket_params, counts.experts) * bytes_per_param
+    return chained * collective_time_s("all_gather", parallel.edp, bucket_bytes, cluster, stride)
 
 
 def _hidden_cost_s(calls: list, total_s: float, exposed_s: float, cluster: ClusterSpec) -> float:

@@ -178,6 +178,33 @@ def dp_step_volumes(counts: ParameterCounts, parallel: ParallelConfig, workload:
     return out
 
 
+def chained_expert_param_gathers(
+    model: ModelSpec, parallel: ParallelConfig, counts: ParameterCounts, bucket_params: int
+) -> float:
+    """Expert-parameter buckets per step whose all-gather a rank starts and at once waits for (expected count).
+
+    megatron-core's DDP with overlap_param_gather (distributed_data_parallel.py `_make_forward_pre_hook` and
+    param_and_grad_buffer.py `finish_param_sync` @ NVIDIA/Megatron-LM d98e8a6) gathers one bucket ahead: a module's
+    forward pre-hook waits, for each of its parameters in turn, on that parameter's bucket and only then
+    dispatches the next bucket's all-gather. Buckets never split a parameter, so a module of one weight meets a
+    boundary only at its edge and its gather ran during the compute before it. TE's grouped experts
+    (TEGroupedMLP: linear_fc1 and linear_fc2 each hold one weight per local expert) are one module of many
+    weights: each bucket boundary inside it is a gather dispatched and waited with no compute between, so the
+    whole bucket's all-gather is exposed. Per grouped module of n local weights of w parameters in buckets of B:
+    min(n - 1, n*w / B) boundaries. None with interleaving, where Megatron-LM aligns the gathers
+    (`align_param_gather`: every bucket of a chunk is dispatched at its start, no chain), with edp 1 (nothing to
+    gather) or without the distributed optimizer (no parameter all-gather).
+    """
+    if not (counts.experts and parallel.use_distributed_optimizer and parallel.edp > 1 and parallel.vpp is None):
+        return 0.0
+    local = model.num_moe_experts // parallel.ep
+    f, h = model.moe_ffn_hidden_size, model.hidden_size
+    weights = ((2 if model.gated_linear_unit else 1) * f * h // parallel.etp, f * h // parallel.etp)
+    grouped_layers = counts.experts / (local * sum(weights))  # MoE (and MTP MoE) layers on this rank
+    per_layer = sum(min(local - 1.0, local * w / bucket_params) for w in weights)
+    return grouped_layers * per_layer
+
+
 def comm_bytes_by_dimension(volumes: list[CommVolume]) -> dict[str, float]:
     """Wire bytes per parallel dimension (tp, cp, ep, pp, dp, ...)."""
     totals: dict[str, float] = {}
