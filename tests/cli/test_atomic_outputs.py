@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,7 @@ from megatron_autotuner.cli import main
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.files import write_text_atomic
 
+ROOT = Path(__file__).resolve().parents[2]
 PLAN = ["plan", "--model", "Qwen3-0.6B", "--gpu", "H100-SXM", "--num-gpus", "1", "--seq-len", "1024",
         "--global-batch-size", "8", "--top", "2"]  # fmt: skip
 
@@ -95,3 +97,47 @@ def test_a_folder_another_live_plan_holds_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "is in use by a running mat plan" in err
     assert not (out / "plan.json").exists()
+
+
+RLHF = ["rlhf", "--verl-args", str(ROOT / "examples/verl_grpo_qwen3_8b_h100_8gpu.sh"), "--gpu", "H100-SXM", "--json"]
+VALIDATE = ["validate", "--model", "Qwen3-0.6B", "--num-gpus", "1", "--seq-len", "1024", "--global-batch-size", "8",
+            "--gpu", "H100-SXM", "--dry-run", "--json"]  # fmt: skip
+
+
+def _full_disk_is_one_line(argv, out, written, monkeypatch, capsys) -> None:
+    """`argv` into `out` once, then again on a full disk: one line, exit 2, the first run's `written` files as they
+    were and no temporary file."""
+    assert main([*argv, "--output-dir", str(out)]) == 0
+    before = {name: (out / name).read_text() for name in written}
+    capsys.readouterr()
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    assert main([*argv, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("mat: error: output: cannot write ") and "No space left" in err
+    assert {name: (out / name).read_text() for name in written} == before
+    assert not [p for p in out.rglob("*.tmp")]
+
+
+def test_mat_rlhf_on_a_full_disk_is_one_line_and_keeps_the_previous_files(tmp_path, monkeypatch, capsys):
+    _full_disk_is_one_line(RLHF, tmp_path / "rlhf", ["rlhf.json", "verl_overrides.txt"], monkeypatch, capsys)
+
+
+def test_mat_validate_dry_run_on_a_full_disk_is_one_line_and_keeps_the_previous_files(tmp_path, monkeypatch, capsys):
+    _full_disk_is_one_line(VALIDATE, tmp_path / "validate", ["layouts.json"], monkeypatch, capsys)
+
+
+def test_mat_profile_on_a_full_disk_is_one_line(tmp_path, monkeypatch, capsys):
+    """The testbench's summary, written after the cases ran (here: a GPU host whose cases left no record)."""
+    import megatron_autotuner.launch.devices as devices
+    import megatron_autotuner.testbench.launcher as launcher
+    import megatron_autotuner.testbench.results as results
+
+    monkeypatch.setattr(devices, "require_cuda_gpus", lambda *_a: 1)
+    monkeypatch.setattr(launcher, "run_cases", lambda *_a, **_k: None)
+    monkeypatch.setattr(results, "all_records", lambda *_a: [])
+    monkeypatch.setattr(os, "fsync", _disk_full)
+    out = tmp_path / "profile"
+    assert main(["profile", "--model", "Qwen3-0.6B", "--ops", "decoder", "--output-dir", str(out), "--json"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("mat: error: output: cannot write ") and "summary.json" in err
+    assert not (out / "summary.json").exists() and not [p for p in out.rglob("*.tmp")]

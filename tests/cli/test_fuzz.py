@@ -9,7 +9,8 @@ found are listed in fuzz_inputs.json, which this test reads. Every subcommand pa
 Contract checked: main returns or raises SystemExit (nothing else escapes), the exit code is 0, 1 or 2, and a
 failure ends with one line starting with "mat" on stderr, with no "Traceback". Examples are derandomized (the
 same inputs every run); MAT_FUZZ_EXPLORE=1 draws new ones, MAT_FUZZ_SCALE=N runs N times as many, and
-MAT_FUZZ_TIMEOUT_S=S fails a command that runs longer than S seconds (default 60).
+MAT_FUZZ_TIMEOUT_S=S fails a command that runs longer than S seconds (default 60). MAT_FUZZ_LOG=FILE appends
+each command run, its exit code and seconds, as one JSON line (how many inputs a scale run made, and the slowest).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,6 +149,7 @@ def run_mat(argv: list[str]) -> tuple[int, str, str]:
     """main(argv) with stdout/stderr captured, stdin empty and a time limit: (code, out, err). Anything that
     escapes main other than SystemExit fails the test with the argv."""
     out, err = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
     old_handler = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT_S)
     old_stdin = sys.stdin
@@ -165,6 +168,9 @@ def run_mat(argv: list[str]) -> tuple[int, str, str]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
         sys.stdin = old_stdin
+    if os.environ.get("MAT_FUZZ_LOG"):
+        with open(os.environ["MAT_FUZZ_LOG"], "a", encoding="utf-8") as log:
+            log.write(json.dumps({"argv": argv, "code": code, "s": round(time.perf_counter() - started, 3)}) + "\n")
     return code, out.getvalue(), err.getvalue()
 
 
