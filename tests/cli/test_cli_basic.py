@@ -152,3 +152,16 @@ def test_an_fp8_plan_reports_mfu_against_the_fp8_peak(capsys, tmp_path):
     assert main(["estimate", *argv, "--pp", "2", "--cp", "2"]) == 0
     out = capsys.readouterr().out
     assert "MFU (bf16 peak)" in out and "MFU (fp8 peak)" in out
+
+
+def test_estimate_names_the_run_settings_its_number_assumes(capsys):
+    """The allocator, Megatron-LM's overlap / fusion flags and TP-communication overlap change the step; `mat
+    estimate` says which it priced, as `mat plan` does (and its --json holds them under inputs)."""
+    argv = ["estimate", "--model", "Qwen3-8B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "4096",
+            "--global-batch-size", "64"]  # fmt: skip
+    assert main([*argv, "--no-expandable-segments"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "run settings assumed: allocator PyTorch default" in out
+    assert "grad-reduce overlap on" in out and "TP-communication overlap off" in out
+    doc = run_json(capsys, [*argv, "--json"])
+    assert doc["inputs"]["expandable_segments"] is True and doc["inputs"]["parallel"]["tp_comm_overlap"] is False

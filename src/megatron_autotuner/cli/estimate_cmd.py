@@ -152,6 +152,20 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
     )
 
 
+def run_settings_line(options) -> str:
+    """What the ranking assumed the runs do beyond the layout: the allocator and Megatron-LM's run flags."""
+    on_off = {True: "on", False: "off"}
+    parts = [
+        "allocator "
+        + ("expandable segments (launch_env.sh)" if options.expandable_segments else "PyTorch default (no env)"),
+        f"grad-reduce overlap {on_off[options.overlap_grad_reduce]}",
+        f"param-gather overlap {on_off[options.overlap_param_gather]}",
+        f"gradient-accumulation fusion {on_off[options.gradient_accumulation_fusion]}",
+        f"cross-entropy fusion {on_off[options.fused_cross_entropy]}",
+    ]
+    return ", ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     gpu = gpu_from_args(args)
     if gpu is None:
@@ -173,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"[bold]{model.name}[/bold] on {parallel.num_gpus} x {gpu.name}: {layout_summary(parallel, workload)}")
     print_notes(out, est.notes, est.not_modelled)
+    overlap = "on" if parallel.tp_comm_overlap else "off"
+    out.print(f"run settings assumed: {run_settings_line(est.options)}, TP-communication overlap {overlap}")
     rows = [
         ["step time (s)", est.step_time_s],
         *(

@@ -26,6 +26,7 @@ from .estimate_cmd import (
     cost_options_from_args,
     print_notes,
     reject_assumptions_with_launch,
+    run_settings_line,
 )
 from .layout_args import (
     add_flops_convention_argument,
@@ -309,20 +310,6 @@ def print_plan(
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:
         print_measured(out, validation.plan)
-
-
-def run_settings_line(options) -> str:
-    """What the ranking assumed the runs do beyond the layout: the allocator and Megatron-LM's run flags."""
-    on_off = {True: "on", False: "off"}
-    parts = [
-        "allocator "
-        + ("expandable segments (launch_env.sh)" if options.expandable_segments else "PyTorch default (no env)"),
-        f"grad-reduce overlap {on_off[options.overlap_grad_reduce]}",
-        f"param-gather overlap {on_off[options.overlap_param_gather]}",
-        f"gradient-accumulation fusion {on_off[options.gradient_accumulation_fusion]}",
-        f"cross-entropy fusion {on_off[options.fused_cross_entropy]}",
-    ]
-    return ", ".join(parts)
 
 
 def predicted_table(result, top: int, flops_convention: str):
