@@ -38,6 +38,18 @@ copy_traces() {
   done
 }
 
+# summarize_rank_traces NAME DEST: `mat trace summary --json` of every rank's trace that validate_batch NAME recorded,
+# as DEST/LAYOUT.rank_R.summary.json (a collective waits for the last rank to arrive: the ranks' summaries say which).
+summarize_rank_traces() {
+  local trace name
+  mkdir -p "$2"
+  for trace in "$OUT/$1"/traces/*/rank_*.json.gz; do
+    [ -f "$trace" ] || continue
+    name=$(basename "$(dirname "$trace")").$(basename "$trace" .json.gz)
+    summarize_trace "$trace" "$2/$name.summary.json"
+  done
+}
+
 # summarize_trace TRACE DEST: `mat trace summary --json` of one torch-profiler trace into DEST.
 summarize_trace() {
   $MAT trace summary --json "$1" > "$2" || echo "trace summary failed: $1"

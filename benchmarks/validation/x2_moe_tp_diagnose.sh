@@ -12,10 +12,5 @@ validate_batch "$HERE/x2_moe_tp_diagnose_layouts.json" diag 240
 EV="$OUT/evidence"
 collect_batch diag "$EV"
 copy_memory_histories diag "$EV"
-mkdir -p "$EV/traces"
-for trace in "$OUT"/diag/traces/*/rank_*.json.gz; do
-  [ -f "$trace" ] || continue
-  name=$(basename "$(dirname "$trace")").$(basename "$trace" .json.gz)
-  summarize_trace "$trace" "$EV/traces/$name.summary.json"
-done
+summarize_rank_traces diag "$EV/traces"
 finish "$EV"

@@ -14,10 +14,5 @@ record_gpus
 validate_batch "$HERE/x4_rank_wait_layouts.json" wait 240
 EV="$OUT/evidence"
 collect_batch wait "$EV"
-mkdir -p "$EV/traces"
-for trace in "$OUT"/wait/traces/*/rank_*.json.gz; do
-  [ -f "$trace" ] || continue
-  name=$(basename "$(dirname "$trace")").$(basename "$trace" .json.gz)
-  summarize_trace "$trace" "$EV/traces/$name.summary.json"
-done
+summarize_rank_traces wait "$EV/traces"
 finish "$EV"
