@@ -348,3 +348,28 @@ def test_te_graphs_with_expandable_segments_export_a_launch_megatron_lm_accepts(
         else:
             with pytest.raises(ConfigError, match="NCCL_GRAPH_REGISTER"):
                 launch_to_specs(read_launch_file(str(script)))
+
+
+@pytest.mark.parametrize(
+    ("model", "n", "gbs"), [("Llama-3.1-8B", 7, 64), ("Llama-3.1-8B", 37, 6), ("Qwen3-30B-A3B", 11, 48)]
+)
+def test_the_nearest_gpu_counts_are_those_a_scan_of_every_count_finds(model, n, gbs):
+    """The refusal's nearest valid GPU counts come from the counts a layout can have (tp*pp*cp x a divisor of the
+    global batch), which is what trying every count finds, without the scan (55 s at 100,000 GPUs)."""
+    from megatron_autotuner.search.plan import _has_valid_layout, _nearest_gpu_count_message
+
+    spec = load_model_spec(model)
+    for space in (SearchSpace(uneven_pipelines=False), SearchSpace()):
+        valid = [m for m in range(1, 4 * n + 9) if m != n and _has_valid_layout(spec, H100, m, 4096, gbs, space)]
+        below, above = max((m for m in valid if m < n), default=None), min((m for m in valid if m > n), default=None)
+        expected = " or ".join(str(m) for m in (below, above) if m is not None) or "none found"
+        assert _nearest_gpu_count_message(spec, H100, n, 4096, gbs, space).endswith(f"that work: {expected}")
+
+
+def test_a_huge_gpu_count_is_refused_in_a_second():
+    import time
+
+    started = time.process_time()
+    with pytest.raises(ConfigError, match="nearest GPU counts that work"):
+        plan(load_model_spec("Llama-3.1-8B"), H100, 100_000, 4096, 7)
+    assert time.process_time() - started < 5

@@ -20,6 +20,7 @@ per-layer graphs as a choice for every layout (`space.cuda_graph_choices`), sinc
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -52,11 +53,14 @@ from .host_pace import PaceSpread, rank_with_host_pace
 from .space import (
     RECOMPUTE_CHOICES,
     SearchSpace,
+    cp_choices,
     cuda_graph_choices,
     iter_model_parallel,
     layout_choices,
     micro_batch_choices,
+    pp_choices,
     token_budget_choices,
+    tp_choices,
 )
 
 
@@ -580,9 +584,26 @@ def _has_valid_layout(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int
     return False
 
 
+def _gpu_counts_to_try(model: ModelSpec, gpu: GPUSpec, seq: int, gbs: int, space: SearchSpace) -> list[int]:
+    """Every GPU count a layout could have, ascending: tp*pp*cp (the search space's choices) times a divisor of the
+    global batch (dp). `_has_valid_layout` holds only for these, so the nearest valid counts are found among them
+    instead of by trying every count (a scan of 100,000 GPUs took 55 s)."""
+    divisors = {d for k in range(1, math.isqrt(gbs) + 1) if gbs % k == 0 for d in (k, gbs // k)}
+    products = {
+        tp * pp * cp
+        for tp in tp_choices(model, gpu.gpus_per_node, space)
+        for pp in pp_choices(model, space)
+        for cp in cp_choices(seq, space)
+    }
+    return sorted({p * d for p in products for d in divisors})
+
+
 def _nearest_gpu_count_message(model: ModelSpec, gpu: GPUSpec, n: int, seq: int, gbs: int, space: SearchSpace) -> str:
-    below = next((m for m in range(n - 1, 0, -1) if _has_valid_layout(model, gpu, m, seq, gbs, space)), None)
-    above = next((m for m in range(n + 1, 4 * n + 9) if _has_valid_layout(model, gpu, m, seq, gbs, space)), None)
+    counts = _gpu_counts_to_try(model, gpu, seq, gbs, space)
+    valid = (m for m in reversed(counts) if m < n and _has_valid_layout(model, gpu, m, seq, gbs, space))
+    below = next(valid, None)
+    valid = (m for m in counts if n < m < 4 * n + 9 and _has_valid_layout(model, gpu, m, seq, gbs, space))
+    above = next(valid, None)
     near = " or ".join(str(m) for m in (below, above) if m is not None) or "none found"
     return (
         f"no valid layout of {model.name} divides {n} GPUs with global batch {gbs} and seq {seq} "
