@@ -221,3 +221,18 @@ def test_a_string_grown_past_the_copy_bound_is_refused(tmp_path):
         tmp_path, 'A=""\n' + "".join(f'A="$A --lr {i}e-5"\n' for i in range(2_000)) + f"{_HEAD} $A\n"
     )
     assert launch.args["lr"] == "1999e-5"
+
+
+def test_a_long_double_quoted_string_reads_in_linear_time(tmp_path):
+    """Double-quoted values were appended a character at a time, which is quadratic (400 KB took 3.7 s, 3.9 MB ran
+    past 120 s): a 1 MB value now reads in about a second, and a 3.9 MB one (under the 4 MiB file limit) meets the
+    word bound in seconds."""
+    launch, seconds = _read_timed(tmp_path, f'NOTE="{"x" * 1_000_000} \\$HOME \\q"\n{_HEAD} --lr "1e-5"\n')
+    assert seconds < 5
+    assert launch.args["lr"] == "1e-5" and launch.args["num_layers"] == "32"
+    import time
+
+    start = time.process_time()
+    with pytest.raises(ConfigError, match="a word grows past"):
+        _read_timed(tmp_path, f'NOTE="{"x" * 3_900_000}"\n{_HEAD}\n')
+    assert time.process_time() - start < 10

@@ -63,6 +63,10 @@ IGNORED = frozenset(
 )  # fmt: skip
 
 
+# a run of characters that are themselves inside double quotes
+_DOUBLE_QUOTED_PLAIN = re.compile(r'[^"\\$`]*')
+
+
 @dataclass(frozen=True)
 class ShellCommand:
     """One simple command the script runs: its words after expansion, and the assignments before it."""
@@ -323,30 +327,32 @@ class _Shell:
 
     def _double(self, raw: str, i: int) -> tuple[int, list[str]]:
         """Inside double quotes from `i`: (index past the closing quote, the parts; more than one for "$@" or
-        "${A[@]}")."""
-        parts = [""]
+        "${A[@]}"). Each part is built from pieces joined once, and a run of plain characters is one piece, so a long
+        quoted string is read in linear time (appending character by character was quadratic: 400 KB took 3.7 s)."""
+        parts: list[list[str]] = [[]]
         n = len(raw)
         while i < n:
             c = raw[i]
             if c == '"':
-                return i + 1, parts
+                return i + 1, ["".join(p) for p in parts]
             if c == "\\" and i + 1 < n and raw[i + 1] in '$`"\\\n':
-                parts[-1] += raw[i + 1] if raw[i + 1] != "\n" else ""
+                parts[-1].append(raw[i + 1] if raw[i + 1] != "\n" else "")
                 i += 2
             elif c in "$`":
                 i, value, items = self._dollar(raw, i)
                 if items is not None:
                     if items:
-                        parts[-1] += items[0]
-                        parts.extend(items[1:])
-                    elif len(parts) == 1 and parts[0] == "":
-                        parts = [""]
+                        parts[-1].append(items[0])
+                        parts.extend([item] for item in items[1:])
+                    elif len(parts) == 1 and not "".join(parts[0]):
+                        parts = [[]]
                 else:
-                    parts[-1] += value
+                    parts[-1].append(value)
             else:
-                parts[-1] += c
-                i += 1
-        return i, parts
+                j = max(i + 1, _DOUBLE_QUOTED_PLAIN.match(raw, i).end())  # a backslash that escapes nothing: itself
+                parts[-1].append(raw[i:j])
+                i = j
+        return i, ["".join(p) for p in parts]
 
     def _dollar(self, raw: str, i: int) -> tuple[int, str, list[str] | None]:
         """A `$` or backtick expansion at `i`: (index past it, its value, the items of an array-at expansion)."""
