@@ -373,3 +373,18 @@ def test_a_huge_gpu_count_is_refused_in_a_second():
     with pytest.raises(ConfigError, match="nearest GPU counts that work"):
         plan(load_model_spec("Llama-3.1-8B"), H100, 100_000, 4096, 7)
     assert time.process_time() - started < 5
+
+
+@pytest.mark.parametrize("model", ["Qwen3-30B-A3B", "Llama-3.1-8B", "DeepSeek-V3", "Llama-3.1-405B"])
+def test_no_two_pipeline_choices_put_the_same_layers_on_the_same_stages(model):
+    """At pp 2 the embedding + loss accounting of an even layer count is the even split; the plan listed both,
+    same numbers, as two ranks."""
+    from megatron_autotuner.search.space import layout_choices
+    from megatron_autotuner.specs.pipeline import even_layout
+
+    spec = load_model_spec(model)
+    for pp in (2, 3, 4, 8, 16):
+        choices = layout_choices(spec, pp, SearchSpace(), 4096)
+        splits = [(v, (f or even_layout(spec.num_layers, pp, v, spec.mtp_num_layers)).stages) for v, f in choices]
+        assert len(set(splits)) == len(splits)
+    assert (None, None) in layout_choices(load_model_spec("Qwen3-30B-A3B"), 2, SearchSpace(), 4096)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..specs.model import ModelSpec
 from ..specs.parallel import CudaGraphConfig, RecomputeConfig
-from ..specs.pipeline import PipelineLayout, balanced_layout
+from ..specs.pipeline import PipelineLayout, balanced_layout, even_layout
 from ..theory.flops import layer_forward_flops_per_token, logits_flops_per_token, mtp_forward_flops_per_token
 
 RECOMPUTE_CHOICES = {
@@ -146,8 +146,21 @@ def layout_choices(model: ModelSpec, pp: int, space: SearchSpace, seq_length: in
             if (irregular or not forms) and v in (1, 2, 4, 8):
                 with contextlib.suppress(ConfigError):  # more stages than layers
                     forms.append(_balanced(model, pp, v, seq_length))
-        out += [(vpp, f) for f in forms]
+        out += [(vpp, f) for f in _distinct_splits(forms, L, pp, vpp, model.mtp_num_layers)]
     return out
+
+
+def _distinct_splits(forms: list, L: int, pp: int, vpp: int | None, mtp: int) -> list:
+    """`forms` without the ones that put the same layers on the same virtual stages as an earlier one (at pp 2 the
+    embedding + loss accounting of an even layer count is Megatron's even split: two names, one layout, one
+    step time)."""
+    seen, kept = set(), []
+    for form in forms:
+        stages = (form or even_layout(L, pp, vpp, mtp)).stages
+        if stages not in seen:
+            seen.add(stages)
+            kept.append(form)
+    return kept
 
 
 def _first_last_layouts(L: int, pp: int, v: int, mtp: int) -> list[PipelineLayout]:
