@@ -152,6 +152,12 @@ def test_an_fp8_plan_reports_mfu_against_the_fp8_peak(capsys, tmp_path):
     assert main(["estimate", *argv, "--pp", "2", "--cp", "2"]) == 0
     out = capsys.readouterr().out
     assert "MFU (bf16 peak)" in out and "MFU (fp8 peak)" in out
+    # the plan's JSON names both, with the peak each divides by
+    (first,) = run_json(
+        capsys, ["plan", *argv, "--top", "1", "--no-chart", "--json", "--output-dir", str(tmp_path / "json")]
+    )["candidates"][:1]
+    assert first["mfu_fp8"] == pytest.approx(best.estimate.mfu_fp8) and first["mfu_fp8_peak_tflops"] == 1979.0
+    assert first["mfu"] == pytest.approx(best.estimate.mfu) and first["mfu_peak_tflops"] == 989.0
 
 
 def test_estimate_names_the_run_settings_its_number_assumes(capsys):

@@ -285,6 +285,16 @@ class Estimate:
             return self.mfu_fp8, "fp8"
         return self.mfu, "bf16"
 
+    def mfu_fields(self) -> dict[str, float | None]:
+        """The MFU keys of every JSON that reports a layout: against the dense bf16 peak, and for fp8 runs also
+        against the dense fp8 peak, each with the peak it divides by."""
+        return {
+            "mfu": self.mfu,
+            "mfu_peak_tflops": self.gpu.bf16_tflops,
+            "mfu_fp8": self.mfu_fp8,
+            "mfu_fp8_peak_tflops": self.gpu.fp8_tflops if self.workload.precision == "fp8" else None,
+        }
+
     @property
     def usable_memory_gib(self) -> float:
         return self.gpu.hbm_gib * (1.0 - self.options.memory_margin)
@@ -316,10 +326,7 @@ class Estimate:
             "model_tflops_per_gpu": self.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
             "flops_convention": self.options.flops_convention,
-            "mfu": self.mfu,
-            "mfu_peak_tflops": self.gpu.bf16_tflops,
-            "mfu_fp8": self.mfu_fp8,
-            "mfu_fp8_peak_tflops": self.gpu.fp8_tflops if self.workload.precision == "fp8" else None,
+            **self.mfu_fields(),
             "model_flops_per_iteration": self.model_flops,
             "hardware_flops_per_iteration": self.hardware_flops,
             "num_microbatches": self.time.num_microbatches,

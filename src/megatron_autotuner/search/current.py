@@ -60,7 +60,7 @@ class CurrentRun:
             "step_time_s": e.step_time_s,
             "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
             "model_tflops_per_gpu": e.model_tflops_per_gpu,
-            "mfu": e.mfu,
+            **e.mfu_fields(),
             "peak_memory_gib": e.peak_memory_gib,
             "fits": e.fits,
             "parallel": e.parallel.to_dict(),

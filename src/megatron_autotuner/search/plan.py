@@ -98,7 +98,7 @@ class Candidate:
             "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
             "model_tflops_per_gpu": e.model_tflops_per_gpu,
             "hardware_tflops_per_gpu": e.hardware_tflops_per_gpu,
-            "mfu": e.mfu,
+            **e.mfu_fields(),
             "peak_memory_gib": e.peak_memory_gib,
             "memory_breakdown_gib": e.memory_breakdown_gib,
             "time_breakdown_s": e.time.breakdown,
