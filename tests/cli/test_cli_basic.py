@@ -171,3 +171,12 @@ def test_estimate_names_the_run_settings_its_number_assumes(capsys):
     assert "grad-reduce overlap on" in out and "TP-communication overlap off" in out
     doc = run_json(capsys, [*argv, "--json"])
     assert doc["inputs"]["expandable_segments"] is True and doc["inputs"]["parallel"]["tp_comm_overlap"] is False
+
+
+def test_plan_names_tp_communication_overlap_among_its_run_settings(capsys, tmp_path):
+    argv = ["plan", "--model", "Qwen3-8B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "4096",
+            "--global-batch-size", "64", "--top", "1", "--no-chart"]  # fmt: skip
+    assert main([*argv, "--output-dir", str(tmp_path / "off")]) == 0
+    assert "TP-communication overlap off" in " ".join(capsys.readouterr().out.split())
+    assert main([*argv, "--tp-comm-overlap", "--output-dir", str(tmp_path / "on")]) == 0
+    assert "TP-communication overlap on with sequence parallelism" in " ".join(capsys.readouterr().out.split())

@@ -305,7 +305,11 @@ def print_plan(
             out.print(f"  {FlagChange(**change)}")
         print_notes(out, refused["notes"], refused["not_modelled"])
     out.print("TP scaling (the overlap tuner's check, predicted): " + result.tp_scaling().summary())
-    out.print("run settings assumed (in every exported launch): " + run_settings_line(result.options))
+    overlap = "on with sequence parallelism (TE userbuffers)" if inputs.tp_overlap else "off"
+    out.print(
+        "run settings assumed (in every exported launch): "
+        + f"{run_settings_line(result.options)}, TP-communication overlap {overlap}"
+    )
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:
