@@ -152,8 +152,9 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
     )
 
 
-def run_settings_line(options) -> str:
-    """What the ranking assumed the runs do beyond the layout: the allocator and Megatron-LM's run flags."""
+def run_settings_line(options, tp_comm_overlap: bool) -> str:
+    """What a prediction assumed the runs do beyond the layout: the allocator, Megatron-LM's run flags and TP
+    communication overlap (TE userbuffers, which run with sequence parallelism only)."""
     on_off = {True: "on", False: "off"}
     parts = [
         "allocator "
@@ -162,6 +163,7 @@ def run_settings_line(options) -> str:
         f"param-gather overlap {on_off[options.overlap_param_gather]}",
         f"gradient-accumulation fusion {on_off[options.gradient_accumulation_fusion]}",
         f"cross-entropy fusion {on_off[options.fused_cross_entropy]}",
+        "TP-communication overlap " + ("on with sequence parallelism (TE userbuffers)" if tp_comm_overlap else "off"),
     ]
     return ", ".join(parts)
 
@@ -187,8 +189,7 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"[bold]{model.name}[/bold] on {parallel.num_gpus} x {gpu.name}: {layout_summary(parallel, workload)}")
     print_notes(out, est.notes, est.not_modelled)
-    overlap = "on" if parallel.tp_comm_overlap else "off"
-    out.print(f"run settings assumed: {run_settings_line(est.options)}, TP-communication overlap {overlap}")
+    out.print(f"run settings assumed: {run_settings_line(est.options, parallel.tp_comm_overlap)}")
     rows = [
         ["step time (s)", est.step_time_s],
         *(

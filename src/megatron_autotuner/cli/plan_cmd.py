@@ -305,11 +305,8 @@ def print_plan(
             out.print(f"  {FlagChange(**change)}")
         print_notes(out, refused["notes"], refused["not_modelled"])
     out.print("TP scaling (the overlap tuner's check, predicted): " + result.tp_scaling().summary())
-    overlap = "on with sequence parallelism (TE userbuffers)" if inputs.tp_overlap else "off"
-    out.print(
-        "run settings assumed (in every exported launch): "
-        + f"{run_settings_line(result.options)}, TP-communication overlap {overlap}"
-    )
+    settings = run_settings_line(result.options, inputs.tp_overlap)
+    out.print(f"run settings assumed (in every exported launch): {settings}")
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:
