@@ -6,15 +6,16 @@
 # causal one over 2w tokens, and which TE attention backend runs sinks on this machine (cuDNN >= 9.13.1 fused,
 # else unfused).
 # The predictions were written first (`mat validate --layouts benchmarks/validation/h100_x1_sliding_window_layouts.json
-# --dry-run --json` > benchmarks/results/sliding_window_h100/predicted.json). ~4 min. From the repository root on the
-# GPU machine:
-#     bash benchmarks/validation/h100_x1_sliding_window.sh
-# Unpack "$OUT"/evidence.tgz to benchmarks/results/sliding_window_h100.
-OUT="${OUT:-$PWD/outputs/h100_x1_sliding_window}"
+# --gpu GPU --dry-run --json` > benchmarks/results/sliding_window_h100/predicted.json for H100-SXM,
+# .../sliding_window_h200/predicted.json for H200). ~4 min. From the repository root on the GPU machine:
+#     GPU=H200 bash benchmarks/validation/h100_x1_sliding_window.sh     (GPU: the preset of the machine; H100-SXM)
+# Unpack "$OUT"/evidence.tgz to benchmarks/results/sliding_window_h100 (or _h200).
+GPU="${GPU:-H100-SXM}"
+OUT="${OUT:-$PWD/outputs/x1_sliding_window_$GPU}"
 source "$(dirname "$0")/common.sh"
 record_gpus
 $PY -c "import torch; print('cudnn', torch.backends.cudnn.version())" > "$OUT/cudnn.txt" 2>&1
-validate_batch "$HERE/h100_x1_sliding_window_layouts.json" swa 150
+validate_batch "$HERE/h100_x1_sliding_window_layouts.json" swa 150 --gpu "$GPU"
 EV="$OUT/evidence"
 collect_batch swa "$EV"
 copy_traces "$OUT/swa" "$EV/traces"
