@@ -111,3 +111,27 @@ def test_megatrons_default_dropout_is_said_where_a_launch_leaves_it(tmp_path, ca
     given.write_text(SMALL)
     assert main(["estimate", "--megatron-args", str(given), "--gpu", "H100-SXM", "--json"]) == 0
     assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if n.startswith("dropout:")]
+
+
+def test_plan_and_estimate_json_carry_the_run_settings_their_text_prints(tmp_path, capsys):
+    """Every run setting the text's 'run settings assumed' line prints (allocator, overlaps, fusions, TP overlap, the
+    dropout the model runs with, what paces the host) is a `run_settings` entry of plan --json, plan.json and
+    estimate --json: a launch without dropout flags runs Megatron-LM's 0.1, which costs ~11% of the step."""
+    default = tmp_path / "default.sh"
+    default.write_text(SMALL.replace("--hidden-dropout 0 --attention-dropout 0 ", ""))
+    args = ["plan", "--megatron-args", str(default), "--gpu", "H100-SXM", "--no-chart", "--top", "1"]
+    assert main([*args, "--output-dir", str(tmp_path / "text")]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert main([*args, "--json", "--output-dir", str(tmp_path / "json")]) == 0
+    settings = json.loads(capsys.readouterr().out)["run_settings"]
+    assert settings["hidden_dropout"] == 0.1 and settings["attention_dropout"] == 0.1
+    assert settings["tp_comm_overlap"] is False and settings["host_floor"] == "default"
+    assert settings["host_pace_range"] == [0.54, 2.23]
+    assert json.loads((tmp_path / "json" / "plan.json").read_text())["run_settings"] == settings
+    assert "hidden dropout 0.1, attention dropout 0.1" in text and "host floor default" in text
+    assert main(["estimate", "--megatron-args", str(default), "--gpu", "H100-SXM", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_settings"] == settings
+    given = tmp_path / "given.sh"
+    given.write_text(SMALL)
+    assert main(["estimate", "--megatron-args", str(given), "--gpu", "H100-SXM", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run_settings"]["hidden_dropout"] == 0.0

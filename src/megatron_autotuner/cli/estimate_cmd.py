@@ -152,18 +152,27 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
     )
 
 
-def run_settings_line(options, tp_comm_overlap: bool) -> str:
-    """What a prediction assumed the runs do beyond the layout: the allocator, Megatron-LM's run flags and TP
-    communication overlap (TE userbuffers, which run with sequence parallelism only)."""
+def run_settings_line(settings: dict) -> str:
+    """The 'run settings assumed' line, from the `run_settings` entry the JSON carries
+    (`costmodel.estimate.run_settings`): the allocator, Megatron-LM's run flags, TP communication overlap (TE
+    userbuffers, which run with sequence parallelism only), the model's dropout and what paces the host."""
     on_off = {True: "on", False: "off"}
+    host = {
+        "default": "host floor default (one H100 machine's host; hosts measured {:g}x-{:g}x)",
+        "calibration": "host floor from the calibration",
+        "off": "host floor off (GPU time alone)",
+    }[settings["host_floor"]].format(*(settings["host_pace_range"] or ()))
     parts = [
         "allocator "
-        + ("expandable segments (launch_env.sh)" if options.expandable_segments else "PyTorch default (no env)"),
-        f"grad-reduce overlap {on_off[options.overlap_grad_reduce]}",
-        f"param-gather overlap {on_off[options.overlap_param_gather]}",
-        f"gradient-accumulation fusion {on_off[options.gradient_accumulation_fusion]}",
-        f"cross-entropy fusion {on_off[options.fused_cross_entropy]}",
-        "TP-communication overlap " + ("on with sequence parallelism (TE userbuffers)" if tp_comm_overlap else "off"),
+        + ("expandable segments (launch_env.sh)" if settings["expandable_segments"] else "PyTorch default (no env)"),
+        f"grad-reduce overlap {on_off[settings['overlap_grad_reduce']]}",
+        f"param-gather overlap {on_off[settings['overlap_param_gather']]}",
+        f"gradient-accumulation fusion {on_off[settings['gradient_accumulation_fusion']]}",
+        f"cross-entropy fusion {on_off[settings['fused_cross_entropy']]}",
+        "TP-communication overlap "
+        + ("on with sequence parallelism (TE userbuffers)" if settings["tp_comm_overlap"] else "off"),
+        f"hidden dropout {settings['hidden_dropout']:g}, attention dropout {settings['attention_dropout']:g}",
+        host,
     ]
     return ", ".join(parts)
 
@@ -189,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     out = console()
     out.print(f"[bold]{model.name}[/bold] on {parallel.num_gpus} x {gpu.name}: {layout_summary(parallel, workload)}")
     print_notes(out, est.notes, est.not_modelled)
-    out.print(f"run settings assumed: {run_settings_line(est.options, parallel.tp_comm_overlap)}")
+    out.print(f"run settings assumed: {run_settings_line(est.run_settings)}")
     rows = [
         ["step time (s)", est.step_time_s],
         *(

@@ -13,7 +13,7 @@ from typing import Any
 from ..argspec.argtypes import margin_fraction, non_empty_path, positive_int
 from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
 from ..costmodel.defaults import HOST_PACE_RANGE
-from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, estimate
+from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, run_settings
 from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded, write_text_atomic
 from ..report import output_dir_for, write_plan_report
@@ -229,13 +229,14 @@ def run(args: argparse.Namespace) -> int:
     current = inputs.current
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
-    files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned)
+    settings = run_settings(result.model, result.options, inputs.tp_overlap)
+    files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned, run_settings=settings)
     validation = run_validation(args, result, out_dir) if args.validate is not None else None
     refused = None
     if inputs.refused is not None:
         refused = refused_launch(*inputs.refused, result.best.estimate, result.options)
     if args.json:
-        data = result.to_dict(top_k=args.top)
+        data = {**result.to_dict(top_k=args.top), "run_settings": settings}
         if comparison is not None:
             data["current_run"] = comparison.to_dict()
         if refused is not None:
@@ -246,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         data["files"] = files
         print_json(data)
     else:
-        print_plan(args, inputs, result, comparison, out_dir, validation, refused)
+        print_plan(args, inputs, result, comparison, out_dir, validation, refused, settings)
     _require_validated(validation)
     return 0
 
@@ -274,7 +275,7 @@ def run_validation(args: argparse.Namespace, result, out_dir: Path):
 
 
 def print_plan(
-    args: argparse.Namespace, inputs: PlanInputs, result, comparison, out_dir: Path, validation, refused=None
+    args: argparse.Namespace, inputs: PlanInputs, result, comparison, out_dir: Path, validation, refused, settings
 ) -> None:
     out = console()
     precision = result.base_workload.precision_label
@@ -305,8 +306,7 @@ def print_plan(
             out.print(f"  {FlagChange(**change)}")
         print_notes(out, refused["notes"], refused["not_modelled"])
     out.print("TP scaling (the overlap tuner's check, predicted): " + result.tp_scaling().summary())
-    settings = run_settings_line(result.options, inputs.tp_overlap)
-    out.print(f"run settings assumed (in every exported launch): {settings}")
+    out.print(f"run settings assumed (in every exported launch): {run_settings_line(settings)}")
     out.print("rejections: " + ", ".join(f"{k} {v}" for k, v in result.rejection_counts().items()))
     out.print(f"report, chart and launcher snippets: {out_dir}")
     if validation is not None:

@@ -173,6 +173,27 @@ class CostOptions:
         return measured or MemoryAllowance.for_allocator(self.expandable_segments)
 
 
+def run_settings(model: ModelSpec, options: CostOptions, tp_comm_overlap: bool) -> dict[str, Any]:
+    """What a prediction assumed the run does beyond the layout, as the JSON of `mat estimate` and `mat plan` carries
+    it and their 'run settings assumed' line prints it: the allocator, Megatron-LM's overlap and fusion flags, TP
+    communication overlap (TE userbuffers), the dropout the model runs with (Megatron-LM's default 0.1 where a launch
+    does not pass 0: masks and slower attention kernels) and what paces the host: the default floor (one H100
+    machine's host; the hosts measured ran `defaults.HOST_PACE_RANGE` x its time), a calibration's or none."""
+    host = "off" if not options.host_floor else "calibration" if _measured_floor(options) else "default"
+    return {
+        "expandable_segments": options.expandable_segments,
+        "overlap_grad_reduce": options.overlap_grad_reduce,
+        "overlap_param_gather": options.overlap_param_gather,
+        "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
+        "fused_cross_entropy": options.fused_cross_entropy,
+        "tp_comm_overlap": tp_comm_overlap,
+        "hidden_dropout": model.hidden_dropout,
+        "attention_dropout": model.attention_dropout,
+        "host_floor": host,
+        "host_pace_range": list(d.HOST_PACE_RANGE) if host == "default" else None,
+    }
+
+
 @dataclass(frozen=True)
 class StageTime:
     """One pipeline rank: seconds per micro-batch (all its chunks) and after the last micro-batch."""
@@ -296,6 +317,11 @@ class Estimate:
         }
 
     @property
+    def run_settings(self) -> dict[str, Any]:
+        """What the prediction assumed the run does beyond the layout (`run_settings`)."""
+        return run_settings(self.model, self.options, self.parallel.tp_comm_overlap)
+
+    @property
     def usable_memory_gib(self) -> float:
         return self.gpu.hbm_gib * (1.0 - self.options.memory_margin)
 
@@ -344,6 +370,7 @@ class Estimate:
             "notes": list(self.notes) + list(self.time.notes),
             "not_modelled": list(self.not_modelled),
             "step_time_range_s": list(self.step_time_range_s) if self.step_time_range_s else None,
+            "run_settings": self.run_settings,
         }
 
 

@@ -68,16 +68,19 @@ def write_plan_report(
     chart: bool = True,
     current: Any = None,
     tuned_tp_overlap_yaml: str | None = None,
+    *,
+    run_settings: dict[str, Any],
 ) -> dict[str, Any]:
     """Write plan.json, top-K export snippets under rank_<k>/, and plan.png; return the index. `current`: the
     user's own launch against the best (`search.current.CurrentRun`), written into plan.json and
-    `flag_changes.txt`. The folder is locked while it is written (`launch.OutputLock`), and what an earlier plan wrote
-    there that this one does not (its plan.json's index) is removed once the new plan.json is in place."""
+    `flag_changes.txt`; `run_settings`: what every layout assumed beyond itself (`costmodel.estimate.run_settings`).
+    The folder is locked while it is written (`launch.OutputLock`), and what an earlier plan wrote there that this
+    one does not (its plan.json's index) is removed once the new plan.json is in place."""
     from ..launch import OutputLock
 
     with OutputLock(out_dir, "plan"):
         previous = _previous_outputs(out_dir)
-        files = _write_plan_files(result, out_dir, top_k, chart, current, tuned_tp_overlap_yaml)
+        files = _write_plan_files(result, out_dir, top_k, chart, current, tuned_tp_overlap_yaml, run_settings)
         _remove_stale(out_dir, previous - _outputs(files))
     return files
 
@@ -112,7 +115,13 @@ def _remove_stale(out_dir: Path, stale: set[str]) -> None:
 
 
 def _write_plan_files(
-    result: Any, out_dir: Path, top_k: int, chart: bool, current: Any, tuned_tp_overlap_yaml: str | None
+    result: Any,
+    out_dir: Path,
+    top_k: int,
+    chart: bool,
+    current: Any,
+    tuned_tp_overlap_yaml: str | None,
+    run_settings: dict[str, Any],
 ) -> dict[str, Any]:
     files: dict[str, Any] = {"plan": str(out_dir / "plan.json"), "exports": {}}
     for c in result.top(top_k):
@@ -125,7 +134,7 @@ def _write_plan_files(
         files["exports"][str(c.rank)] = str(sub)
     if chart and result.candidates:
         files["chart"] = str(plot_plan(result, out_dir / "plan.png", top_k))
-    data = result.to_dict(top_k=top_k)
+    data = {**result.to_dict(top_k=top_k), "run_settings": run_settings}
     if current is not None:
         data["current_run"] = current.to_dict()
         changes = out_dir / "flag_changes.txt"
