@@ -40,6 +40,7 @@ from .layout_args import (
     model_from_args,
 )
 from .output import console, make_table, print_json
+from .progress_bar import progress_bar
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -218,12 +219,14 @@ def run(args: argparse.Namespace) -> int:
     if tuned is not None and not inputs.tp_overlap:
         raise ConfigError("tp_comm_overlap_cfg", "goes with --tp-comm-overlap (the yaml configures TE userbuffers)")
     options, runner_note = options_the_runner_executes(inputs.options, args.validate is not None)
-    result = plan_with_graphs(
-        inputs.model, gpu, inputs.num_gpus, inputs.seq, inputs.gbs, cuda_graphs=args.cuda_graphs, mode=args.mode,
-        precision=inputs.precision, max_token_len=args.max_token_len, memory_margin=args.memory_margin,
-        options=options, grad_reduce_in_fp32=inputs.grad_fp32, fp8_recipe=inputs.recipe, fp8_param=inputs.fp8_param,
-        lengths=inputs.lengths, cuda_graph=inputs.graphs, tp_comm_overlap=inputs.tp_overlap,
-    )  # fmt: skip
+    with progress_bar() as progress:
+        result = plan_with_graphs(
+            inputs.model, gpu, inputs.num_gpus, inputs.seq, inputs.gbs, cuda_graphs=args.cuda_graphs, mode=args.mode,
+            precision=inputs.precision, max_token_len=args.max_token_len, memory_margin=args.memory_margin,
+            options=options, grad_reduce_in_fp32=inputs.grad_fp32, fp8_recipe=inputs.recipe,
+            fp8_param=inputs.fp8_param, lengths=inputs.lengths, cuda_graph=inputs.graphs,
+            tp_comm_overlap=inputs.tp_overlap, progress=progress,
+        )  # fmt: skip
     if runner_note:
         result = replace(result, notes=(*result.notes, runner_note))
     current = inputs.current

@@ -23,6 +23,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..costmodel.estimate import CostOptions
 from ..errors import ConfigError
 from ..search.plan import plan
+from ..search.progress import QUIET, Progress
 from ..search.space import token_budget_choices
 from ..specs.hardware import MIB, GPUSpec
 from ..specs.lengths import MAX_SAMPLED_SEQUENCES, SequenceLengths
@@ -446,23 +447,26 @@ def best_offload(
 
 
 def search_step(
-    spec: StepSpec, user: StepChoice, gpu: GPUSpec, options: CostOptions, top_k: int = 6
+    spec: StepSpec, user: StepChoice, gpu: GPUSpec, options: CostOptions, top_k: int = 6, progress: Progress = QUIET
 ) -> tuple[StepResult, ...]:
     """Whole-step results of the best `top_k` actor layouts of `search.plan` whose whole step fits, each with its best
     offload setting, fastest first. With dynamic batching `search.plan` packs the step's lengths and chooses each
     layout's training token budget (`Candidate.max_token_len_reason`), and the log-prob passes' budget is chosen
     per layout from `token_budget_choices` (`best_offload`); with fixed micro-batches `search.plan` chooses the
-    micro-batch at the longest sequence and the log-prob passes keep the launch's micro-batch."""
+    micro-batch at the longest sequence and the log-prob passes keep the launch's micro-batch. `progress` hears
+    of the search's phases, then of each whole step that fits."""
     dynamic = user.actor_batching.dynamic
     res = plan(
         spec.model, gpu, spec.num_gpus, spec.lengths.max_tokens, spec.mini_batch_sequences,
         mode="train", options=options, memory_margin=options.memory_margin, explain_impossible=False,
         grad_reduce_in_fp32=user.parallel.grad_reduce_in_fp32, lengths=spec.lengths if dynamic else None,
+        progress=progress,
     )  # fmt: skip
     log_prob_dynamic = user.old_log_prob_batching.dynamic or user.ref_log_prob_batching.dynamic
     log_prob_budgets = token_budget_choices(spec.lengths.max_tokens) if log_prob_dynamic else None
     results: list[StepResult] = []
     seen: set[str] = set()
+    progress.start("pricing whole RLHF steps of the fastest layouts", min(top_k, len(res.candidates)))
     for cand in res.candidates:  # down the ranking until top_k whole steps fit (a layout's log-prob passes may not)
         if len(results) >= top_k:
             break
@@ -481,6 +485,7 @@ def search_step(
             if cand.max_token_len_reason:
                 r = replace(r, notes=r.notes + (f"actor max_token_len {cand.max_token_len_reason}",))
             results.append(r)
+            progress.advance()
     results.sort(key=lambda r: (r.total_s, r.peak_memory_gib))
     return tuple(results)
 

@@ -50,6 +50,7 @@ from ..specs.parallel import (
 )
 from ..theory.memory import GIB, ActivationOptions, memory_per_stage
 from .host_pace import PaceSpread, rank_with_host_pace
+from .progress import QUIET, Progress
 from .space import (
     RECOMPUTE_CHOICES,
     SearchSpace,
@@ -245,6 +246,7 @@ def plan(
     lengths: SequenceLengths | None = None,
     cuda_graph: CudaGraphConfig | None = None,
     tp_comm_overlap: bool = False,
+    progress: Progress = QUIET,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
@@ -256,7 +258,7 @@ def plan(
     (--fp8-recipe, --fp8-param-gather) are numerics choices the user makes, so they are applied to every layout
     rather than searched (fp8 parameters rule out layouts without the distributed optimizer). `tp_comm_overlap`:
     every sequence-parallel layout overlaps its TP collectives with TE userbuffers (--tp-comm-overlap; off by
-    default, as in Megatron-LM).
+    default, as in Megatron-LM). `progress` hears of each phase (screening, the full search, the estimates).
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -372,7 +374,9 @@ def plan(
     lightest_first = [r for r in ("none", "selective", "full") if r in recomputes]
     dist_probe = True in dist_opts
     screened: list[tuple[float, tuple]] = []
+    progress.start("screening layouts", len(structures))
     for st in structures:  # counted as considered when rejected here; a kept one counts each of its variants
+        progress.advance()
         try:
             parallel, workload = config(st, dist_probe, lightest_first[-1], st[-1][0], eager)
             validate_layout(model, parallel, workload)
@@ -421,7 +425,9 @@ def plan(
 
     # (layout, recompute) -> (the smallest token budget that failed, why): the reason a larger one was not chosen
     budget_limits: dict[tuple[ParallelConfig, str], tuple[int, str]] = {}
+    progress.start("searching micro-batches, recompute and optimizer sharding", len(kept) * len(graph_choices))
     for st, graphs in ((st, g) for st in kept for g in graph_choices):
+        progress.advance()
         mbs_list = st[-1]
         any_fit = False  # with the distributed optimizer (tried first): without it needs more memory
         sharded = _optimizer_sharded(model, config(st, True, recomputes[0], mbs_list[0], graphs)[0])
@@ -461,7 +467,9 @@ def plan(
             "num_gpus", _nearest_gpu_count_message(model, gpu, num_gpus, seq_length, global_batch_size, space)
         )
     estimates = []
+    progress.start("estimating the layouts that fit", len(feasible))
     for parallel, workload, stages in feasible:
+        progress.advance()
         est = estimate(model, parallel, workload, gpu, options, memory_stages=stages)
         if est.fits:
             estimates.append(est)
