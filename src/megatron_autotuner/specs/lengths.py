@@ -52,6 +52,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
+from .hashing import cached_hash
 
 # The weight verl's `calculate_workload` gives a token against its attention term: 24576*s + s^2, derived there
 # from 12*h^2*s + 2*h*s^2 FLOPs of a dense layer with h = 4096 (verl/utils/seqlen_balancing.py).
@@ -95,6 +96,8 @@ class LengthDistribution:
     max_tokens: int
     values: tuple[int, ...] = ()
     counts: tuple[int, ...] = ()
+
+    __hash__ = cached_hash  # a histogram can hold 10^5 lengths: hashed once, not at every cache lookup of the search
 
     def __post_init__(self) -> None:
         _positive_int(f"{self.name}.max", self.max_tokens)
@@ -170,6 +173,8 @@ class SequenceLengths:
     response: LengthDistribution | None = None
     sequence: LengthDistribution | None = None
     seed: int = 0
+
+    __hash__ = cached_hash
 
     def __post_init__(self) -> None:
         parts = (self.prompt, self.response)

@@ -521,6 +521,11 @@ def packed_batch(parallel: ParallelConfig, workload: Workload, padded: bool = Tr
     padded to `thd_alignment` when `padded`."""
     if workload.lengths is None:
         return None
+    return _packed_batch(parallel, workload, padded)
+
+
+@lru_cache(maxsize=8192)  # a search asks for each layout's packing ~30 times (memory per stage and layer, time)
+def _packed_batch(parallel: ParallelConfig, workload: Workload, padded: bool) -> PackedBatch:
     if workload.global_batch_size % parallel.dp:
         raise ConfigError(
             "global_batch_size",
