@@ -28,6 +28,7 @@ from megatron_autotuner.rlhf import (
     read_verl_text,
     search_step,
 )
+from megatron_autotuner.rlhf.launch import PHASE_BATCH_KEYS, PHASE_MEMORY_KEYS
 from megatron_autotuner.rlhf.offload import (
     during_rollout,
     host_copy_gbps,
@@ -380,6 +381,51 @@ def test_cli_json_and_overrides(tmp_path, capsys):
     back = read_verl_text("\n".join(x.lstrip("+") for x in lines))
     assert back.layout("actor") == back.layout("ref")
     assert back.layout("actor")["tensor_model_parallel_size"] == report["best"]["parallel"]["tp"]
+
+
+# a PPO launch whose critic (tp 2, not searched) takes verl's default token budget, 32768 per GPU
+_PPO_CRITIC_DEFAULT_BUDGET = """algorithm.adv_estimator=gae
+data.train_batch_size=256
+data.max_prompt_length=2048
+data.max_response_length=6144
+actor_rollout_ref.actor.ppo_mini_batch_size=64
+actor_rollout_ref.actor.use_dynamic_bsz=true
+actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192
+actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+critic.use_dynamic_bsz=true
+critic.megatron.tensor_model_parallel_size=2
+"""
+
+
+def test_a_step_no_layout_fits_names_each_phase_and_the_verl_key_that_sets_it(tmp_path, capsys):
+    """'no layout fits every phase' says, for each phase of the launch that does not fit, the verl key that sets its
+    memory, its value and whether the launch gave it or took verl's default (here the critic's token budget, which
+    the launch never set), so the user knows what to change; the text's 'does not fit' line names them too."""
+    f = tmp_path / "ppo.txt"
+    f.write_text(_PPO_CRITIC_DEFAULT_BUDGET)
+    args = ["rlhf", "--verl-args", str(f), "--gpu", "H100-SXM", "--model", "Qwen3-8B", "--top-k", "2"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["best"] is None
+    # every phase but the weight sync (set by the layout and offload the search varies) has its key
+    named = set(PHASE_BATCH_KEYS) | set(PHASE_MEMORY_KEYS) | {"weight sync"}
+    assert {ph["name"] for ph in report["launch"]["phases"]} <= named
+    (note,) = [n for n in report["launch"]["notes"] if "fit every phase" in n]
+    critic = next(ph for ph in report["launch"]["phases"] if ph["name"] == "critic update")
+    assert not critic["fits"]
+    assert (
+        f"critic update {critic['peak_memory_gib']:.0f} GiB (critic.ppo_max_token_len_per_gpu=32768, verl's "
+        "default)" in note
+    )
+    assert (
+        "critic values" in note
+        and "critic.forward_max_token_len_per_gpu=32768, not set: follows critic.ppo_max_token_len_per_gpu" in note
+    )
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192, given" in note
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.5, given" in note
+    assert main(args) == 0
+    assert "critic.ppo_max_token_len_per_gpu=32768, verl's default" in " ".join(capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize(

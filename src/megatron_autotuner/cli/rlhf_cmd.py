@@ -128,6 +128,12 @@ def overrides_for(result: StepResult, options) -> list[str]:
     return override_lines(tree)
 
 
+def unfit_phase(phase, keys: dict[str, str]) -> str:
+    """A phase that does not fit, its peak per GPU and the verl key that sets it (`rlhf.launch.phase_keys`)."""
+    key = keys.get(phase.name)
+    return f"{phase.name} {phase.peak_memory_gib:.0f} GiB" + (f" ({key})" if key else "")
+
+
 def run(args: argparse.Namespace) -> int:
     gpu = gpu_from_args(args)
     launch = read_verl_file(args.verl_args, launch_variables(args))
@@ -144,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     search_options = replace(inputs.options, overlap_grad_reduce=True)
     ranked = search_step(inputs.spec, inputs.choice, gpu, search_options, args.top_k)
     if not ranked and not user.fits:
-        bad = ", ".join(f"{ph.name} {ph.peak_memory_gib:.0f} GiB" for ph in user.phases if not ph.fits)
+        bad = ", ".join(unfit_phase(ph, inputs.phase_keys) for ph in user.phases if not ph.fits)
         user = replace(
             user,
             notes=user.notes
@@ -182,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         if user.fits:
             out.print(f"predicted gain over your launch: {user.total_s / best.total_s - 1:+.1%} per step")
         else:
-            bad = ", ".join(ph.name for ph in user.phases if not ph.fits)
+            bad = ", ".join(unfit_phase(ph, inputs.phase_keys) for ph in user.phases if not ph.fits)
             out.print(f"your launch does not fit ({bad}); the best layout does")
         out.print("verl overrides (append to python3 -m verl.trainer.main_ppo ...):")
         sys.stdout.write(" \\\n".join(shlex.quote(x) for x in lines) + "\n")  # plain: no wrapping

@@ -4,7 +4,7 @@ launch's own `StepChoice` (its layout, batching and offload) and `CostOptions` (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions
@@ -20,6 +20,20 @@ from .phases import Batching
 from .step import StepChoice, StepSpec
 from .verl_args import DDP_READ, TRANSFORMER_READ, VerlLaunch
 
+# The verl keys that size each phase's batch, by phase (`step.evaluate_step`'s names): (dynamic batching on?, the
+# per-GPU token budget, the micro-batch size). `launch_inputs` reads a pass's batching through them, and a phase
+# that does not fit names the one in force (`phase_keys`).
+PHASE_BATCH_KEYS: dict[str, tuple[str, str, str]] = {
+    "actor update": ("actor_dynamic_bsz", "actor_max_token_len", "actor_micro_batch"),
+    "old log-prob": ("rollout_log_prob_dynamic_bsz", "rollout_log_prob_max_token_len", "rollout_log_prob_micro_batch"),
+    "ref log-prob": ("ref_log_prob_dynamic_bsz", "ref_log_prob_max_token_len", "ref_log_prob_micro_batch"),
+    "critic update": ("critic_dynamic_bsz", "critic_max_token_len", "critic_micro_batch"),
+    "critic values": ("critic_dynamic_bsz", "critic_forward_max_token_len", "critic_forward_micro_batch"),
+}
+# the rollout's memory: the share of the GPU the rollout engine takes (the weight sync has no key of its own: the
+# layout and the offload, which the search varies, set it)
+PHASE_MEMORY_KEYS = {"rollout": "rollout_memory_utilization"}
+
 
 @dataclass(frozen=True)
 class LaunchInputs:
@@ -27,6 +41,18 @@ class LaunchInputs:
     choice: StepChoice
     options: CostOptions
     notes: tuple[str, ...]
+    # phase -> the verl key that sets its memory as the launch has it (`phase_keys`)
+    phase_keys: dict[str, str] = field(default_factory=dict)
+
+
+def phase_keys(launch: VerlLaunch) -> dict[str, str]:
+    """For each phase with one, the verl key that sets its memory, as `key=value, given` or, where the launch left
+    it, `verl's default` or the key it follows (`critic.forward_max_token_len_per_gpu` follows
+    `critic.ppo_max_token_len_per_gpu`): what a user changes when the phase does not fit."""
+    names = dict(PHASE_MEMORY_KEYS)
+    for phase, (dynamic, budget, micro) in PHASE_BATCH_KEYS.items():
+        names[phase] = budget if launch.flag(dynamic) else micro
+    return {phase: launch.said(name) for phase, name in names.items()}
 
 
 def model_from_launch(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelSpec, str | None]:
@@ -107,7 +133,8 @@ def launch_lengths(
     )
 
 
-def _batching(launch: VerlLaunch, dynamic_name: str, budget_name: str, micro_name: str) -> Batching:
+def _batching(launch: VerlLaunch, phase: str) -> Batching:
+    dynamic_name, budget_name, micro_name = PHASE_BATCH_KEYS[phase]
     if launch.flag(dynamic_name):
         return Batching(max_token_len_per_gpu=launch.integer(budget_name), key=VERL_KEYS[budget_name])
     mbs = launch.integer(micro_name)
@@ -221,16 +248,10 @@ def launch_inputs(
     fp32_grads = bool(ddp.get("grad_reduce_in_fp32", True))  # verl's default (verl/utils/megatron_utils.py)
     dist_opt = launch.flag("actor_distributed_optimizer")
     parallel = _parallel(launch, "actor", num_gpus, dist_opt, fp32_grads, model)
-    actor_b = _batching(launch, "actor_dynamic_bsz", "actor_max_token_len", "actor_micro_batch")
-    old_b = _batching(
-        launch, "rollout_log_prob_dynamic_bsz", "rollout_log_prob_max_token_len", "rollout_log_prob_micro_batch"
-    )
+    actor_b = _batching(launch, "actor update")
+    old_b = _batching(launch, "old log-prob")
     # the reference pass runs only with a KL term (verl need_reference_policy); its batch keys matter only then
-    ref_b = (
-        _batching(launch, "ref_log_prob_dynamic_bsz", "ref_log_prob_max_token_len", "ref_log_prob_micro_batch")
-        if launch.use_reference
-        else old_b
-    )
+    ref_b = _batching(launch, "ref log-prob") if launch.use_reference else old_b
     if launch.flag("actor_grad_offload"):
         notes.append(
             "grad_offload is read by no verl code (b178a3c megatron_workers.py:363; gone in 0.9.1): grads follow "
@@ -241,10 +262,8 @@ def launch_inputs(
     if use_critic:
         critic_kw = dict(
             critic_parallel=_parallel(launch, "critic", num_gpus, True, True, model),
-            critic_batching=_batching(launch, "critic_dynamic_bsz", "critic_max_token_len", "critic_micro_batch"),
-            critic_forward_batching=_batching(
-                launch, "critic_dynamic_bsz", "critic_forward_max_token_len", "critic_forward_micro_batch"
-            ),
+            critic_batching=_batching(launch, "critic update"),
+            critic_forward_batching=_batching(launch, "critic values"),
             critic_mini_batch_size=launch.integer("critic_mini_batch"),
             critic_epochs=launch.integer("critic_epochs"),
             critic_param_offload=launch.flag("critic_param_offload"),
@@ -293,7 +312,15 @@ def launch_inputs(
         calibration=calibration,
         memory_margin=memory_margin,
     )
-    return LaunchInputs(spec, choice, options, tuple(notes))
+    return LaunchInputs(spec, choice, options, tuple(notes), phase_keys(launch))
 
 
-__all__ = ["LaunchInputs", "TRANSFORMER_READ", "launch_inputs", "launch_lengths", "model_from_launch"]
+__all__ = [
+    "PHASE_BATCH_KEYS",
+    "LaunchInputs",
+    "TRANSFORMER_READ",
+    "launch_inputs",
+    "launch_lengths",
+    "model_from_launch",
+    "phase_keys",
+]

@@ -358,6 +358,18 @@ class VerlLaunch:
     def given(self, name: str) -> bool:
         return VERL_KEYS[name] in self.values
 
+    def said(self, name: str) -> str:
+        """`key=value` and where the value comes from: `given` by the launch, else `verl's default` or, for a key
+        verl interpolates, `not set: follows <the other key>`."""
+        key, value = VERL_KEYS[name], self.get(name)
+        shown = "null" if value is None else str(value).lower() if isinstance(value, bool) else value
+        if self.given(name):
+            return f"{key}={shown}, given"
+        default = VERL_DEFAULTS[name]
+        if isinstance(default, str) and default.startswith("="):
+            return f"{key}={shown}, not set: follows {VERL_KEYS[default[1:]]}"
+        return f"{key}={shown}, verl's default"
+
     def pass_through(self, name: str) -> dict[str, Any]:
         prefix = VERL_KEYS[name] + "."
         return {k[len(prefix) :]: v for k, v in self.values.items() if k.startswith(prefix)}
