@@ -4,6 +4,7 @@ never a traceback."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -77,3 +78,33 @@ def test_mat_rlhf_reads_back_the_overrides_it_prints_appended_to_the_launch(verl
     inputs = launch_inputs(launch, model_from_launch(launch, None)[0], None, None, None, None, DEFAULT_MEMORY_MARGIN)
     back = evaluate_step(inputs.spec, inputs.choice, get_gpu_spec("H100-SXM"), inputs.options)
     assert back.total_s == pytest.approx(best["total_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("num_gpus,per_node,nodes", [(16, 8, 2), (4, 4, 1)])
+def test_mat_rlhf_num_gpus_overrides_run_on_that_many_gpus(num_gpus, per_node, nodes, verl_tree, capsys):
+    """`mat rlhf --num-gpus N` plans for N GPUs: the overrides it prints set trainer.n_gpus_per_node x trainer.nnodes
+    to N (whole machines of the GPU's gpus_per_node, as the cost model's topology has them), so the launch run with
+    them appended runs on N GPUs (verl's resource pool is [n_gpus_per_node] * nnodes), not its own 8."""
+    from megatron_autotuner.costmodel import DEFAULT_MEMORY_MARGIN
+    from megatron_autotuner.rlhf import read_verl_file
+    from megatron_autotuner.rlhf.launch import launch_inputs, model_from_launch
+
+    script = verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2-7b_math_megatron.sh"]
+    assert read_verl_file(str(script)).num_gpus == 8
+    argv = ["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--num-gpus", str(num_gpus), "--top-k", "1"]
+    assert main([*argv, "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["verl_overrides"]
+    assert f"trainer.n_gpus_per_node={per_node}" in lines and f"trainer.nnodes={nodes}" in lines
+    launch = read_verl_file(str(script), args=lines)
+    assert launch.num_gpus == num_gpus
+    inputs = launch_inputs(launch, model_from_launch(launch, None)[0], None, None, None, None, DEFAULT_MEMORY_MARGIN)
+    assert inputs.spec.num_gpus == num_gpus and not [n for n in inputs.notes if n.startswith("num_gpus")]
+    assert main(argv) == 0  # the text's overrides are the same lines
+    assert f"trainer.nnodes={nodes}" in capsys.readouterr().out
+
+
+def test_mat_rlhf_refuses_a_gpu_count_verl_cannot_place_on_whole_machines(verl_tree, capsys):
+    script = verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2-7b_math_megatron.sh"]
+    assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--num-gpus", "12"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mat: error: num_gpus: ") and "\n" not in err and "trainer.n_gpus_per_node" in err

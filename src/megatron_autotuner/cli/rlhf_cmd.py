@@ -12,7 +12,7 @@ from ..argspec.argtypes import margin_fraction, non_empty_path, non_negative_flo
 from ..argspec.common import add_launch_reading_arguments, launch_variables
 from ..costmodel import DEFAULT_MEMORY_MARGIN, load_calibration
 from ..export import megatron_args
-from ..export.verl import override_lines, verl_step_overrides
+from ..export.verl import override_lines, verl_nodes, verl_step_overrides
 from ..files import ensure_output_dir, write_text_atomic
 from ..rlhf import (
     evaluate_step,
@@ -107,8 +107,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def overrides_for(result: StepResult, options) -> list[str]:
-    """verl override lines of a step result: the layout's Megatron-LM arguments through export.verl."""
+def overrides_for(result: StepResult, options, nodes: tuple[int, int] | None) -> list[str]:
+    """verl override lines of a step result: the layout's Megatron-LM arguments through export.verl, and `nodes`
+    (trainer.n_gpus_per_node, trainer.nnodes) where the step was planned for other GPUs than the launch's."""
     spec, c = result.spec, result.choice
     w = pass_workload(c.actor_batching, c.parallel, spec.lengths, spec.mini_batch_sequences, "train", c.recompute, True)
     args = megatron_args(spec.model, c.parallel, w, options)
@@ -124,6 +125,7 @@ def overrides_for(result: StepResult, options) -> list[str]:
         param_offload=c.param_offload,
         optimizer_offload=c.optimizer_offload,
         ref_param_offload=c.ref_param_offload if spec.use_reference else None,
+        nodes=nodes,
     )
     return override_lines(tree)
 
@@ -144,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
         launch, model, args.num_gpus, args.rollout_s, None, calibration, args.memory_margin,
         mean_prompt_len=args.mean_prompt_len, mean_response_len=args.mean_response_len,
     )  # fmt: skip
+    # planned for other GPUs than the launch runs on (--num-gpus, or a count fitted to its layout): the overrides say so
+    num_gpus = inputs.spec.num_gpus
+    nodes = verl_nodes(num_gpus, gpu.gpus_per_node) if num_gpus != launch.num_gpus else None
     user = evaluate_step(inputs.spec, inputs.choice, gpu, inputs.options)
     user = replace(user, notes=user.notes + inputs.notes + ((model_note,) if model_note else ()))
     # the overrides mat writes turn grad-reduce overlap on (export.verl writes override_ddp_config)
@@ -159,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
                 f"the launch's own needs per GPU: {bad} (with the lengths assumed above: give the real means)",
             ),
         )
-    lines = overrides_for(ranked[0], search_options) if ranked else None
+    lines = overrides_for(ranked[0], search_options, nodes) if ranked else None
     report = step_report(user, ranked, lines)
     if out_dir is not None:
         write_text_atomic(out_dir / "rlhf.json", json.dumps(report, indent=2, default=str) + "\n")

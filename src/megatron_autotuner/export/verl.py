@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from ..errors import ConfigError
 from .bridge import MegatronArgs
 
 VERL_REF = "volcengine/verl@b178a3c"
@@ -252,6 +253,20 @@ def verl_overrides(args: dict[str, Any], *, mode: str, max_token_len: int | None
     return out
 
 
+def verl_nodes(num_gpus: int, gpus_per_node: int) -> tuple[int, int]:
+    """(trainer.n_gpus_per_node, trainer.nnodes) for `num_gpus` GPUs on machines of `gpus_per_node`: verl's resource
+    pool is `[n_gpus_per_node] * nnodes` (verl/trainer/main_ppo.py), so the GPUs fill whole machines, or part of one
+    (`specs.hardware.ClusterSpec`'s nodes, which the cost model prices the collectives over)."""
+    per_node = min(num_gpus, gpus_per_node)
+    if num_gpus % per_node:
+        raise ConfigError(
+            "num_gpus",
+            f"{num_gpus} GPUs are not whole machines of {gpus_per_node}: verl runs trainer.n_gpus_per_node x "
+            "trainer.nnodes GPUs",
+        )
+    return per_node, num_gpus // per_node
+
+
 def verl_step_overrides(
     args: dict[str, Any],
     *,
@@ -261,13 +276,15 @@ def verl_step_overrides(
     param_offload: bool | None = None,
     optimizer_offload: bool | None = None,
     ref_param_offload: bool | None = None,
+    nodes: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """`verl_overrides(mode="train")` for a whole colocated verl step: the actor's layout and training micro-batch,
     the log-prob passes' own token budget (`log_prob_max_token_len`, one micro-batch before the CP split; a
     forward pass holds no activations for a backward, so it may pack more than the training micro-batch) or, with
     fixed-size micro-batches, their own micro-batch sizes (`log_prob_micro_batch_sizes`: old / ref log-prob, sequences
-    per GPU), and the
-    offload switches `mat rlhf` chose (None: not written, verl's default stays)."""
+    per GPU), the
+    offload switches `mat rlhf` chose (None: not written, verl's default stays) and `nodes`, the GPUs the step was
+    planned for as (trainer.n_gpus_per_node, trainer.nnodes) (`verl_nodes`; None: the launch's own stay)."""
     out = verl_overrides(args, mode="train", max_token_len=max_token_len)
     K = VERL_KEYS
     if log_prob_max_token_len is not None:
@@ -289,6 +306,9 @@ def verl_step_overrides(
     ):
         if value is not None:
             _put(out, K[key], bool(value))
+    if nodes is not None:
+        _put(out, K["n_gpus_per_node"], int(nodes[0]))
+        _put(out, K["nnodes"], int(nodes[1]))
     return out
 
 
@@ -370,5 +390,6 @@ __all__ = [
     "verl_override_lines",
     "verl_overrides",
     "verl_overrides_yaml",
+    "verl_nodes",
     "verl_step_overrides",
 ]
