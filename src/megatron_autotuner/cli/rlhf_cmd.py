@@ -26,6 +26,7 @@ from ..rlhf.phases import pass_workload
 from ..rlhf.step import StepResult
 from .layout_args import gpu_from_args
 from .output import console, make_table, print_json
+from .progress_bar import progress_bar
 
 EXAMPLES = """examples:
   mat rlhf --verl-args examples/verl_grpo_qwen3_8b_h100_8gpu.sh --gpu H100-SXM --num-gpus 8
@@ -153,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     user = replace(user, notes=user.notes + inputs.notes + ((model_note,) if model_note else ()))
     # the overrides mat writes turn grad-reduce overlap on (export.verl writes override_ddp_config)
     search_options = replace(inputs.options, overlap_grad_reduce=True)
-    ranked = search_step(inputs.spec, inputs.choice, gpu, search_options, args.top_k)
+    with progress_bar() as progress:
+        ranked = search_step(inputs.spec, inputs.choice, gpu, search_options, args.top_k, progress)
     if not ranked and not user.fits:
         bad = ", ".join(unfit_phase(ph, inputs.phase_keys) for ph in user.phases if not ph.fits)
         user = replace(
