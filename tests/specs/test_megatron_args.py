@@ -258,6 +258,21 @@ def test_legacy_flags_are_read_as_megatron_lm_rewrites_them():
     assert not rope.not_modelled
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "muon", "dist_muon", "lion", "soap", "adaptive_muon"])
+def test_an_optimizer_other_than_adam_is_said_to_be_priced_as_adam(optimizer):
+    """The optimizer state memory (fp32 master weights + Adam's two fp32 moments) and the optimizer step are Adam's;
+    --optimizer sgd / muon / ... (Megatron-LM's choices) keep other states, which is not modelled: a `not modelled`
+    line says so (it was read as a flag with no effect). --optimizer adam, given or not, says nothing."""
+    other = launch_to_specs(read_launch(f"{LEGACY_BASE} --optimizer {optimizer}"))
+    assert f"--optimizer {optimizer} (its state memory and step priced as Adam's)" in other.not_modelled
+    for flags in (LEGACY_BASE, LEGACY_BASE + " --optimizer adam"):
+        assert not [n for n in launch_to_specs(read_launch(flags)).not_modelled if "optimizer" in n]
+    # a fork's value (Pai-Megatron-Patch's host-offloaded hybridadam) is read with one note, not refused
+    fork = launch_to_specs(read_launch(f"{LEGACY_BASE} --optimizer hybridadam"))
+    assert [n for n in fork.notes if n.startswith("optimizer: ")][0].endswith("priced as Adam's on the GPU")
+    assert not [n for n in fork.not_modelled if "optimizer" in n]
+
+
 def test_a_real_launch_with_the_legacy_rope_flag_is_read_with_rope():
     """MindSpeed-LLM's Qwen3-8B pretraining launch gives rope only as --use-rotary-position-embeddings."""
     path = LAUNCHES / "real/megatron/Ascend__MindSpeed-LLM__examples__mcore__qwen3__pretrain_qwen3_8b_4K_ptd.sh"

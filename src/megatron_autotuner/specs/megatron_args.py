@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .model import ModelSpec
+from .model import ModelSpec, check_num_layers
 from .parallel import (
     CUDA_GRAPH_MODULES,
     OFFLOAD_MODULES,
@@ -187,6 +187,8 @@ FLAG_TABLE: dict[str, str] = {
     "gradient_accumulation_fusion": "options.gradient_accumulation_fusion",
     "bias_swiglu_fusion": "options.fused_bias_activation (--no-bias-swiglu-fusion)",
     "bias_gelu_fusion": "options.fused_bias_activation (--no-bias-gelu-fusion)",
+    "optimizer": "adam is modelled (sgd / muon / lion / soap: not modelled, their state memory and step priced as "
+    "Adam's)",
     "moe_token_dispatcher_type": "alltoall is modelled (allgather / flex: not modelled, predicted as alltoall)",
     "moe_grouped_gemm": "grouped expert GEMMs are modelled (off: not modelled)",
     "moe_permute_fusion": "options.moe_host_bound (eager MoE block: no permute fusion, not under a CUDA graph)",
@@ -229,7 +231,6 @@ NO_EFFECT_DESTS = frozenset(
         "use_rope_scaling",
         "mscale",
         "mscale_all_dim",
-        "optimizer",
         "adam_beta1",
         "adam_beta2",
         "adam_eps",
@@ -499,6 +500,8 @@ POSITIVE_DESTS = frozenset({
 # values forks of Megatron-LM take that Megatron-LM refuses, read with a note (Megatron-DeepSpeed's BLOOM launches)
 FORK_VALUES = {
     "position_embedding_type": "read as no rotary embedding (ALiBi's attention bias is not modelled)",
+    # Pai-Megatron-Patch's hybridadam (Adam with its states offloaded to the host)
+    "optimizer": "its state memory and step priced as Adam's on the GPU",
 }
 
 
@@ -608,6 +611,7 @@ def window_layer_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
 
 def _layer_pattern(field: str, freq: Any, num_layers: int, every: Callable[[int, int], bool]) -> tuple[int, ...]:
     """One 0 / 1 entry per layer from an integer N (`every(i, N)`) or a list expression."""
+    check_num_layers(num_layers)
     if isinstance(freq, int) or (isinstance(freq, str) and "[" not in freq):
         try:
             n = int(freq)
@@ -988,6 +992,10 @@ def launch_to_specs(
         flag = next((f for f in entry.flags if f.startswith("--")), entry.flags[0])
         reason = _NOT_MODELLED_NOTES.get(dest)
         not_modelled.append(f"{flag}: {reason}" if reason else flag)
+    optimizer = _str(launch, "optimizer")
+    if optimizer != "adam" and optimizer in (flag_for("optimizer").choices or ()):  # a fork's: `FORK_VALUES` note
+        # theory.memory and the optimizer step count Adam's fp32 master weights and two fp32 moments per parameter
+        not_modelled.append(f"--optimizer {optimizer} (its state memory and step priced as Adam's)")
     other_model = NOT_DECODER_SCRIPTS.get((launch.script or "").rsplit("/", 1)[-1])
     if other_model:
         not_modelled.append(f"{launch.script}: {other_model}, predicted as the GPT decoder its flags describe")
