@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
-from .model import ModelSpec
+from .model import ModelSpec, check_num_layers
 
 _ACTIVATION_BY_HF_NAME = {
     "silu": "silu",
@@ -31,6 +31,11 @@ def _require(cfg: dict[str, Any], key: str, model_type: str) -> Any:
     if key not in cfg:
         raise ConfigError(key, f"missing from the {model_type} config.json")
     return cfg[key]
+
+
+def _require_layers(cfg: dict[str, Any], key: str, model_type: str) -> int:
+    """The layer count, checked before a per-layer list is built from it."""
+    return check_num_layers(_require(cfg, key, model_type), key)
 
 
 def _activation(cfg: dict[str, Any], key: str = "hidden_act") -> str:
@@ -54,7 +59,7 @@ def _llama_like(cfg: dict[str, Any], name: str, model_type: str, **extra: Any) -
     fields: dict[str, Any] = dict(
         name=name,
         hidden_size=hidden,
-        num_layers=_require(cfg, "num_hidden_layers", model_type),
+        num_layers=_require_layers(cfg, "num_hidden_layers", model_type),
         num_attention_heads=heads,
         num_query_groups=cfg.get("num_key_value_heads") or heads,
         kv_channels=cfg.get("head_dim") or hidden // heads,
@@ -109,7 +114,7 @@ def _moe_pattern(num_layers: int, is_moe: Callable[[int], bool]) -> tuple[int, .
 
 def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
     model_type = cfg["model_type"]
-    num_layers = _require(cfg, "num_hidden_layers", model_type)
+    num_layers = _require_layers(cfg, "num_hidden_layers", model_type)
     step = cfg.get("decoder_sparse_step", 1) or 1
     mlp_only = set(cfg.get("mlp_only_layers", []) or [])
     pattern = _moe_pattern(num_layers, lambda i: i not in mlp_only and (i + 1) % step == 0)
@@ -142,7 +147,7 @@ def _mixtral(cfg: dict[str, Any], name: str) -> ModelSpec:
 
 def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
     model_type = cfg["model_type"]
-    num_layers = _require(cfg, "num_hidden_layers", model_type)
+    num_layers = _require_layers(cfg, "num_hidden_layers", model_type)
     first_dense = cfg.get("first_k_dense_replace", 0) or 0
     freq = cfg.get("moe_layer_freq", 1) or 1
     pattern = _moe_pattern(num_layers, lambda i: i >= first_dense and i % freq == 0)
@@ -184,7 +189,7 @@ def _glm4_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
     @ 067f987: q/k/v biases from attention_bias, qk_layernorm from use_qk_norm, no other linear bias, the first
     `first_k_dense_replace` layers dense, a shared expert of moe_intermediate_size without a gate, and
     num_nextn_predict_layers MTP layers). partial_rotary_factor (rotary_percent 0.5) changes no matmul."""
-    num_layers = _require(cfg, "num_hidden_layers", "glm4_moe")
+    num_layers = _require_layers(cfg, "num_hidden_layers", "glm4_moe")
     first_dense = cfg.get("first_k_dense_replace", 0) or 0
     moe_ffn = _require(cfg, "moe_intermediate_size", "glm4_moe")
     return _llama_like(
@@ -209,7 +214,7 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> ModelSpec:
     (softmax_type learnable); sliding-window attention of `sliding_window` keys (window_size (w-1, 0)) on the layers
     `layer_types` marks "sliding_attention"; every layer an MoE of `num_local_experts` experts of width
     intermediate_size, no shared expert. YaRN rope changes no matmul."""
-    num_layers = _require(cfg, "num_hidden_layers", "gpt_oss")
+    num_layers = _require_layers(cfg, "num_hidden_layers", "gpt_oss")
     types = cfg.get("layer_types") or []
     if types and len(types) != num_layers:
         raise ConfigError("layer_types", f"needs one entry per layer ({num_layers}), got {len(types)}")
@@ -240,7 +245,7 @@ def _gpt2(cfg: dict[str, Any], name: str) -> ModelSpec:
     return ModelSpec(
         name=name,
         hidden_size=hidden,
-        num_layers=_require(cfg, "n_layer", "gpt2"),
+        num_layers=_require_layers(cfg, "n_layer", "gpt2"),
         num_attention_heads=_require_positive_int(cfg, "n_head", "gpt2"),
         ffn_hidden_size=cfg.get("n_inner") or 4 * hidden,
         vocab_size=_require(cfg, "vocab_size", "gpt2"),
@@ -263,7 +268,7 @@ def _nemotron(cfg: dict[str, Any], name: str) -> ModelSpec:
     return ModelSpec(
         name=name,
         hidden_size=hidden,
-        num_layers=_require(cfg, "num_hidden_layers", "nemotron"),
+        num_layers=_require_layers(cfg, "num_hidden_layers", "nemotron"),
         num_attention_heads=heads,
         num_query_groups=cfg.get("num_key_value_heads") or heads,
         kv_channels=cfg.get("head_dim") or hidden // heads,

@@ -20,6 +20,19 @@ NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 # megatron-core TransformerConfig.softmax_type: "learnable" adds one sink logit per head and layer (softmax_offset)
 SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+# The deepest decoder read (published models have under 200 layers): a deeper one from a flag, a config.json or a
+# launch is refused before any per-layer list is built (10^18 layers ran out of memory, 10^6 took minutes; #39).
+MAX_NUM_LAYERS = 10_000
+
+
+def check_num_layers(value: object, field: str = "num_layers") -> int:
+    """`value` as a decoder layer count: a positive integer up to MAX_NUM_LAYERS, else a `ConfigError` naming
+    `field`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(field, f"must be a positive integer, got {value!r}")
+    if value > MAX_NUM_LAYERS:
+        raise ConfigError(field, f"{value} layers is above the limit of {MAX_NUM_LAYERS}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class ModelSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        check_num_layers(self.num_layers)
         if self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups:
             raise ConfigError(
                 "num_query_groups",
@@ -251,6 +265,7 @@ class ModelSpec:
 
     def with_num_layers(self, num_layers: int) -> ModelSpec:
         """The same model with fewer (or more) layers: keeps the MoE pattern's prefix."""
+        check_num_layers(num_layers)
 
         def cycled(pattern: tuple[int, ...]) -> tuple[int, ...]:
             return tuple(pattern[i % len(pattern)] for i in range(num_layers)) if pattern else pattern
