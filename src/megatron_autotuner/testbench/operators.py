@@ -154,6 +154,10 @@ def build_transformer_config(
         kwargs["pipeline_dtype"] = torch.float32
     if spec.is_moe:
         kwargs["moe_grouped_gemm"] = use_te
+        if use_te and spec.add_bias_linear:
+            # TEGroupedMLP refuses the fused bias-dropout-add with biased experts (megatron/core/transformer/moe/
+            # experts.py, an assertion); Megatron-LM's gpt-oss launches pass --no-bias-dropout-fusion
+            kwargs["bias_dropout_fusion"] = False
         fields = TransformerConfig.__dataclass_fields__
         if "moe_router_force_load_balancing" in fields:
             kwargs["moe_router_force_load_balancing"] = True  # balanced routing, as theory assumes
