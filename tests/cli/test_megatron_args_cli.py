@@ -135,3 +135,17 @@ def test_plan_and_estimate_json_carry_the_run_settings_their_text_prints(tmp_pat
     given.write_text(SMALL)
     assert main(["estimate", "--megatron-args", str(given), "--gpu", "H100-SXM", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["run_settings"]["hidden_dropout"] == 0.0
+
+
+def test_plan_json_carries_the_notes_it_prints_under_your_launch(tmp_path, capsys):
+    """The launch's own notes (dropout it takes from Megatron-LM's defaults, the host it waits on ...) are in
+    plan.json's current_run as in the text, which printed them while the JSON dropped them."""
+    launch = tmp_path / "launch.sh"
+    launch.write_text(SMALL.replace("--hidden-dropout 0", "").replace("--attention-dropout 0", ""))
+    args = ["plan", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--no-chart", "--top", "1"]
+    assert main(args + ["--output-dir", str(tmp_path / "p")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    notes = json.loads((tmp_path / "p" / "plan.json").read_text())["current_run"]["notes"]
+    assert any(note.startswith("dropout:") for note in notes)
+    for note in notes:
+        assert " ".join(note.split())[:60] in out

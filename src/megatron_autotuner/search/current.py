@@ -67,6 +67,7 @@ class CurrentRun:
             "best_step_time_s": self.best.step_time_s,
             "speedup_of_best": self.speedup,
             "flag_changes": [c.to_dict() for c in self.changes],
+            "notes": list(e.notes),  # what `mat plan` prints under the launch's row
             "not_modelled": list(e.not_modelled),
         }
 
