@@ -549,3 +549,15 @@ def test_fp8_actor_passes_are_priced_in_fp8():
         read_verl_text(base + f"{otc}.fp8=e4m3\n{otc}.fp8_recipe=mxfp8\n")
     with pytest.raises(ConfigError, match="fp8 parameters are not modelled"):
         read_verl_text(base + f"{otc}.fp8=e4m3\n{otc}.fp8_param=true\n")
+
+
+def test_rlhf_says_what_its_steps_assume_beyond_the_layout(capsys):
+    """The launch's step and the overrides' step are priced with different run settings (the overrides turn
+    grad-reduce overlap on; verl runs no TE userbuffers): both in the JSON and printed, as `mat plan` does."""
+    assert main(["rlhf", "--verl-args", str(EXAMPLE), "--gpu", "H100-SXM", "--json", "--top-k", "1"]) == 0
+    settings = json.loads(capsys.readouterr().out)["run_settings"]
+    assert settings["launch"]["overlap_grad_reduce"] is False and settings["overrides"]["overlap_grad_reduce"] is True
+    assert not settings["launch"]["tp_comm_overlap"] and not settings["overrides"]["tp_comm_overlap"]
+    assert main(["rlhf", "--verl-args", str(EXAMPLE), "--gpu", "H100-SXM", "--top-k", "1"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "run settings assumed for the launch: " in out and "run settings assumed for the overrides: " in out

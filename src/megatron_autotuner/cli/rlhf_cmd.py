@@ -11,6 +11,7 @@ from dataclasses import replace
 from ..argspec.argtypes import margin_fraction, non_empty_path, non_negative_float, positive_float, positive_int
 from ..argspec.common import add_launch_reading_arguments, launch_variables
 from ..costmodel import DEFAULT_MEMORY_MARGIN, load_calibration
+from ..costmodel.estimate import run_settings
 from ..export import megatron_args
 from ..export.verl import override_lines, verl_nodes, verl_step_overrides
 from ..files import ensure_output_dir, write_text_atomic
@@ -24,6 +25,7 @@ from ..rlhf import (
 )
 from ..rlhf.phases import pass_workload
 from ..rlhf.step import StepResult
+from .estimate_cmd import run_settings_line
 from .layout_args import gpu_from_args
 from .output import console, make_table, print_json
 from .progress_bar import progress_bar
@@ -168,6 +170,12 @@ def run(args: argparse.Namespace) -> int:
         )
     lines = overrides_for(ranked[0], search_options, nodes) if ranked else None
     report = step_report(user, ranked, lines)
+    # what the predictions assume beyond the layout: the launch's as verl runs it, the overrides' with grad-reduce
+    # overlap on; verl never runs TE userbuffers (`search_step`)
+    report["run_settings"] = {
+        "launch": run_settings(model, inputs.options, False),
+        "overrides": run_settings(model, search_options, False) if ranked else None,
+    }
     if out_dir is not None:
         write_text_atomic(out_dir / "rlhf.json", json.dumps(report, indent=2, default=str) + "\n")
         if lines:
@@ -184,6 +192,9 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in user.notes:
         out.print(f"note: {note}")
+    for whose, settings in report["run_settings"].items():
+        if settings is not None:
+            out.print(f"run settings assumed for the {whose}: {run_settings_line(settings)}")
     shown = [("your launch", user)] + ([("best", ranked[0])] if ranked else [])
     for title, r in shown:
         rows = [[ph.name, ph.time_s if ph.time_s is not None else "-", ph.peak_memory_gib, "yes" if ph.fits else "NO"]
