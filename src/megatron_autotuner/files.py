@@ -152,6 +152,14 @@ def read_json_bounded(
         raise ConfigError(field, f"{path} is not valid JSON ({where}: {exc.msg})") from None
     except RecursionError:
         raise ConfigError(field, f"{path} is not valid JSON (nested too deeply)") from None
+    except ValueError as exc:
+        raise ConfigError(field, f"{path} is not valid JSON ({unreadable_value(exc)})") from None
+
+
+def unreadable_value(exc: ValueError) -> str:
+    """One line for the ValueError a JSON or yaml parser lets through for a value Python cannot hold: an integer
+    past Python's 4,300-digit limit (int_max_str_digits), a date such as 2024-13-45 in yaml."""
+    return "a value Python cannot read: " + " ".join(str(exc).split(";")[0].split())
 
 
 # a user's yaml: nesting, alias references and the size its aliases unfold to (an 811-byte alias bomb unfolds to
@@ -214,7 +222,10 @@ def load_yaml_bounded(text: str) -> Any:
             unfolded = MAX_YAML_NODES + 1
         if unfolded > MAX_YAML_NODES:
             raise YamlLimitError(f"unfolds its aliases to more than {MAX_YAML_NODES} values (the limit)")
-        return loader.construct_document(node)
+        try:
+            return loader.construct_document(node)
+        except ValueError as exc:  # invalid yaml, as the callers expect, not a bare ValueError
+            raise yaml.constructor.ConstructorError(None, None, unreadable_value(exc)) from None
     finally:
         loader.dispose()
 

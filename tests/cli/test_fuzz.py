@@ -92,7 +92,7 @@ def _make(path: Path, spec: dict) -> str:
             (path / rel).parent.mkdir(parents=True, exist_ok=True)
             _make(path / rel, sub)
     elif "text" in spec:
-        path.write_text(spec["text"], encoding="utf-8")
+        path.write_text(spec["text"].replace("{DIGITS}", "9" * spec.get("digits", 0)), encoding="utf-8")
     elif "hex" in spec:
         path.write_bytes(bytes.fromhex(spec["hex"]))
     elif "gzip_truncated" in spec:

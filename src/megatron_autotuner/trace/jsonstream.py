@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from os import PathLike
 from typing import Any
 
-from ..files import open_input
+from ..files import open_input, unreadable_value
 from .errors import TraceError
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -157,6 +157,8 @@ class TraceReader:
                 raise self._error(f"not valid JSON {where}: {exc.msg} at character {self._dropped + exc.pos}") from None
             except RecursionError:
                 raise self._error(f"not valid JSON {where}: nested too deeply at character {self._offset()}") from None
+            except ValueError as exc:
+                raise self._error(f"not valid JSON {where}: {unreadable_value(exc)}") from None
             if end >= len(buf) and not self._eof and self._fill():
                 continue  # a number at the very end of the buffer may continue in the next chunk
             self._pos = end
@@ -229,7 +231,7 @@ class TraceReader:
                 buf, pos = self._buf, self._pos
                 try:
                     obj, end = scan(buf, pos)
-                except (StopIteration, json.JSONDecodeError, RecursionError):
+                except (StopIteration, ValueError, RecursionError):  # ValueError: JSONDecodeError and its like
                     obj = self._value(f"in traceEvents[{index}]")  # slow path: refills or raises
                     buf, end = self._buf, self._pos
                 else:
