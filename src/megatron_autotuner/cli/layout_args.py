@@ -202,7 +202,8 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 
 def gpu_from_args(args: argparse.Namespace) -> GPUSpec | None:
-    if not getattr(args, "gpu", None):
+    """The --gpu preset or --hardware-file entry; None only where --gpu was not given (an empty name is unknown)."""
+    if getattr(args, "gpu", None) is None:
         return None
     return get_gpu_spec(args.gpu, args.hardware_file)
 
