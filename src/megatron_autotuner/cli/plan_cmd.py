@@ -42,6 +42,10 @@ from .layout_args import (
 from .output import console, make_table, print_json
 from .progress_bar import progress_bar
 
+# --top: each layout shown is exported with its files; an unbounded one exported the whole search (Qwen3-0.6B on
+# 4,096 GPUs: 1,811 layouts, 47 MB, 27 s against 6 s at the default; #39)
+MAX_TOP = 100
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -109,7 +113,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "waits on the host (small models, small micro-batches), try always, off never (default auto; a launch's "
         "own graphs are kept as given)",
     )
-    p.add_argument("--top", type=positive_int, default=5, help="layouts to show and export (default 5)")
+    p.add_argument(
+        "--top", type=positive_int, default=5, help=f"layouts to show and export (default 5, at most {MAX_TOP})"
+    )
     p.add_argument("--output-dir", type=non_empty_path, help="report directory (default outputs/<UTC timestamp>-plan/)")
     p.add_argument("--no-chart", action="store_true", help="skip the PNG chart")
     p.add_argument(
@@ -199,8 +205,8 @@ def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.top < 1:
-        raise ConfigError("top", f"must be >= 1, got {args.top}")
+    if not 1 <= args.top <= MAX_TOP:
+        raise ConfigError("top", f"must be in 1..{MAX_TOP} (each layout is exported with its files), got {args.top}")
     gpu = gpu_from_args(args)
     if gpu is None:
         raise ConfigError("gpu", "is required")
