@@ -6,11 +6,18 @@ found are listed in fuzz_inputs.json, which this test reads. Every subcommand pa
 `megatron_autotuner.cli.main` in a scratch working directory; nothing starts a GPU job: profile and validate get
 --dry-run, plan never gets --validate, and `mat overlap` tune sees no GPU (so it launches no job).
 
+Numbers (issue #39): an option that takes a number, a number inside a value (`--prompt-len MEAN:MAX`, a layout
+string, `--var`) and the numbers of valid files of each kind (`number_files`: a config.json, a launch, verl overrides,
+a length histogram, a hardware yaml, layouts, cases, a calibration, a trace) are drawn from small ones and large and
+extreme ones (0, -1, 2^31, 2^63, 10^18, 1e308, nan, inf, a 5,000-digit integer), and about half of the command lines
+start from a valid command (`seed_args`), so those numbers reach the model, the search and the packing.
+
 Contract checked: main returns or raises SystemExit (nothing else escapes), the exit code is 0, 1 or 2, and a
 failure ends with one line starting with "mat" on stderr, with no "Traceback". Examples are derandomized (the
 same inputs every run); MAT_FUZZ_EXPLORE=1 draws new ones, MAT_FUZZ_SCALE=N runs N times as many, and
 MAT_FUZZ_TIMEOUT_S=S fails a command that runs longer than S seconds (default 60). MAT_FUZZ_LOG=FILE appends
-each command run, its exit code and seconds, as one JSON line (how many inputs a scale run made, and the slowest).
+each command run, its exit code (or "timeout", or the exception that escaped) and seconds, as one JSON line (how many
+inputs a scale run made, and the slowest).
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import hashlib
 import io
 import json
 import os
 import pickle
+import re
 import signal
 import sys
 import time
@@ -52,6 +61,7 @@ INPUT_DESTS = {
     "trace",
     "snapshot",
     "directory",
+    "verl_args",
 }
 # options whose value is a path the command writes
 OUTPUT_DESTS = {"output_dir", "output", "calibration_out", "write_calibration", "emit_slurm"}
@@ -69,9 +79,21 @@ BASE_ARGS = {
     ("trace", "merge"): ["-o", "out/merged.json"],
     ("validate",): ["--gpu", "H100-SXM", "--seq-len", "1024"],
 }
-# plan searches: small numbers only (the search itself is tested elsewhere; this is about input handling)
-SMALL_NUMBERS = ["-1", "0", "1", "2", "8", "3.5", "x", ""]
-SMALL_NUMBER_COMMANDS = {("plan",)}
+# drawn numbers (issue #39): small, large and extreme, as text; a {int:D} / {float:D} slot of a template is D or one
+INT_NUMBERS = DATA["numbers"]["int"] + ["9" * n for n in DATA["numbers"]["digits"]]
+NUMBERS = {"int": INT_NUMBERS, "float": DATA["numbers"]["float"] + INT_NUMBERS}
+SLOT = re.compile(r"\{(int|float):([^{}]*)\}")
+# the argparse types of options that take a number (argspec/argtypes.py)
+NUMBER_TYPES = {
+    "positive_int",
+    "non_negative_int",
+    "positive_float",
+    "non_negative_float",
+    "fraction",
+    "margin_fraction",
+    "num_layers_or_edge",
+}
+SEED_ARGS = {tuple(name.split()): args for name, args in DATA["seed_args"].items() if name != "about"}
 EXAMPLES = {("plan",): 25, ("validate",): 40, ("overlap",): 40, ("overlap", "tune"): 40}
 DEFAULT_EXAMPLES = 60
 
@@ -154,6 +176,7 @@ def run_mat(argv: list[str]) -> tuple[int, str, str]:
     signal.setitimer(signal.ITIMER_REAL, CALL_TIMEOUT_S)
     old_stdin = sys.stdin
     sys.stdin = io.StringIO("")
+    failure = None
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -161,16 +184,19 @@ def run_mat(argv: list[str]) -> tuple[int, str, str]:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except _Hung:
-        pytest.fail(f"mat {argv!r} ran longer than {CALL_TIMEOUT_S} s")
+        code, failure = "timeout", f"mat {argv!r} ran longer than {CALL_TIMEOUT_S} s"
     except BaseException as exc:  # noqa: BLE001 - the point of the test
-        pytest.fail(f"mat {argv!r} raised {type(exc).__name__}: {exc}\nstderr: {err.getvalue()[-2000:]}")
+        code = type(exc).__name__
+        failure = f"mat {argv!r} raised {code}: {exc}\nstderr: {err.getvalue()[-2000:]}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler)
         sys.stdin = old_stdin
-    if os.environ.get("MAT_FUZZ_LOG"):
+    if os.environ.get("MAT_FUZZ_LOG"):  # a command that escaped or hung is logged too, its code that name
         with open(os.environ["MAT_FUZZ_LOG"], "a", encoding="utf-8") as log:
             log.write(json.dumps({"argv": argv, "code": code, "s": round(time.perf_counter() - started, 3)}) + "\n")
+    if failure:
+        pytest.fail(failure)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -207,20 +233,61 @@ def test_every_subcommand_is_fuzzed():
     assert any(name.startswith("overlap") for name in names)
 
 
-def _value_pool(path: tuple[str, ...], action: argparse.Action, files: dict[str, str]) -> list[str]:
+def _filled(template: str):
+    """`template` with each {int:D} / {float:D} slot at D, and up to two of them at a drawn number instead."""
+    slots = SLOT.findall(template)
+
+    @st.composite
+    def fill(draw):
+        values = [default for _, default in slots]
+        for _ in range(draw(st.integers(0, min(2, len(slots))))):
+            i = draw(st.integers(0, len(slots) - 1))
+            values[i] = draw(st.sampled_from(NUMBERS[slots[i][0]]))
+        drawn = iter(values)
+        return SLOT.sub(lambda _: next(drawn), template)
+
+    return fill() if slots else st.just(template)
+
+
+def _number_file(root: Path, spec: dict):
+    """A file of the kind `spec` describes, its numbers drawn, written under root/drawn (one file per content)."""
+
+    def write(text: str) -> str:
+        path = root / "drawn" / f"{hashlib.sha1(text.encode()).hexdigest()[:12]}-{spec['name']}"
+        if not path.exists():
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+        return str(path)
+
+    return _filled(spec["text"]).map(write)
+
+
+def _values(action: argparse.Action, files: dict[str, str], root: Path, plausible: bool):
+    """The values an option or positional is drawn from. Not `plausible`: bad files and odd values beside the values
+    of its kind. `plausible` (after seed_args): only values of its kind, a choice, a number (small or extreme), a
+    template or a file of the kind it reads, so that a drawn number gets past the parser to the code that uses it;
+    None where there is no such value (free text)."""
     odd = DATA["odd_values"]
+    type_name = getattr(action.type, "__name__", "")
+    templates = DATA["value_templates"].get(action.dest) or DATA["value_templates"].get(type_name)
     if action.dest in OUTPUT_DESTS:
-        return DATA["outputs"]
-    if action.dest in INPUT_DESTS:
-        return list(files.values()) + odd
+        return st.sampled_from(DATA["outputs"][:2] if plausible else DATA["outputs"])
+    drawn = [_number_file(root, f) for f in DATA["number_files"]["files"] if action.dest in f["for"]]
+    if action.dest in INPUT_DESTS or drawn:
+        if plausible:
+            return st.one_of(*drawn) if drawn else None
+        return st.one_of(st.sampled_from(list(files.values()) + odd), *drawn)
     if action.choices:
-        return [str(c) for c in action.choices] + odd
-    if path in SMALL_NUMBER_COMMANDS:
-        return SMALL_NUMBERS
-    return odd + list(files.values())[:4]
+        return st.sampled_from([str(c) for c in action.choices] + ([] if plausible else odd))
+    if templates:
+        return st.one_of(*map(_filled, templates), *([] if plausible else [st.sampled_from(odd)]))
+    if type_name in NUMBER_TYPES:
+        numbers = [st.sampled_from(INT_NUMBERS), st.sampled_from(NUMBERS["float"])]
+        return st.one_of(*numbers, *([] if plausible else [st.sampled_from(odd)]))
+    return None if plausible else st.sampled_from(odd + list(files.values())[:4])
 
 
-def _argv_strategy(path: tuple[str, ...], parser: argparse.ArgumentParser, files: dict[str, str]):
+def _argv_strategy(path: tuple[str, ...], parser: argparse.ArgumentParser, files: dict[str, str], root: Path):
     skipped = SKIPPED_OPTIONS.get(path, set())
     positionals, optionals = [], []
     for action in parser._actions:
@@ -232,31 +299,43 @@ def _argv_strategy(path: tuple[str, ...], parser: argparse.ArgumentParser, files
         else:
             positionals.append(action)
 
-    def one_option(action: argparse.Action):
+    # each option's strategies, built once (building them for every example cost more than running mat): its flag
+    # and values, and, after seed_args, only for the flags and the options that have values of their kind
+    def one_option(action: argparse.Action, plausible: bool):
         flag = st.sampled_from(action.option_strings)
         if action.nargs == 0:
             return flag.map(lambda f: [f])
-        values = st.sampled_from(_value_pool(path, action, files))
+        values = _values(action, files, root, plausible)
+        if values is None:
+            return None
         if action.nargs in ("+", "*"):
             return st.tuples(flag, st.lists(values, min_size=1, max_size=3)).map(lambda t: [t[0], *t[1]])
         return st.tuples(flag, values).map(lambda t: list(t))
 
     def positional(action: argparse.Action):
-        values = st.sampled_from(_value_pool(path, action, files))
+        values = _values(action, files, root, False)
         if action.nargs in ("+", "*"):
             return st.lists(values, min_size=1, max_size=3)
         if action.nargs == "?":
             return st.one_of(st.just([]), values.map(lambda v: [v]))
         return values.map(lambda v: [v])
 
+    any_value = [one_option(a, False) for a in optionals]
+    of_its_kind = [o for o in (one_option(a, True) for a in optionals) if o is not None]
+    positional_values = [positional(a) for a in positionals]
+
     @st.composite
     def argv(draw):
         args = list(path)
-        for action in positionals:
-            args += draw(positional(action))
-        chosen = draw(st.lists(st.sampled_from(optionals), max_size=6, unique_by=id)) if optionals else []
-        for action in chosen:
-            args += draw(one_option(action))
+        for values in positional_values:
+            args += draw(values)
+        seeded = path in SEED_ARGS and draw(st.booleans())
+        if seeded:
+            args += [_expand(a, files) for a in SEED_ARGS[path]]
+        pool = of_its_kind if seeded else any_value
+        chosen = draw(st.lists(st.sampled_from(pool), max_size=6, unique_by=id)) if pool else []
+        for option in chosen:
+            args += draw(option)
         return args + FORCED.get(path, [])
 
     return argv()
@@ -272,8 +351,8 @@ FUZZ_SETTINGS = dict(
 
 @pytest.mark.parametrize("path", list(COMMANDS), ids=lambda p: "-".join(p))
 def test_fuzz_subcommand(path, workdir):
-    _, files = workdir
-    strategy = _argv_strategy(path, COMMANDS[path], files)
+    root, files = workdir
+    strategy = _argv_strategy(path, COMMANDS[path], files, root)
 
     scale = float(os.environ.get("MAT_FUZZ_SCALE", "1"))
     examples = max(1, int(EXAMPLES.get(path, DEFAULT_EXAMPLES) * scale))
