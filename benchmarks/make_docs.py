@@ -360,7 +360,19 @@ def search_speed(root: Path) -> str:
         + f"Machine: {m['cpu_count']} CPU cores, Python {m['python']}; target {data['target_s']:.0f} s.\n\n"
         + table(head, rows)
         + "\nRLHF steps of real lengths (verl's Qwen3-8B GRPO example, mean prompt 512 and response 2,500 tokens),"
-        " whole commands in fresh processes:\n\n" + table(["command", "wall s", "exit code"], commands)
+        " whole commands in fresh processes:\n\n"
+        + table(["command", "wall s", "exit code"], commands)
+        + _large_commands(data)
+    )
+
+
+def _large_commands(data: dict) -> str:
+    large = [[c["command"], num(c["wall_s"], ".1f"), str(c["exit_code"])] for c in data.get("large_commands", ())]
+    if not large:
+        return ""
+    return (
+        f"\nThe largest inputs within the limits (target {data['large_target_s']:.0f} s; on a terminal these show a"
+        " progress bar):\n\n" + table(["command", "wall s", "exit code"], large)
     )
 
 
@@ -1096,6 +1108,25 @@ def recipes_vs_best(root: Path) -> str:
     return source("recipes_vs_best.json") + f"GPU: {data['gpu']}.\n\n" + table(head, rows)
 
 
+def sliding_window(root: Path) -> str:
+    rel = "sliding_window_h200/results.jsonl"
+    runs = [json.loads(line) for line in (root / RESULTS / rel).read_text().splitlines()]
+    rows = [
+        [
+            r["label"],
+            num(r["measured"]["step_time_s"], ".3f"),
+            num(r["predicted"]["step_time_s"], ".3f"),
+            pct(r["predicted"]["step_time_s"] / r["measured"]["step_time_s"] - 1),
+            num(r["measured"]["peak_gib"], ".1f"),
+            num(r["predicted"]["peak_memory_gib"], ".1f"),
+            pct(r["predicted"]["peak_memory_gib"] / r["measured"]["peak_gib"] - 1),
+        ]
+        for r in runs
+    ]
+    head = ["layout (2-layer gpt-oss-20b)", "step s", "predicted s", "error", "peak GiB", "predicted GiB", "error"]
+    return source(rel) + "GPU: one H200 (cuDNN 9.19, TE 2.20.2).\n\n" + table(head, rows)
+
+
 GENERATORS: dict[str, Callable[[Path], str]] = {
     "published": published,
     "validation_step_time": validation_step_time,
@@ -1108,6 +1139,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "whole_layers": whole_layers,
     "issue_order": issue_order,
     "search_speed": search_speed,
+    "sliding_window": sliding_window,
     "trace_checks": trace_checks,
     "validation_memory": validation_memory,
     "validation_layouts_memory": validation_layouts_memory,
