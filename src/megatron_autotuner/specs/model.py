@@ -111,12 +111,20 @@ class ModelSpec:
 
     # ---- validation -------------------------------------------------------------------------
     def validate(self) -> None:
-        names = ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size")
+        names = ("hidden_size", "num_layers", "num_attention_heads", "ffn_hidden_size", "vocab_size", "kv_channels")
         for name in (*names, "make_vocab_size_divisible_by"):
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
         check_num_layers(self.num_layers)
+        # every other count and size too: a config.json's head_dim or num_experts of 1e308, inf or NaN divided by
+        # zero, overflowed or, as an expert count, made a search that exhausted memory (#39)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type not in ("int", "int | None") or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f.name, f"must be an integer >= 0, got {value!r}")
         if self.num_query_groups <= 0 or self.num_attention_heads % self.num_query_groups:
             raise ConfigError(
                 "num_query_groups",
