@@ -166,6 +166,8 @@ class ModelSpec:
                     raise ConfigError(name, "must be > 0 with multi_latent_attention")
         if self.mtp_num_layers < 0:
             raise ConfigError("mtp_num_layers", "must be >= 0")
+        if self.mtp_num_layers > MAX_NUM_LAYERS:  # decoder layers too (2^31 of them ran out of memory; #39)
+            raise ConfigError("mtp_num_layers", f"{self.mtp_num_layers} layers is above the limit of {MAX_NUM_LAYERS}")
         self._validate_attention_window()
 
     def _validate_attention_window(self) -> None:
