@@ -168,6 +168,16 @@ def _value(text: str) -> Any:
         return text
 
 
+def _layout_value(dotted: str, key: str, value: Any) -> Any:
+    """A McoreEngineConfig parallel size as given: an integer >= 1 (or null where verl's default is null: vpp, etp);
+    sequence_parallel as given. A size of 1e308, .inf or 5,000 digits reached int() in the step model (#39)."""
+    if key == "sequence_parallel" or (value is None and LAYOUT_DEFAULTS[key] is None):
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(dotted, f"must be an integer >= 1, got {'null' if value is None else repr(value)}")
+    return value
+
+
 def _unknown_key_note(key: str) -> str | None:
     """A note for a key `mat rlhf` does not read although it can change speed or memory (None for the others)."""
     if key in KNOWN_KEYS or not matters(key):
@@ -381,7 +391,7 @@ class VerlLaunch:
         for key in MCORE_LAYOUT_KEYS:
             dotted = f"{VERL_KEYS[role + '_megatron']}.{key}"
             if dotted in self.values:
-                out[key] = self.values[dotted]
+                out[key] = _layout_value(dotted, key, self.values[dotted])
             elif role == "ref":
                 out[key] = self.layout("actor")[key]
             else:
