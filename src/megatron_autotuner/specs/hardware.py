@@ -7,6 +7,7 @@ Bandwidths in GB/s are decimal (1 GB = 1e9 bytes), per direction; memory sizes a
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,15 +38,17 @@ class GPUSpec:
     host_link_gbps: float | None = None
 
     def __post_init__(self) -> None:
+        # finite: an infinite bandwidth or peak (yaml's .inf) overflowed when the cost model rounded a time (#39)
         for name in ("bf16_tflops", "hbm_gib", "hbm_gbps", "nvlink_gbps", "scale_out_gbps"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"gpu.{name}", f"must be > 0, got {getattr(self, name)!r}")
-        if self.fp8_tflops < 0:
-            raise ConfigError("gpu.fp8_tflops", "must be >= 0 (0 = no fp8 support)")
-        if self.gpus_per_node < 1:
-            raise ConfigError("gpu.gpus_per_node", "must be >= 1")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"gpu.{name}", f"must be a finite number > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.fp8_tflops < math.inf:
+            raise ConfigError("gpu.fp8_tflops", "must be a finite number >= 0 (0 = no fp8 support)")
+        # an integer: .inf GPUs per node made the search's node counts exhaust memory (#39)
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 1:
+            raise ConfigError("gpu.gpus_per_node", f"must be an integer >= 1, got {self.gpus_per_node!r}")
         if self.host_link_gbps is not None and not (
-            isinstance(self.host_link_gbps, (int, float)) and self.host_link_gbps > 0
+            isinstance(self.host_link_gbps, (int, float)) and 0 < self.host_link_gbps < math.inf
         ):
             raise ConfigError("gpu.host_link_gbps", f"must be > 0 GB/s (or left out), got {self.host_link_gbps!r}")
 
