@@ -112,6 +112,12 @@ def _prepare(paths: Sequence[str | PathLike[str]]) -> list[_Input]:
     return inputs
 
 
+def _track_id(value: Any) -> Any:
+    """A trace's pid / tid as a key: an int or a string as Chrome's format has them, anything else (null, a list
+    from a broken trace) as its text, so it can key the track tables and sort beside the others."""
+    return value if type(value) in (int, str) else str(value)
+
+
 class _RankWriter:
     """Rewrites the events of one rank into the merged stream."""
 
@@ -135,7 +141,7 @@ class _RankWriter:
 
     def rewrite(self, e: dict[str, Any]) -> dict[str, Any] | None:
         ph = e.get("ph")
-        pid, tid = e.get("pid"), e.get("tid")
+        pid, tid = _track_id(e.get("pid")), _track_id(e.get("tid"))
         if ph == "M":
             name = e.get("name")
             args = e.get("args") or {}
@@ -190,7 +196,7 @@ class _RankWriter:
             group = 1 if (pid in self.gpu_pids or proc_label(pid).startswith("GPU")) else 0
             if isinstance(pid, str):
                 group = 2
-            return (group, f"{pid}" if isinstance(pid, str) else f"{pid:>20}", tid if type(tid) is int else 0, str(tid))
+            return (group, f"{pid:>20}" if type(pid) is int else f"{pid}", tid if type(tid) is int else 0, str(tid))
 
         for sort_index, key in enumerate(sorted(self.tids, key=order)):
             pid, tid = key
