@@ -51,7 +51,7 @@ from operator import mul
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..files import CONFIG_LIMIT_BYTES, read_text_bounded
+from ..files import CONFIG_LIMIT_BYTES, read_text_bounded, unreadable_value
 from .hashing import cached_hash
 
 # The weight verl's `calculate_workload` gives a token against its attention term: 24576*s + s^2, derived there
@@ -267,6 +267,8 @@ def read_length_histogram(path: str | Path, field: str = "length_histogram", see
             data = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise ConfigError(field, f"{path} is not valid JSON ({exc})") from None
+        except ValueError as exc:  # a number Python cannot hold (past 4,300 digits)
+            raise ConfigError(field, f"{path} is not valid JSON ({unreadable_value(exc)})") from None
         items = data.items() if isinstance(data, dict) else data
         if not isinstance(items, (list, type({}.items()))):
             raise ConfigError(field, f"{path}: expected a list of [length, count] pairs or a {{length: count}} object")
@@ -516,8 +518,9 @@ class PackedBatch:
         if key in self._padded_forms:
             return self._padded_forms[key]
 
-        # each length's padded form, looked up (tens of thousands of sequences per packing, for every alignment)
-        rounded = [-(-s // align_tokens) * align_tokens for s in range(max(map(max, self.micro_batches)) + 1)]
+        # each distinct length's padded form, looked up (tens of thousands of sequences per packing, for every
+        # alignment; one table per distinct length, not per length up to the longest: 4M-token sequences took 40 s)
+        rounded = {s: -(-s // align_tokens) * align_tokens for s in set(chain.from_iterable(self.micro_batches))}
 
         def pad(mb: tuple[int, ...]) -> tuple[int, ...]:
             out = tuple(map(rounded.__getitem__, mb))
