@@ -142,9 +142,15 @@ def read_json_bounded(
     error: ErrorFactory | None = None,
 ) -> Any:
     """The JSON document of a user's file; invalid JSON is `ConfigError(field, "PATH is not valid JSON (...)")`."""
+
+    return parse_json_text(read_text_bounded(path, field, limit_bytes, error=error), path, field)
+
+
+def parse_json_text(text: str, path: str | PathLike[str], field: str = "path") -> Any:
+    """The JSON document in `text` (read from `path`); invalid JSON, nesting past the recursion limit or a number
+    Python cannot hold is `ConfigError(field, "PATH is not valid JSON (...)")`."""
     import json
 
-    text = read_text_bounded(path, field, limit_bytes, error=error)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:

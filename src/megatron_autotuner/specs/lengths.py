@@ -51,7 +51,7 @@ from operator import mul
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..files import CONFIG_LIMIT_BYTES, read_text_bounded, unreadable_value
+from ..files import CONFIG_LIMIT_BYTES, parse_json_text, read_text_bounded
 from .hashing import cached_hash
 
 # The weight verl's `calculate_workload` gives a token against its attention term: 24576*s + s^2, derived there
@@ -261,14 +261,7 @@ def read_length_histogram(path: str | Path, field: str = "length_histogram", see
     text = read_text_bounded(path, field, CONFIG_LIMIT_BYTES)
     pairs: list[tuple[int, int]] = []
     if str(path).lower().endswith(".json") or text.lstrip().startswith(("[", "{")):
-        import json
-
-        try:
-            data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ConfigError(field, f"{path} is not valid JSON ({exc})") from None
-        except ValueError as exc:  # a number Python cannot hold (past 4,300 digits)
-            raise ConfigError(field, f"{path} is not valid JSON ({unreadable_value(exc)})") from None
+        data = parse_json_text(text, path, field)
         items = data.items() if isinstance(data, dict) else data
         if not isinstance(items, (list, type({}.items()))):
             raise ConfigError(field, f"{path}: expected a list of [length, count] pairs or a {{length: count}} object")
