@@ -158,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
     search_options = replace(inputs.options, overlap_grad_reduce=True)
     with progress_bar() as progress:
         ranked = search_step(inputs.spec, inputs.choice, gpu, search_options, args.top_k, progress)
+    # the launch's phases that do not fit, each with the verl key that sets it (both outputs below name them)
+    bad = ", ".join(unfit_phase(ph, inputs.phase_keys) for ph in user.phases if not ph.fits)
     if not ranked and not user.fits:
-        bad = ", ".join(unfit_phase(ph, inputs.phase_keys) for ph in user.phases if not ph.fits)
         user = replace(
             user,
             notes=user.notes
@@ -206,7 +207,6 @@ def run(args: argparse.Namespace) -> int:
         if user.fits:
             out.print(f"predicted gain over your launch: {user.total_s / best.total_s - 1:+.1%} per step")
         else:
-            bad = ", ".join(unfit_phase(ph, inputs.phase_keys) for ph in user.phases if not ph.fits)
             out.print(f"your launch does not fit ({bad}); the best layout does")
         out.print("verl overrides (append to python3 -m verl.trainer.main_ppo ...):")
         sys.stdout.write(" \\\n".join(shlex.quote(x) for x in lines) + "\n")  # plain: no wrapping
