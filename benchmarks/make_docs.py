@@ -715,6 +715,29 @@ def moe_tp_host(root: Path) -> str:
     return out + "\n\n" + table(head, rows)
 
 
+def rank_wait(root: Path) -> str:
+    """The wait across ranks at each synchronising collective (rank_wait_h200_x2/report.json; x4 once it ran)."""
+    out = ""
+    for rel in ("rank_wait_h200_x2", "rank_wait_h200_x4"):
+        if not (root / RESULTS / rel / "report.json").exists():
+            continue
+        doc = load(root, f"{rel}/report.json")
+        out += source(f"{rel}/report.json", f"{rel}/predicted.json")
+        out += f"{doc['gpu']}, predicted {doc['predicted_at']}, run {doc['run_date']}:\n\n"
+        rows = []
+        for r in doc["rows"]:
+            host = " / ".join(f"{k['fwd_ms']:.1f}, {k['bwd_ms']:.1f}" for k in r["layer_host_ms"])
+            wait = " / ".join(f"{k['wait_total_ms']:.0f}" for k in r["ranks"])
+            rows.append([r["label"].removeprefix("rank-wait "), f"{r['predicted_step_s']:.3f}",
+                         f"{r['measured_step_s']:.3f}", pct(r["predicted_step_s"] / r["measured_step_s"] - 1),
+                         pct(r["predicted_peak_gib"] / r["measured_peak_gib"] - 1), f"{r['profiled_span_s']:.3f}",
+                         host, wait])  # fmt: skip
+        head = ["layout", "pred s", "meas s", "step err", "peak err", "profiled step s",
+                "layer host fwd, bwd ms per rank", "collective wait ms per rank (profiled)"]  # fmt: skip
+        out += table(head, rows) + "\n"
+    return out.rstrip("\n") + "\n"
+
+
 def memory_blind(root: Path) -> str:
     """The blind 4-GPU memory set on 4x H100 (memory_blind_h100_x4/report.json)."""
     rel = "memory_blind_h100_x4"
@@ -1159,6 +1182,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "reserved_memory": reserved_memory,
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
+    "rank_wait": rank_wait,
     "memory_blind": memory_blind,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
