@@ -21,7 +21,8 @@ VERL_NOT_PREDICTED = {
     "verl-project__verl__examples__grpo_trainer__run_qwen3_5_397b_megatron.sh": NOT_MODELLED
     + " (Qwen3.5: a gated-DeltaNet hybrid with vision; no config.json shipped)",
     "verl-project__verl__examples__grpo_trainer__run_kimi_k2_6_glm5_1_megatron_lite.sh": "no model path in the launch",
-    "volcengine__verl__examples__ppo_trainer__run_moonlight16b_a3b_gsm8k_megatron.sh": "no model path in the launch",
+    "volcengine__verl__examples__ppo_trainer__run_moonlight16b_a3b_gsm8k_megatron.sh": "the critic's 27 layers do not"
+    " split over its pp 2 (only the actor's override sets an uneven split)",
     "volcengine__verl__examples__grpo_trainer__run_qwen2_5_vl-7b-megatron.sh": NOT_MODELLED + " (a vision model)",
 }
 
@@ -78,6 +79,21 @@ def test_mat_rlhf_reads_back_the_overrides_it_prints_appended_to_the_launch(verl
     inputs = launch_inputs(launch, model_from_launch(launch, None)[0], None, None, None, None, DEFAULT_MEMORY_MARGIN)
     back = evaluate_step(inputs.spec, inputs.choice, get_gpu_spec("H100-SXM"), inputs.options)
     assert back.total_s == pytest.approx(best["total_s"], rel=1e-9)
+
+
+def test_an_empty_model_path_is_the_model_of_the_dist_checkpoint_the_launch_loads(verl_tree, capsys):
+    """verl's Moonlight PPO example leaves model.path empty ($LLM is never set) and loads the Megatron checkpoint it
+    converted from Moonlight-16B-A3B-Instruct: the model is read from that checkpoint's folder, said in a note, and
+    the launch is then refused for what it is: its critic (no uneven split of its own) cannot split 27 layers over
+    pp 2, while its actor's override does."""
+    from megatron_autotuner.rlhf import read_verl_file
+    from megatron_autotuner.rlhf.launch import model_from_launch
+
+    script = verl_tree["volcengine__verl__examples__ppo_trainer__run_moonlight16b_a3b_gsm8k_megatron.sh"]
+    model, note = model_from_launch(read_verl_file(str(script)), None)
+    assert model.name == "Moonlight-16B-A3B" and "dist_checkpointing_path=/data/mcore_ckpt/Moonlight" in note
+    assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--top-k", "1"]) == 2
+    assert capsys.readouterr().err.startswith("mat: error: critic.megatron (pp): num_layers = 27")
 
 
 @pytest.mark.parametrize("num_gpus,per_node,nodes", [(16, 8, 2), (4, 4, 1)])

@@ -14,7 +14,7 @@ from ..specs.lengths import SequenceLengths
 from ..specs.loader import load_model_spec
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, RecomputeConfig
-from ..specs.pipeline import PipelineLayout
+from ..specs.pipeline import PipelineLayout, even_layout
 from ..specs.tokenizers import preset_named_by
 from .phases import Batching
 from .step import StepChoice, StepSpec
@@ -92,7 +92,7 @@ def _named_model(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelSpec, 
     path = launch.get("model_path")
     key = VERL_KEYS["model_path"]
     if not path:
-        raise ConfigError("model", f"give --model, or {key} in the launch")
+        return _model_of_dist_checkpoint(launch)
     try:
         return load_model_spec(str(path)), None
     except SpecNotFoundError:
@@ -102,6 +102,21 @@ def _named_model(launch: VerlLaunch, model_arg: str | None) -> tuple[ModelSpec, 
         return load_model_spec(
             preset
         ), f"{key}={path} read as the preset {preset}, which it names (no config.json there)"
+
+
+def _model_of_dist_checkpoint(launch: VerlLaunch) -> tuple[ModelSpec, str]:
+    """With `model.path` empty, the actor's Megatron checkpoint (`megatron.dist_checkpointing_path`, which verl
+    loads with `use_dist_checkpointing`) when its folder names a preset: verl's Moonlight PPO example converts
+    `/data/models/moonshotai/Moonlight-16B-A3B-Instruct` into `/data/mcore_ckpt/Moonlight-16B-A3B-Instruct` and passes
+    only the latter (examples/ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh). Said in a note."""
+    key = VERL_KEYS["model_path"]
+    ckpt_key = f"{VERL_KEYS['actor_megatron']}.dist_checkpointing_path"
+    ckpt = launch.values.get(ckpt_key)
+    preset = preset_named_by(str(ckpt)) if ckpt else None
+    if preset is None:
+        raise ConfigError("model", f"give --model, or {key} in the launch")
+    note = f"{key} is empty: the model is the preset {preset}, which the actor's checkpoint {ckpt_key}={ckpt} names"
+    return load_model_spec(preset), note
 
 
 def launch_lengths(
@@ -186,6 +201,11 @@ def _parallel(
         layout = _pipeline(launch, role, model, pp, vpp) if pp > 1 else None
         if layout is None and role == "ref" and pp > 1:
             layout = _pipeline(launch, "actor", model, pp, vpp)
+        if layout is None and pp > 1:
+            # a role's own override_transformer_config decides its split (verl's critic does not follow the
+            # actor's): an even split must divide, as Megatron-LM checks (megatron-core alone would floor it and
+            # build fewer layers than the model has, transformer_block.get_num_layers_to_build)
+            even_layout(model.num_layers, pp, vpp, model.mtp_num_layers)
         return ParallelConfig(
             num_gpus,
             int(lay["tensor_model_parallel_size"]),
