@@ -13,7 +13,12 @@ Parameters are counted by module path, mirroring `theory.params.ParameterCounts`
 under `.mlp.experts.`), `decoder.final_layernorm.*` -> final_norm, `output_layer.*` ->
 output_layer, `mtp.*` -> mtp_dense / mtp_expert. `model.parameters()` deduplicates shared
 tensors, so tied embeddings on one stage count once. Routed-expert parameters are also
-counted through megatron's own marker (`allreduce=False`, set when ep > 1).
+counted through megatron's own marker (`allreduce=False`, set when ep > 1). Each rank also records its
+decoder layers' (dense, expert) counts by global layer index and every parameter's shape by name.
+
+A model with gated-DeltaNet layers (`linear_attention_pattern`, Qwen3-Next) is built through megatron-core's own
+`get_transformer_block_with_experimental_attention_variant_spec`, as Megatron-LM's `gpt_builders` does; that
+builder accepts only the TE backend, so it is handed the local one (see `_experimental_attention_block_spec`).
 """
 
 from __future__ import annotations
@@ -183,8 +188,20 @@ def transformer_config(
         softmax_type=spec.get("softmax_type", "vanilla"),
         window_size=(spec["window_size"] - 1, 0) if spec.get("window_size") else None,
         window_attn_skip_freq=list(spec.get("window_layer_pattern") or ()) or None,
+        # gated attention (Qwen3-Next): linear_qkv also projects one gate per head x head dim
+        attention_output_gate=spec.get("attention_output_gate", False),
         **(pipeline or {}),
     )
+    if any(spec.get("linear_attention_pattern") or ()):
+        kwargs.update(
+            experimental_attention_variant="gated_delta_net",
+            linear_attention_freq=list(spec["linear_attention_pattern"]),
+            linear_conv_kernel_dim=spec["linear_conv_kernel_dim"],
+            linear_key_head_dim=spec["linear_key_head_dim"],
+            linear_value_head_dim=spec["linear_value_head_dim"],
+            linear_num_key_heads=spec["linear_num_key_heads"],
+            linear_num_value_heads=spec["linear_num_value_heads"],
+        )
     if moe:
         kwargs.update(
             num_moe_experts=spec["num_moe_experts"],
@@ -235,6 +252,85 @@ def _use_mla_core_attention(block_spec) -> None:
         layer_spec.submodules.self_attention.submodules.core_attention = MLADotProductAttention
 
 
+def _local_layer_norm_column_parallel_linear():
+    """A local stand-in for TE's `TELayerNormColumnParallelLinear`: the input norm's `layer_norm_weight` (and
+    `layer_norm_bias` for LayerNorm) of `input_size`, replicated over TP, in front of a `ColumnParallelLinear`."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear
+
+    class LocalLayerNormColumnParallelLinear(ColumnParallelLinear):
+        def __init__(self, input_size, output_size, *, config, **kwargs):
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.layer_norm_weight = torch.nn.Parameter(torch.ones(input_size, dtype=config.params_dtype))
+            self.layer_norm_bias = None
+            if config.normalization == "LayerNorm":
+                self.layer_norm_bias = torch.nn.Parameter(torch.zeros(input_size, dtype=config.params_dtype))
+
+        def forward(self, input_, *args, **kwargs):
+            shape, eps = (input_.shape[-1],), self.config.layernorm_epsilon
+            if self.layer_norm_bias is None:
+                input_ = F.rms_norm(input_, shape, self.layer_norm_weight, eps)
+            else:
+                input_ = F.layer_norm(input_, shape, self.layer_norm_weight, self.layer_norm_bias, eps)
+            return super().forward(input_, *args, **kwargs)
+
+    return LocalLayerNormColumnParallelLinear
+
+
+def _experimental_attention_block_spec(config, vp_stage):
+    """megatron-core's decoder block spec for experimental attention (gated DeltaNet) with local modules.
+
+    `get_transformer_block_with_experimental_attention_variant_spec` asserts the TE backend: its
+    `_get_backend_spec_provider` gets the local provider instead, whose `column_parallel_layer_norm_linear`
+    (None locally) is the local fused norm + linear above, so GDN's `in_proj` carries its input norm as with TE;
+    its softmax-attention layers take the local GPT layer spec's self-attention (input norm separate, the same
+    parameters as TE's fused one). The layer patterns, MoE / dense choice and pipeline slicing stay megatron's.
+    """
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt import experimental_attention_variant_module_specs as eav
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    _patch_gated_delta_net_for_cpu()
+    fused = _local_layer_norm_column_parallel_linear()
+
+    class LocalBackend(LocalSpecProvider):
+        def column_parallel_layer_norm_linear(self):
+            return fused
+
+    def self_attention_spec(config, backend=None):
+        layer_spec = get_gpt_layer_local_spec(
+            qk_layernorm=config.qk_layernorm, qk_l2_norm=config.qk_l2_norm, normalization=config.normalization
+        )
+        attention = layer_spec.submodules.self_attention
+        attention.metainfo["fuse_input_layernorm"] = False
+        return attention
+
+    saved = eav._get_backend_spec_provider, eav._get_self_attention_module_spec
+    eav._get_backend_spec_provider = lambda config: LocalBackend()
+    eav._get_self_attention_module_spec = self_attention_spec
+    try:
+        return eav.get_transformer_block_with_experimental_attention_variant_spec(config, vp_stage=vp_stage)
+    finally:
+        eav._get_backend_spec_provider, eav._get_self_attention_module_spec = saved
+
+
+def _patch_gated_delta_net_for_cpu() -> None:
+    """Let megatron-core 0.16.1's `GatedDeltaNet` be constructed on CPU, only to count its parameters.
+
+    Its constructor raises ImportError unless flash-linear-attention (`fla`, whose kernels only its forward
+    uses) imported, so the module's HAVE_FLA is set; and it allocates conv1d / dt_bias / A_log on
+    `torch.cuda.current_device()`, so without CUDA that returns "cpu". Neither changes a parameter shape; the
+    model built here cannot run GDN's forward.
+    """
+    import torch
+    from megatron.core.ssm import gated_delta_net
+
+    gated_delta_net.HAVE_FLA = True
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"
+
+
 def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None = None) -> list:
     """The `GPTModel` chunk(s) of this pipeline rank (one per virtual stage), local layer spec."""
     from megatron.core import parallel_state as ps
@@ -248,9 +344,12 @@ def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
-        block_spec = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=False, normalization=spec["normalization"], vp_stage=vp_stage
-        )
+        if config.experimental_attention_variant is not None:
+            block_spec = _experimental_attention_block_spec(config, vp_stage)
+        else:
+            block_spec = get_gpt_decoder_block_spec(
+                config, use_transformer_engine=False, normalization=spec["normalization"], vp_stage=vp_stage
+            )
         if spec["multi_latent_attention"]:
             _use_mla_core_attention(block_spec)
         mtp_spec = None
@@ -291,7 +390,16 @@ def count_parameters(chunks: list) -> dict[str, Any]:
     counts = dict.fromkeys(COUNT_FIELDS, 0)
     other: dict[str, int] = {}
     total = marked_expert = 0
-    for chunk in chunks:
+    # {global 0-based layer index: [dense, expert]} (json keys are strings)
+    layer_counts: dict[str, list[int]] = {}
+    shapes: dict[str, list[int]] = {}
+    for vp, chunk in enumerate(chunks):
+        for layer in chunk.decoder.layers:
+            per_layer = layer_counts.setdefault(str(layer.layer_number - 1), [0, 0])
+            for name, param in layer.named_parameters():
+                per_layer[1 if name.startswith("mlp.experts.") else 0] += param.numel()
+        for name, param in chunk.named_parameters():
+            shapes[f"chunk{vp}.{name}" if len(chunks) > 1 else name] = list(param.shape)
         for name, param in chunk.named_parameters():
             n = param.numel()
             total += n
@@ -313,7 +421,13 @@ def count_parameters(chunks: list) -> dict[str, Any]:
     counts["dense"] = sum(counts[k] for k in COUNT_FIELDS if k not in ("expert", "mtp_expert"))
     counts["experts"] = counts["expert"] + counts["mtp_expert"]
     counts["total"] = total
-    return {"counts": counts, "marked_expert": marked_expert, "other": other}
+    return {
+        "counts": counts,
+        "marked_expert": marked_expert,
+        "other": other,
+        "layer_counts": layer_counts,
+        "shapes": shapes,
+    }
 
 
 def _run_case(case: dict[str, Any]) -> dict[str, Any]:
