@@ -60,6 +60,7 @@ from functools import lru_cache
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
+from ..theory import gated_delta_net as gdn
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
@@ -164,9 +165,13 @@ def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[s
             shapes["q_up"] = (t, a * q_head / tp, model.q_lora_rank, 1)
         shapes["kv_down"] = (t / x, model.kv_lora_rank + model.qk_pos_emb_head_dim, h, 1)
         shapes["kv_up"] = (t, a * (model.qk_head_dim + model.v_head_dim) / tp, model.kv_lora_rank, 1)
+    elif model.is_linear_attention_layer(layer_index):
+        # gated DeltaNet's column-parallel in_proj and row-parallel out_proj, in the attention projections' roles
+        shapes["qkv"] = (t, model.gdn_in_proj_size / tp, h, 1)
     else:
-        shapes["qkv"] = (t, (model.query_projection_size + model.kv_projection_size) / tp, h, 1)
-    shapes["proj"] = (t, h, model.attention_output_size / tp, 1)
+        shapes["qkv"] = (t, model.qkv_projection_size / tp, h, 1)
+    mixed = model.linear_v_dim if model.is_linear_attention_layer(layer_index) else model.attention_output_size
+    shapes["proj"] = (t, h, mixed / tp, 1)
     if model.is_moe_layer(layer_index):
         shapes["router"] = (t / x, model.num_moe_experts, h, 1)
         groups = max(1, model.num_moe_experts // ctx.ep)
@@ -250,6 +255,27 @@ def _attention_times(model: ModelSpec, ctx: LayerContext, windowed: bool = False
     return qk + pv + soft_fwd, 2 * (qk + pv) + soft_bwd, 0.0
 
 
+def _gated_delta_net_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:
+    """(fwd, bwd, 0) seconds of a gated-DeltaNet scan for one micro-batch: a roofline of its FLOPs at the generic
+    bf16 GEMM efficiency and its bytes at the generic HBM efficiency (`theory.gated_delta_net`; flash-linear-
+    attention's six forward kernels, chunk_gated_delta_rule_fwd), backward twice the forward. An assumption, not a
+    measurement: flash-linear-attention is not installed on the GPU machine. Under context parallelism megatron-core
+    moves the sequence onto heads first (a2a), so a rank's share of the work is the same."""
+    gpu = ctx.cluster.gpu
+    tokens_heads = ctx.tokens / ctx.tp
+    flops = gdn.scan_flops_per_token(model) * tokens_heads
+    nbytes = gdn.scan_bytes_per_token(model, E_BF16) * tokens_heads
+    compute = flops / (gpu.peak_tflops("bf16") * 1e12 * d.GEMM_EFFICIENCY["bf16"])
+    fwd = max(compute, memory_bound_time_s(nbytes, gpu)) + gdn.FORWARD_KERNELS * d.KERNEL_OVERHEAD_S
+    return fwd, 2 * fwd, 0.0
+
+
+def _token_mixer_times(model: ModelSpec, layer_index: int, ctx: LayerContext) -> tuple[float, float, float]:
+    if model.is_linear_attention_layer(layer_index):
+        return _gated_delta_net_times(model, ctx)
+    return _attention_times(model, ctx, model.is_window_layer(layer_index))
+
+
 MemoryBoundWork = tuple[float, float, float, float | None]
 
 
@@ -268,14 +294,16 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     out["norm"] = (2 * 2 * e * h * tt, 2 * 3 * e * h * tt, 2, None)
     mask = h * tt if model.hidden_dropout > 0 else 0.0
     out["residual"] = (2 * (3 * e * h * tt + mask), 2 * (3 * e * h * tt + mask), 2, None)
-    if model.position_embedding_type == "rope":
+    if model.is_linear_attention_layer(layer_index):
+        out.update(_gated_delta_net_memory_bound(model, t / tp))
+    elif model.position_embedding_type == "rope":
         if model.multi_latent_attention:
             r = model.qk_pos_emb_head_dim
             rope = 2 * e * (a_l * r + r) * t
         else:
             rope = 2 * e * (a_l + g_l) * dh * t
         out["rope"] = (rope, rope, 1, d.ROPE_HBM_EFFICIENCY)
-    if model.qk_layernorm:
+    if model.qk_layernorm and not model.is_linear_attention_layer(layer_index):
         qkn = 2 * e * (a_l + g_l) * dh * t
         out["qk_norm"] = (qkn, 1.5 * qkn, 2, None)
         if not model.multi_latent_attention:
@@ -284,7 +312,7 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     if model.multi_latent_attention:
         lat = 2 * e * ((model.q_lora_rank or 0) + model.kv_lora_rank) * tt
         out["latent_norm"] = (lat, 1.5 * lat, 2, None)
-    else:
+    elif not model.is_linear_attention_layer(layer_index):
         out["qkv_grad_concat"] = (0.0, 2 * e * (a_l + 2 * g_l) * dh * t, 1, None)
     gated = model.gated_linear_unit
     act_fwd, act_bwd = (3 * e, 5 * e) if gated else (2 * e, 3 * e)
@@ -313,6 +341,28 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
         out["activation"] = (dense_fwd * f * t, 0.0, 1, None)
         out["activation_bwd"] = (0.0, dense_bwd * f * t, 1, dense_bwd_eff)
     return out
+
+
+def _gated_delta_net_memory_bound(model: ModelSpec, tokens_heads: float) -> dict[str, MemoryBoundWork]:
+    """A gated-DeltaNet mixer's elementwise work besides its scan, for `tokens_heads` = tokens / tp (megatron-core
+    ssm/gated_delta_net.py forward): copying q/k/v, z, beta, alpha out of the in_proj output (read + write) and, in
+    backward, concatenating their gradients; the depthwise conv1d with its SiLU (read + write; backward reads the
+    gradient and the input and writes the input gradient); the l2 norms of q and k; repeating q and k to the value
+    heads; the gated RMSNorm (read o and z, write). Bytes at the generic HBM efficiency, as the other norms."""
+    e = E_BF16
+    nv, dk = model.linear_num_value_heads, model.linear_key_head_dim
+    split = 2 * e * model.gdn_in_proj_size * tokens_heads
+    conv = 2 * e * model.gdn_conv_dim * tokens_heads
+    l2 = 2 * e * 2 * model.linear_qk_dim * tokens_heads
+    repeat = e * (2 * model.linear_qk_dim + 2 * nv * dk) * tokens_heads
+    norm = 3 * e * model.linear_v_dim * tokens_heads
+    return {
+        "gdn_split_copy": (split, split, 4, None),
+        "gdn_conv": (conv, 1.5 * conv, 2, None),
+        "gdn_l2norm": (l2, 1.5 * l2, 2, None),
+        "gdn_repeat": (repeat, repeat, 2, None),
+        "gdn_gated_norm": (norm, 5.0 / 3.0 * norm, 2, None),
+    }
 
 
 MOE_DISPATCH_WORK = (
@@ -411,7 +461,7 @@ def layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCo
 
 
 @lru_cache(maxsize=16384)
-def _kind_cost(model: ModelSpec, kind: tuple[bool, bool], ctx: LayerContext) -> LayerCost:
+def _kind_cost(model: ModelSpec, kind: tuple[bool, ...], ctx: LayerContext) -> LayerCost:
     return _layer_cost(model, next(i for i in range(model.num_layers) if model.layer_kind(i) == kind), ctx)
 
 
@@ -429,7 +479,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
         _add(fwd, "gemm", times["fwd"])
         if ctx.training:
             _add(bwd, "gemm", times["dgrad"] + times["wgrad"])
-    attn_fwd, attn_bwd, _ = _attention_times(model, ctx, model.is_window_layer(layer_index))
+    attn_fwd, attn_bwd, _ = _token_mixer_times(model, layer_index, ctx)
     _add(fwd, "attention", attn_fwd)
     if ctx.training:
         _add(bwd, "attention", attn_bwd)
@@ -510,7 +560,16 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
 
     # ---- context parallel communication ----
     cp = ctx.cp
-    if cp > 1:
+    if cp > 1 and model.is_linear_attention_layer(layer_index):
+        # gated DeltaNet under CP: the in_proj output goes from sequence to head shards and the gated norm's output
+        # back, one all-to-all each way per pass (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py a2a_cp_to_hp,
+        # a2a_hp_to_cp)
+        moved = E_BF16 * ctx.tokens * (model.gdn_in_proj_size + model.linear_v_dim) / tp
+        t_a2a = collective_time_s("all_to_all", cp, moved * cp, cluster, tp)
+        _add(fwd, "cp", t_a2a)
+        if ctx.training:
+            _add(bwd, "cp", t_a2a)
+    elif cp > 1:
         kv_local = E_BF16 * ctx.tokens * 2 * model.num_query_groups * model.kv_channels / tp
         if ctx.cp_comm_type == "p2p":
             step = collective_time_s("send_recv", 2, kv_local, cluster, tp)
@@ -521,7 +580,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 hidden = hidden_collective_cost_s("send_recv", cp, cluster, tp, sends * step - exposed)
                 _add(phase, "cp", (cp - 1) * (exposed + hidden))
         elif ctx.cp_comm_type == "a2a":
-            qkv_local = E_BF16 * ctx.tokens * (model.query_projection_size + model.kv_projection_size) / tp
+            qkv_local = E_BF16 * ctx.tokens * model.qkv_projection_size / tp
             o_local = E_BF16 * ctx.tokens * model.attention_output_size / tp
             t = collective_time_s("all_to_all", cp, qkv_local * cp, cluster, tp) + collective_time_s(
                 "all_to_all", cp, o_local * cp, cluster, tp

@@ -98,7 +98,7 @@ def gemm_shapes(model: ModelSpec, tp: int, tokens: int, operators: tuple[str, ..
     ffn = model.ffn_hidden_size if not model.is_moe else (model.ffn_hidden_size or model.moe_ffn_hidden_size)
     fc1_out = ffn * (2 if model.gated_linear_unit else 1)
     dims = {
-        "qkv": (h, model.query_projection_size + model.kv_projection_size),
+        "qkv": (h, model.qkv_projection_size),
         "proj": (model.attention_output_size, h),
         "fc1": (h, fc1_out),
         "fc2": (ffn, h),

@@ -93,6 +93,18 @@ class ModelSpec:
     # gpt-oss's clamped GLU (megatron-core glu_linear_offset / activation_func_clamp_value): elementwise, no matmul
     glu_linear_offset: float = 0.0
     activation_clamp_value: float | None = None
+    # Gated DeltaNet linear attention (Qwen3-Next; megatron-core experimental_attention_variant="gated_delta_net",
+    # ssm/gated_delta_net.py): `linear_attention_pattern` has one entry per layer, 1 for a gated-DeltaNet layer and 0
+    # for softmax attention (megatron-core's list form of `linear_attention_freq`); empty: no linear attention.
+    linear_attention_pattern: tuple[int, ...] = field(default_factory=tuple)
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    # a sigmoid gate on softmax attention's output (megatron-core attention_output_gate; Qwen3-Next): linear_qkv
+    # also projects heads x head dim gate values (transformer/attention.py SelfAttention.linear_qkv_out_dim)
+    attention_output_gate: bool = False
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
@@ -107,6 +119,7 @@ class ModelSpec:
             object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
         object.__setattr__(self, "moe_layer_pattern", tuple(int(x) for x in self.moe_layer_pattern))
         object.__setattr__(self, "window_layer_pattern", tuple(int(x) for x in self.window_layer_pattern))
+        object.__setattr__(self, "linear_attention_pattern", tuple(int(x) for x in self.linear_attention_pattern))
         self.validate()
 
     # ---- validation -------------------------------------------------------------------------
@@ -169,6 +182,29 @@ class ModelSpec:
         if self.mtp_num_layers > MAX_NUM_LAYERS:  # decoder layers too (2^31 of them ran out of memory; #39)
             raise ConfigError("mtp_num_layers", f"{self.mtp_num_layers} layers is above the limit of {MAX_NUM_LAYERS}")
         self._validate_attention_window()
+        self._validate_linear_attention()
+
+    def _validate_linear_attention(self) -> None:
+        """megatron-core TransformerConfig.__post_init__'s gated-DeltaNet checks (value heads a multiple of key
+        heads) on a pattern of one 0 / 1 per layer; MLA has no output gate (MLATransformerConfig)."""
+        pattern = self.linear_attention_pattern
+        if pattern and len(pattern) != self.num_layers:
+            raise ConfigError(
+                "linear_attention_pattern", f"needs one entry per layer ({self.num_layers}), got {len(pattern)}"
+            )
+        if set(pattern) - {0, 1}:
+            raise ConfigError("linear_attention_pattern", "entries must be 1 (gated DeltaNet) or 0 (softmax attention)")
+        if any(pattern):
+            for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                         "linear_value_head_dim", "linear_conv_kernel_dim"):  # fmt: skip
+                if getattr(self, name) <= 0:
+                    raise ConfigError(name, "must be > 0 for gated-DeltaNet layers")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ConfigError(
+                    "linear_num_value_heads", f"must be a multiple of linear_num_key_heads={self.linear_num_key_heads}"
+                )
+        if self.attention_output_gate and self.multi_latent_attention:
+            raise ConfigError("attention_output_gate", "is not supported with multi_latent_attention (megatron-core)")
 
     def _validate_attention_window(self) -> None:
         if isinstance(self.window_size, bool) or not isinstance(self.window_size, int) or self.window_size < 0:
@@ -215,9 +251,22 @@ class ModelSpec:
         full attention."""
         return (self.window_size - 1, 0) if self.window_size else None
 
-    def layer_kind(self, layer_index: int) -> tuple[bool, bool]:
-        """(MoE layer?, sliding-window layer?): what a decoder layer's time and memory depend on besides the run."""
-        return self.is_moe_layer(layer_index), self.is_window_layer(layer_index)
+    def is_linear_attention_layer(self, layer_index: int) -> bool:
+        """True if decoder layer `layer_index` (0-based) mixes tokens with gated DeltaNet instead of attention."""
+        return bool(self.linear_attention_pattern) and bool(self.linear_attention_pattern[layer_index])
+
+    @property
+    def has_linear_attention(self) -> bool:
+        return any(self.linear_attention_pattern)
+
+    def layer_kind(self, layer_index: int) -> tuple[bool, bool, bool]:
+        """(MoE layer?, sliding-window layer?, gated-DeltaNet layer?): what a decoder layer's time and memory depend
+        on besides the run."""
+        return (
+            self.is_moe_layer(layer_index),
+            self.is_window_layer(layer_index),
+            self.is_linear_attention_layer(layer_index),
+        )
 
     @property
     def num_moe_layers(self) -> int:
@@ -246,6 +295,34 @@ class ModelSpec:
             return self.num_attention_heads * self.v_head_dim
         return self.num_attention_heads * self.kv_channels
 
+    @property
+    def qkv_projection_size(self) -> int:
+        """Width of softmax attention's fused `linear_qkv` output: Q, K, V and, with `attention_output_gate`, the
+        gate (heads x head dim; megatron-core SelfAttention.linear_qkv_out_dim)."""
+        gate = self.num_attention_heads * self.kv_channels if self.attention_output_gate else 0
+        return self.query_projection_size + self.kv_projection_size + gate
+
+    @property
+    def linear_qk_dim(self) -> int:
+        """Gated DeltaNet: width of Q (= of K), key heads x key head dim."""
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_v_dim(self) -> int:
+        """Gated DeltaNet: width of V (= of the output gate), value heads x value head dim."""
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def gdn_in_proj_size(self) -> int:
+        """Gated DeltaNet's `in_proj` output: q, k, v, the output gate z, and beta and alpha per value head
+        (megatron-core GatedDeltaNet.in_proj_dim = 2 qk + 2 v + 2 value heads)."""
+        return 2 * self.linear_qk_dim + 2 * self.linear_v_dim + 2 * self.linear_num_value_heads
+
+    @property
+    def gdn_conv_dim(self) -> int:
+        """Channels of gated DeltaNet's depthwise causal conv1d: q, k and v (GatedDeltaNet.conv_dim)."""
+        return 2 * self.linear_qk_dim + self.linear_v_dim
+
     def padded_vocab_size(self, tp: int = 1, divisible_by: int | None = None) -> int:
         """Vocabulary padded as Megatron-LM does (`--make-vocab-size-divisible-by` x TP; default the model's)."""
         multiple = (divisible_by or self.make_vocab_size_divisible_by) * tp
@@ -256,6 +333,7 @@ class ModelSpec:
         data = dataclasses.asdict(self)
         data["moe_layer_pattern"] = list(self.moe_layer_pattern)
         data["window_layer_pattern"] = list(self.window_layer_pattern)
+        data["linear_attention_pattern"] = list(self.linear_attention_pattern)
         return data
 
     @classmethod
@@ -285,6 +363,7 @@ class ModelSpec:
             num_layers=num_layers,
             moe_layer_pattern=cycled(self.moe_layer_pattern),
             window_layer_pattern=cycled(self.window_layer_pattern),
+            linear_attention_pattern=cycled(self.linear_attention_pattern),
         )
 
     def save_json(self, path: str | Path) -> None:

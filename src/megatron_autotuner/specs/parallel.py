@@ -611,6 +611,11 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
         raise ConfigError("tp", f"num_attention_heads={model.num_attention_heads} must be divisible by tp={tp}")
     if model.num_query_groups % tp and not model.multi_latent_attention:
         raise ConfigError("tp", f"num_query_groups={model.num_query_groups} must be divisible by tp={tp}")
+    if model.has_linear_attention:
+        # Megatron-LM d98e8a6 TransformerConfig: gated-DeltaNet key and value heads split over tp x cp
+        for name in ("linear_num_key_heads", "linear_num_value_heads"):
+            if getattr(model, name) % (tp * cp):
+                raise ConfigError("tp", f"{name}={getattr(model, name)} must be divisible by tp*cp = {tp}*{cp}")
     if parallel.pipeline_layout is None:
         if model.num_layers % pp:
             raise ConfigError(

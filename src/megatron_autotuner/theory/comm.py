@@ -121,12 +121,21 @@ def stage_comm_volumes(
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
         out.append(CommVolume("ep", "all_to_all", ep, e * routed * h, m * calls))
 
-    if cp > 1:
+    linear = [i for i in layers if model.is_linear_attention_layer(i)]
+    if cp > 1 and linear:
+        # gated DeltaNet: in_proj output to head shards and the gated norm's output back, per pass
+        # (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py a2a_cp_to_hp / a2a_hp_to_cp)
+        passes = len(linear) * (2 if training else 1) + (sum(1 for i in linear if full_mask[i]) if training else 0)
+        for width in (model.gdn_in_proj_size, model.linear_v_dim):
+            out.append(CommVolume("cp", "all_to_all", cp, e * tokens * width / tp * cp, m * passes))
+        layers = [i for i in layers if i not in set(linear)]
+        recomputed = sum(1 for i in layers if full_mask[i]) if training else 0
+    if cp > 1 and layers:
         g = model.num_query_groups
         kv_local = e * tokens * 2 * g * model.kv_channels / tp
         n_layers = len(layers) + recomputed
         if parallel.cp_comm_type == "a2a":
-            qkv_local = e * tokens * (model.query_projection_size + model.kv_projection_size) / tp
+            qkv_local = e * tokens * model.qkv_projection_size / tp
             o_local = e * tokens * model.attention_output_size / tp
             per_pass = 2 if training else 1
             out.append(CommVolume("cp", "all_to_all", cp, qkv_local * cp, m * n_layers * per_pass))

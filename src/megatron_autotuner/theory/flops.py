@@ -34,6 +34,7 @@ from ..specs.parallel import (
     packed_batch,
     pipeline_layout_of,
 )
+from .gated_delta_net import scan_flops_per_token
 
 FLOPS_CONVENTIONS = ("causal", "full")
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -92,10 +93,18 @@ def layer_forward_flops_per_token(
             ops["q_up"] = 2.0 * model.q_lora_rank * a * q_head
         ops["kv_down"] = 2.0 * h * (model.kv_lora_rank + model.qk_pos_emb_head_dim)
         ops["kv_up"] = 2.0 * model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim)
+    elif model.is_linear_attention_layer(layer_index):
+        # gated DeltaNet: in_proj and out_proj take the attention projections' places (and their TP pattern: column-
+        # then row-parallel); the chunked scan is its core (`theory.gated_delta_net`)
+        ops["qkv"] = 2.0 * h * model.gdn_in_proj_size
+        ops["core_attention"] = scan_flops_per_token(model)
+        ops["proj"] = 2.0 * model.linear_v_dim * h
     else:
-        ops["qkv"] = 2.0 * h * (model.query_projection_size + model.kv_projection_size)
-    ops["core_attention"] = attention_flops_per_token(model, seq_length, convention, model.is_window_layer(layer_index))
-    ops["proj"] = 2.0 * model.attention_output_size * h
+        ops["qkv"] = 2.0 * h * model.qkv_projection_size
+    if not model.is_linear_attention_layer(layer_index):
+        windowed = model.is_window_layer(layer_index)
+        ops["core_attention"] = attention_flops_per_token(model, seq_length, convention, windowed)
+        ops["proj"] = 2.0 * model.attention_output_size * h
     if model.is_moe_layer(layer_index):
         ops["router"] = 2.0 * h * model.num_moe_experts
         ops.update(_mlp_ops(model, model.moe_ffn_hidden_size, "experts_", model.moe_router_topk))
@@ -144,8 +153,8 @@ def recomputed_forward_flops_per_token(
         return 0.0
     ops = layer_forward_flops_per_token(model, layer_index, seq_length, convention)
     names: set[str] = set()
-    if recompute.recomputes("core_attn"):
-        names.add("core_attention")
+    if recompute.recomputes("core_attn") and not model.is_linear_attention_layer(layer_index):
+        names.add("core_attention")  # megatron-core checkpoints softmax attention's core only, not a GDN scan
     if recompute.recomputes("mlp") and not model.is_moe_layer(layer_index):
         names |= {"fc1", "fc2"}
     if recompute.recomputes("moe") and model.is_moe_layer(layer_index):
@@ -180,7 +189,8 @@ def chunk_layer_kinds(
     model: ModelSpec, parallel: ParallelConfig, stage: int, recompute: RecomputeConfig
 ) -> tuple[tuple[tuple[bool, bool, int, int], ...], ...]:
     """Per model chunk of rank `stage`: (MoE layer?, fully recomputed?, how many, one such layer's index) for each
-    kind of layer it holds (`ModelSpec.layer_kind` of the index: a sliding-window layer is a kind of its own). Time
+    kind of layer it holds (`ModelSpec.layer_kind` of the index: a sliding-window or gated-DeltaNet layer is a kind
+    of its own). Time
     and memory are per kind, so the search's inner loops count kinds, not layers."""
     return _chunk_layer_kinds(model, pipeline_layout_of(model, parallel), stage, recompute)
 
@@ -191,11 +201,11 @@ def _chunk_layer_kinds(model: ModelSpec, layout, stage: int, recompute: Recomput
     mask = full_recompute_layer_mask(model, parallel, recompute)
     out = []
     for chunk in range(layout.vpp):
-        kinds: dict[tuple[bool, bool, bool], list[int]] = {}
+        kinds: dict[tuple[bool, ...], list[int]] = {}
         for layer in layout.chunk_layers(stage, chunk):
             entry = kinds.setdefault((*model.layer_kind(layer), mask[layer]), [0, layer])
             entry[0] += 1
-        out.append(tuple((moe, full, n, first) for (moe, _window, full), (n, first) in kinds.items()))
+        out.append(tuple((kind[0], kind[-1], n, first) for kind, (n, first) in kinds.items()))
     return tuple(out)
 
 

@@ -101,6 +101,8 @@ from ..specs.parallel import (
 )
 from .allocator import packed_logits_fragment_bytes
 from .flops import chunk_layer_kinds
+from .gated_delta_net import activation_elements_per_token as gdn_activation_elements
+from .gated_delta_net import forward_working_bytes as gdn_forward_working_bytes
 from .params import ParameterCounts, stage_layer_range, stage_parameters
 
 GIB = 2**30
@@ -332,6 +334,42 @@ def attention_activation_bytes(
     return parts
 
 
+def gated_delta_net_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    options: ActivationOptions = ActivationOptions(),
+) -> dict[str, float]:
+    """Bytes a gated-DeltaNet mixer of one layer keeps for backward, per micro-batch, per rank: its fused input
+    norm's input and output as attention's (`attention_activation_bytes`), then the mixer's own tensors
+    (`gated_delta_net.activation_elements_per_token`, split over TP by heads)."""
+    e = options.bytes_per_element
+    t, x = parallel.tp, _sp_divisor(parallel)
+    tokens = local_tokens(workload, parallel)
+    h = model.hidden_size
+    parts: dict[str, float] = {"attn_norm_input": e * tokens * h / x}
+    if not workload.recompute.recomputes("layernorm"):
+        parts["qkv_input"] = e * tokens * h / x
+    for name, elements in gdn_activation_elements(model).items():
+        parts[name] = e * tokens * elements / t
+    if model.hidden_dropout > 0:
+        parts["attn_dropout_mask"] = 1 * tokens * h / x
+    return parts
+
+
+def token_mixer_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    layer_index: int,
+    options: ActivationOptions = ActivationOptions(),
+) -> dict[str, float]:
+    """The token mixer of layer `layer_index`: gated DeltaNet's or self-attention's saved bytes."""
+    if model.is_linear_attention_layer(layer_index):
+        return gated_delta_net_activation_bytes(model, parallel, workload, options)
+    return attention_activation_bytes(model, parallel, workload, options)
+
+
 def mlp_activation_bytes(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -395,7 +433,7 @@ def layer_activation_bytes(
     options: ActivationOptions = ActivationOptions(),
 ) -> float:
     """Bytes one decoder layer keeps for backward, per micro-batch, per rank, without full recompute."""
-    return sum(attention_activation_bytes(model, parallel, workload, options).values()) + sum(
+    return sum(token_mixer_activation_bytes(model, parallel, workload, layer_index, options).values()) + sum(
         mlp_activation_bytes(model, parallel, workload, layer_index, options).values()
     )
 
@@ -428,7 +466,7 @@ def graphed_activation_bytes(
     train = workload if workload.is_training else workload.replace(mode="train")
     total = 0.0
     if graphs.captures("attn", moe):
-        total += sum(attention_activation_bytes(model, parallel, train, options).values())
+        total += sum(token_mixer_activation_bytes(model, parallel, train, layer_index, options).values())
     mlp = mlp_activation_bytes(model, parallel, train, layer_index, options)
     if graphs.captures("moe" if moe else "mlp", moe):
         total += sum(mlp.values())
@@ -545,7 +583,7 @@ def saved_tensors(
     """The activation parts of one layer as tensors (elements and bytes per element): what the offload size
     thresholds are applied to. The q / k layernorm inputs are T*a*d/t and T*g*d/t elements."""
     parts = {
-        **attention_activation_bytes(model, parallel, workload, options),
+        **token_mixer_activation_bytes(model, parallel, workload, layer_index, options),
         **mlp_activation_bytes(model, parallel, workload, layer_index, options),
     }
     out: list[SavedTensor] = []
@@ -637,16 +675,16 @@ def offloaded_per_chunk(
     layout = pipeline_layout_of(model, parallel)
     per_chunk: list[float] = []
     kept = 0.0
-    by_kind: dict[bool, tuple[OffloadGroup, ...]] = {}
+    by_kind: dict[tuple, tuple[OffloadGroup, ...]] = {}
     for chunk in range(layout.vpp):
         groups: list[OffloadGroup] = []
         for layer in layout.chunk_layers(stage, chunk):
             if config.layer_level and layer >= config.num_layers:
                 continue
-            moe = model.is_moe_layer(layer)
-            if moe not in by_kind:
-                by_kind[moe] = offload_groups(model, parallel, workload, layer, options)
-            groups.extend(by_kind[moe])
+            kind = model.layer_kind(layer)
+            if kind not in by_kind:
+                by_kind[kind] = offload_groups(model, parallel, workload, layer, options)
+            groups.extend(by_kind[kind])
         freed = _offloaded_after_fraction(groups, config.fraction, copied)
         per_chunk.append(freed)
         if config.fine_grained and chunk == layout.vpp - 1:
@@ -867,6 +905,8 @@ def _stage_static(
                 working.append(moe_working[-1])
             else:
                 working.append(e * tokens * 3 * model.ffn_hidden_size / t + e * tokens * h)
+            if model.is_linear_attention_layer(layer):
+                working[-1] = max(working[-1], gdn_forward_working_bytes(model, tokens, e) / t)
         detail["layer_working_set"] = max(working) if working else 0.0
         if moe_working:
             detail["moe_layer_working_set"] = max(moe_working)  # informative: in `layer_working_set` already
@@ -889,17 +929,19 @@ def _stage_static(
     layout = pipeline_layout_of(model, parallel)
     rc = workload.recompute
     per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc)
-    by_kind: dict[bool, float] = {}  # a whole layer's activations, MoE or dense
+    by_kind: dict[tuple, float] = {}  # a whole layer's activations, per `ModelSpec.layer_kind`
     for kinds in per_chunk_kinds:
-        for moe, _full, _n, layer in kinds:
-            if moe not in by_kind:
-                by_kind[moe] = layer_activation_bytes(model, parallel, workload, layer, options)
+        for _moe, _full, _n, layer in kinds:
+            kind = model.layer_kind(layer)
+            if kind not in by_kind:
+                by_kind[kind] = layer_activation_bytes(model, parallel, workload, layer, options)
     layer_in = layer_input_bytes(model, parallel, workload, e)
     # uniform: groups of rc.num_layers keep one input each; block: every recomputed layer keeps its input
     checkpoint = layer_in / rc.num_layers if rc.method == "uniform" else layer_in
     # one micro-batch of each model chunk of this rank
     stored = tuple(
-        sum(n * (checkpoint if full else by_kind[moe]) for moe, full, n, _layer in kinds) for kinds in per_chunk_kinds
+        sum(n * (checkpoint if full else by_kind[model.layer_kind(layer)]) for _moe, full, n, layer in kinds)
+        for kinds in per_chunk_kinds
     )
     offloaded: tuple[float, ...] = ()
     if workload.activation_offload.enabled:
@@ -1120,7 +1162,7 @@ def stage_signature(model: ModelSpec, parallel: ParallelConfig, stage: int) -> t
 
 @lru_cache(maxsize=65536)
 def _signature(model: ModelSpec, layout, stage: int) -> tuple:
-    chunks = tuple(tuple(model.is_moe_layer(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp))
+    chunks = tuple(tuple(model.layer_kind(i) for i in layout.chunk_layers(stage, c)) for c in range(layout.vpp))
     return (
         chunks,
         stage == 0,

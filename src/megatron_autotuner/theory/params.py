@@ -21,7 +21,9 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
 - which layers sit on which stage: `specs.pipeline.PipelineLayout` (even, uneven first / last, embedding / loss
   accounting, layout strings);
 - MoE router bias `[E]` when `add_bias_linear`;
-- attention sinks (`softmax_type` learnable, gpt-oss): `core_attention.softmax_offset` `[a/tp]` per layer.
+- attention sinks (`softmax_type` learnable, gpt-oss): `core_attention.softmax_offset` `[a/tp]` per layer;
+- gated-DeltaNet layers (Qwen3-Next) replace self-attention by `gated_delta_net_parameters`; an output gate on
+  softmax attention widens `linear_qkv` by heads x head dim.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ def attention_parameters(model: ModelSpec, tp: int = 1) -> int:
         if model.add_bias_linear:
             params += h
         return params
-    qkv_out = model.query_projection_size + model.kv_projection_size
+    qkv_out = model.qkv_projection_size
     params += qkv_out * h // tp
     if model.add_bias_linear or model.add_qkv_bias:
         params += qkv_out // tp
@@ -122,6 +124,29 @@ def attention_parameters(model: ModelSpec, tp: int = 1) -> int:
         # DotProductAttention / TE DotProductAttention: Parameter(num_attention_heads // tp))
         params += model.num_attention_heads // tp
     return params
+
+
+def gated_delta_net_parameters(model: ModelSpec, tp: int = 1) -> int:
+    """A gated-DeltaNet token mixer on one TP rank, its fused input norm included (megatron-core 0.16.1
+    ssm/gated_delta_net.py, built by experimental_attention_variant_module_specs.get_gated_delta_net_module_spec):
+    `in_proj` [(2 qk + 2 v + 2 nv)/tp, h] with the input norm fused (h), the depthwise `conv1d` [(2 qk + v)/tp, 1, k]
+    without bias, `dt_bias` and `A_log` [nv/tp] each, `out_norm` over one value head (dv, not split) and `out_proj`
+    [h, v/tp]; no linear biases (GatedDeltaNet's `bias` defaults to False and the spec leaves it)."""
+    h = model.hidden_size
+    params = norm_parameters(model, h)
+    params += model.gdn_in_proj_size * h // tp
+    params += model.gdn_conv_dim * model.linear_conv_kernel_dim // tp
+    params += 2 * model.linear_num_value_heads // tp
+    params += norm_parameters(model, model.linear_value_head_dim)
+    params += model.linear_v_dim * h // tp
+    return params
+
+
+def token_mixer_parameters(model: ModelSpec, layer_index: int, tp: int = 1) -> int:
+    """Layer `layer_index`'s token mixer with its input norm: gated DeltaNet or self-attention."""
+    if model.is_linear_attention_layer(layer_index):
+        return gated_delta_net_parameters(model, tp)
+    return attention_parameters(model, tp)
 
 
 def mlp_parameters(model: ModelSpec, ffn_hidden_size: int, tp: int = 1) -> int:
@@ -153,7 +178,7 @@ def decoder_layer_parameters(
     model: ModelSpec, layer_index: int, tp: int = 1, ep: int = 1, etp: int | None = None
 ) -> tuple[int, int]:
     """(dense, expert) parameters of decoder layer `layer_index` on one rank."""
-    dense = attention_parameters(model, tp) + norm_parameters(model, model.hidden_size)  # + pre-MLP norm
+    dense = token_mixer_parameters(model, layer_index, tp) + norm_parameters(model, model.hidden_size)  # + pre-MLP
     if model.is_moe_layer(layer_index):
         non_expert, expert = moe_parameters(model, tp, ep, etp)
         return dense + non_expert, expert
@@ -161,17 +186,19 @@ def decoder_layer_parameters(
 
 
 @lru_cache(maxsize=65536)
-def _rank_layer_kinds(model: ModelSpec, layout, rank: int) -> tuple[int, int]:
-    """(MoE, dense) decoder layers of pipeline rank `rank`."""
-    layers = layout.rank_layers(rank)
-    moe = sum(1 for layer in layers if model.is_moe_layer(layer))
-    return moe, len(layers) - moe
+def _rank_layer_kinds(model: ModelSpec, layout, rank: int) -> tuple[tuple[tuple[bool, bool, bool], int], ...]:
+    """(kind, how many) of the decoder layers of pipeline rank `rank` (`ModelSpec.layer_kind`)."""
+    counts: dict[tuple[bool, bool, bool], int] = {}
+    for layer in layout.rank_layers(rank):
+        kind = model.layer_kind(layer)
+        counts[kind] = counts.get(kind, 0) + 1
+    return tuple(counts.items())
 
 
 @lru_cache(maxsize=4096)
-def _layer_parameters(model: ModelSpec, is_moe: bool, tp: int, ep: int, etp: int | None) -> tuple[int, int]:
-    """`decoder_layer_parameters` of an MoE (or dense) layer: every layer of a kind has the same shape."""
-    index = next(i for i in range(model.num_layers) if model.is_moe_layer(i) == is_moe)
+def _layer_parameters(model: ModelSpec, kind: tuple, tp: int, ep: int, etp: int | None) -> tuple[int, int]:
+    """`decoder_layer_parameters` of a layer of `kind`: every layer of a kind has the same shape."""
+    index = next(i for i in range(model.num_layers) if model.layer_kind(i) == kind)
     return decoder_layer_parameters(model, index, tp, ep, etp)
 
 
@@ -220,12 +247,10 @@ def stage_parameters(
     tp, ep, etp, pp = parallel.tp, parallel.ep, parallel.etp, parallel.pp
     decoder_dense = decoder_expert = 0
     layout = pipeline_layout_of(model, parallel)
-    moe_layers, dense_layers = _rank_layer_kinds(model, layout, stage)
-    for is_moe, n in ((True, moe_layers), (False, dense_layers)):
-        if n:
-            dense, expert = _layer_parameters(model, is_moe, tp, ep, etp)
-            decoder_dense += n * dense
-            decoder_expert += n * expert
+    for kind, n in _rank_layer_kinds(model, layout, stage):
+        dense, expert = _layer_parameters(model, kind, tp, ep, etp)
+        decoder_dense += n * dense
+        decoder_expert += n * expert
     last = stage == pp - 1
     # megatron-core builds the embedding on the first stage and in a chunk with MTP layers too
     # (the MTP block embeds the shifted tokens itself): `pre_process or mtp_process`.
