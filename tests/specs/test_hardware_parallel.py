@@ -75,7 +75,7 @@ def test_parallel_config_errors(kwargs, field):
 @pytest.mark.parametrize(
     "model, parallel, workload, field",
     [
-        ("Llama-3.1-8B", dict(num_gpus=16, tp=16), {}, "tp"),  # 8 query groups
+        ("Qwen2.5-7B", dict(num_gpus=7, tp=7), {}, "tp"),  # 4 query groups: neither a multiple nor a divisor of 7
         ("Llama-3.1-8B", dict(num_gpus=8, pp=8, vpp=3), {}, "vpp"),
         ("Llama-3.1-8B", dict(num_gpus=8, pp=8, vpp=2), dict(global_batch_size=4), "global_batch_size"),
         ("Llama-3.1-8B", dict(num_gpus=8, cp=8), dict(seq_length=4104), "seq_length"),

@@ -288,7 +288,7 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     t = ctx.tokens
     tt = t / x
     a_l = model.num_attention_heads / tp
-    g_l = model.num_query_groups / tp
+    g_l = model.query_groups_per_rank(tp)
     dh = model.kv_channels
     out: dict[str, MemoryBoundWork] = {}
     out["norm"] = (2 * 2 * e * h * tt, 2 * 3 * e * h * tt, 2, None)
@@ -465,6 +465,12 @@ def _kind_cost(model: ModelSpec, kind: tuple[bool, ...], ctx: LayerContext) -> L
     return _layer_cost(model, next(i for i in range(model.num_layers) if model.layer_kind(i) == kind), ctx)
 
 
+def _gathers_qkv(model: ModelSpec, layer_index: int, tp: int) -> bool:
+    """Whether layer `layer_index`'s attention gathers its qkv output over TP (more TP ranks than K / V heads)."""
+    mixer_is_attention = not (model.multi_latent_attention or model.is_linear_attention_layer(layer_index))
+    return mixer_is_attention and tp > model.num_query_groups
+
+
 def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
     gpu, cluster, tp = ctx.cluster.gpu, ctx.cluster, ctx.tp
     is_moe = model.is_moe_layer(layer_index)
@@ -554,6 +560,13 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 tp_bwd += max(0.0, ar - w_attn) + (max(0.0, ar - w_mlp) if "fc1" in gemm else ar)
                 hidden = min(ar, w_attn) + (min(ar, w_mlp) if "fc1" in gemm else 0.0)
                 tp_bwd += hidden_collective_cost_s("all_reduce", tp, cluster, 1, hidden)
+    if _gathers_qkv(model, layer_index, tp):
+        # fewer K / V heads than TP ranks: megatron-core all-gathers the qkv output over TP before splitting it
+        # (SelfAttention.get_query_key_value_tensors, all_gather_last_dim_from_tensor_parallel_region); its backward
+        # is a reduce-scatter. Exposed: nothing runs beside them.
+        qkv_all = E_BF16 * ctx.tokens * model.qkv_projection_size
+        tp_fwd += collective_time_s("all_gather", tp, qkv_all, cluster, 1)
+        tp_bwd += collective_time_s("reduce_scatter", tp, qkv_all, cluster, 1)
     _add(fwd, "tp", tp_fwd)
     if ctx.training:
         _add(bwd, "tp", tp_bwd)
@@ -570,7 +583,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
         if ctx.training:
             _add(bwd, "cp", t_a2a)
     elif cp > 1:
-        kv_local = E_BF16 * ctx.tokens * 2 * model.num_query_groups * model.kv_channels / tp
+        kv_local = E_BF16 * ctx.tokens * 2 * model.query_groups_per_rank(tp) * model.kv_channels
         if ctx.cp_comm_type == "p2p":
             step = collective_time_s("send_recv", 2, kv_local, cluster, tp)
             for phase, sends, attn in (

@@ -295,6 +295,11 @@ class ModelSpec:
             return self.num_attention_heads * self.v_head_dim
         return self.num_attention_heads * self.kv_channels
 
+    def query_groups_per_rank(self, tp: int) -> int:
+        """K / V heads one TP rank holds: groups / tp, or 1 when tp exceeds the groups (megatron-core SelfAttention:
+        each rank all-gathers the qkv output of its group's ranks and keeps its query heads with that group's k, v)."""
+        return self.num_query_groups // tp if self.num_query_groups >= tp else 1
+
     @property
     def qkv_projection_size(self) -> int:
         """Width of softmax attention's fused `linear_qkv` output: Q, K, V and, with `attention_output_gate`, the

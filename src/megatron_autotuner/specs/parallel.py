@@ -609,8 +609,10 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
     tp, pp, cp, ep, etp = parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp
     if model.num_attention_heads % tp:
         raise ConfigError("tp", f"num_attention_heads={model.num_attention_heads} must be divisible by tp={tp}")
-    if model.num_query_groups % tp and not model.multi_latent_attention:
-        raise ConfigError("tp", f"num_query_groups={model.num_query_groups} must be divisible by tp={tp}")
+    g = model.num_query_groups
+    if g % tp and tp % g and not model.multi_latent_attention:
+        # megatron-core TransformerConfig.__post_init__: "must be a multiple or divisor of tensor_model_parallel_size"
+        raise ConfigError("tp", f"num_query_groups={g} must be a multiple or a divisor of tp={tp}")
     if model.has_linear_attention:
         # Megatron-LM d98e8a6 TransformerConfig: gated-DeltaNet key and value heads split over tp x cp
         for name in ("linear_num_key_heads", "linear_num_value_heads"):

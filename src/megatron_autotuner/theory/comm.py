@@ -102,6 +102,15 @@ def stage_comm_volumes(
         else:
             ar = 2 * n + 2 * recomputed + (2 * n if training else 0)
             out.append(CommVolume("tp", "all_reduce", tp, hidden_msg, m * ar))
+        if tp > model.num_query_groups and not model.multi_latent_attention:
+            # fewer K / V heads than TP ranks: each attention layer all-gathers its qkv output (backward: a
+            # reduce-scatter; megatron-core SelfAttention.get_query_key_value_tensors)
+            gathered = [i for i in layers if not model.is_linear_attention_layer(i)]
+            qkv_all = e * tokens * model.qkv_projection_size
+            calls = len(gathered) + sum(1 for i in gathered if full_mask[i]) * training
+            out.append(CommVolume("tp", "all_gather", tp, qkv_all, m * calls, "fwd"))
+            if training:
+                out.append(CommVolume("tp", "reduce_scatter", tp, qkv_all, m * len(gathered), "bwd"))
         if stage == pp - 1:
             # output layer: gather final hidden (SP) forward, scatter its grad backward;
             # cross-entropy: 3 small fp32 all-reduces (max, sum-exp, target logit) per token.
@@ -131,8 +140,7 @@ def stage_comm_volumes(
         layers = [i for i in layers if i not in set(linear)]
         recomputed = sum(1 for i in layers if full_mask[i]) if training else 0
     if cp > 1 and layers:
-        g = model.num_query_groups
-        kv_local = e * tokens * 2 * g * model.kv_channels / tp
+        kv_local = e * tokens * 2 * model.query_groups_per_rank(tp) * model.kv_channels
         n_layers = len(layers) + recomputed
         if parallel.cp_comm_type == "a2a":
             qkv_local = e * tokens * model.qkv_projection_size / tp

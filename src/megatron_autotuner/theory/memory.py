@@ -295,7 +295,7 @@ def attention_activation_bytes(
     e = options.bytes_per_element
     t, x = parallel.tp, _sp_divisor(parallel)
     tokens = local_tokens(workload, parallel)
-    h, a, g = model.hidden_size, model.num_attention_heads, model.num_query_groups
+    h, a = model.hidden_size, model.num_attention_heads
     rc = workload.recompute
     parts: dict[str, float] = {"attn_norm_input": e * tokens * h / x}
     if not rc.recomputes("layernorm"):
@@ -310,9 +310,10 @@ def attention_activation_bytes(
             parts["k_v"] = e * tokens * a * (q_head + model.v_head_dim) / t
     else:
         parts["q"] = e * tokens * a * model.kv_channels / t
-        parts["k_v"] = e * tokens * 2 * g * model.kv_channels / t
+        g_rank = model.query_groups_per_rank(t)
+        parts["k_v"] = e * tokens * 2 * g_rank * model.kv_channels
         if model.qk_layernorm:
-            parts["qk_norm_inputs"] = e * tokens * (a + g) * model.kv_channels / t
+            parts["qk_norm_inputs"] = e * tokens * (a / t + g_rank) * model.kv_channels
     heads_local = a / t
     if options.flash_attention:
         if not rc.recomputes("core_attn"):
@@ -590,7 +591,7 @@ def saved_tensors(
     for part, nbytes in parts.items():
         size = FP32_BYTES if part in _FP32_PARTS else 1 if part in _BYTE_PARTS else options.bytes_per_element
         if part == "qk_norm_inputs":
-            a, g = model.num_attention_heads, model.num_query_groups
+            a, g = model.num_attention_heads / parallel.tp, model.query_groups_per_rank(parallel.tp)
             out += [
                 SavedTensor(part, nbytes / size * a / (a + g), size),
                 SavedTensor(part, nbytes / size * g / (a + g), size),
