@@ -303,6 +303,7 @@ class MegatronArgs:
             out["mtp_num_layers"] = int(self["mtp_num_layers"])
             out["mtp_loss_scaling_factor"] = self["mtp_loss_scaling_factor"]
         out.update(self._attention_window_fields())
+        out.update(self._linear_attention_fields())
         return out
 
     def _attention_window_fields(self) -> dict[str, Any]:
@@ -326,6 +327,30 @@ class MegatronArgs:
         for key in ("softmax_type", "glu_linear_offset", "activation_func_clamp_value"):
             if self.has(key) and self[key] != megatron_default(key):
                 out[key] = self[key]
+        return out
+
+    def _linear_attention_fields(self) -> dict[str, Any]:
+        """Gated DeltaNet and the attention output gate as megatron-core 0.16.1's TransformerConfig takes them, the
+        fields Bridge's Qwen3NextBridge sets (src/megatron/bridge/models/qwen/qwen3_next_bridge.py @ 067f987):
+        experimental_attention_variant gated_delta_net (0.16.1's name of Megatron-LM's gdn), linear_attention_freq
+        as the list of 0 / 1 per layer Megatron-LM's la_freq_type and megatron-core's get_linear_attention_pattern
+        make of it, and the linear_* sizes (Megatron-LM's defaults for those the launch does not give)."""
+        from ..specs.megatron_args import GATED_DELTA_NET_VARIANTS, LINEAR_ATTENTION_SIZES, linear_attention_pattern
+
+        out: dict[str, Any] = {}
+        if self["attention_output_gate"]:
+            out["attention_output_gate"] = True
+        variant = self["experimental_attention_variant"]
+        if variant is None:
+            return out
+        if variant not in GATED_DELTA_NET_VARIANTS:
+            raise ValueError(f"--experimental-attention-variant {variant} is not modelled: no Bridge override for it")
+        freq = self["linear_attention_freq"]
+        if freq is None or self["num_layers"] is None:
+            raise ValueError("gated DeltaNet needs linear_attention_freq and num_layers (megatron-core)")
+        out["experimental_attention_variant"] = "gated_delta_net"
+        out["linear_attention_freq"] = list(linear_attention_pattern(freq, int(self["num_layers"])))
+        out.update({key: int(self[key]) for key in LINEAR_ATTENTION_SIZES})
         return out
 
 

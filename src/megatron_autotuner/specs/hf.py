@@ -1,6 +1,6 @@
 """Turn a Hugging Face `config.json` into a `ModelSpec`.
 
-Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, mixtral, deepseek_v3
+Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v3
 (and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, mimo. The mapping follows Megatron-Bridge's HF->Megatron
 converters (field meanings from each model's `configuration_*.py` in transformers).
 """
@@ -112,17 +112,17 @@ def _moe_pattern(num_layers: int, is_moe: Callable[[int], bool]) -> tuple[int, .
     return tuple(int(is_moe(i)) for i in range(num_layers))
 
 
-def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
+def _qwen_moe(cfg: dict[str, Any], name: str, **extra: Any) -> ModelSpec:
+    """Qwen MoE models (transformers' Qwen2Moe / Qwen3Moe / Qwen3Next decoder layers): layer i is MoE unless it is in
+    `mlp_only_layers` or (i + 1) % decoder_sparse_step != 0; a shared expert, when there is one, has a sigmoid gate
+    (Qwen2MoeSparseMoeBlock.shared_expert_gate). `extra` fields win over these."""
     model_type = cfg["model_type"]
     num_layers = _require_layers(cfg, "num_hidden_layers", model_type)
     step = cfg.get("decoder_sparse_step", 1) or 1
     mlp_only = set(cfg.get("mlp_only_layers", []) or [])
     pattern = _moe_pattern(num_layers, lambda i: i not in mlp_only and (i + 1) % step == 0)
     shared = int(cfg.get("shared_expert_intermediate_size", 0) or 0)
-    return _llama_like(
-        cfg,
-        name,
-        model_type,
+    fields: dict[str, Any] = dict(
         qk_layernorm=model_type == "qwen3_moe",
         add_qkv_bias=model_type == "qwen2_moe" or bool(cfg.get("attention_bias", False)),
         num_moe_experts=_require(cfg, "num_experts", model_type),
@@ -131,6 +131,79 @@ def _qwen_moe(cfg: dict[str, Any], name: str) -> ModelSpec:
         moe_shared_expert_intermediate_size=shared,
         moe_shared_expert_gate=shared > 0,
         moe_layer_pattern=pattern if not all(pattern) else (),
+    )
+    fields.update(extra)
+    return _llama_like(cfg, name, model_type, **fields)
+
+
+# transformers' names of a layer's token mixer in `layer_types`, its legacy ones too
+# (configuration_utils._LEGACY_LAYER_TYPE_REMAP: mamba -> linear_attention, attention -> full_attention): 1 for gated
+# DeltaNet, 0 for softmax attention
+_LINEAR_ATTENTION_LAYER_TYPES = {"linear_attention": 1, "mamba": 1, "full_attention": 0, "attention": 0}
+# Qwen3NextConfig's defaults for what a config.json may leave out (transformers
+# src/transformers/models/qwen3_next/configuration_qwen3_next.py @ 249ef81)
+_QWEN3_NEXT_DEFAULTS = {
+    "head_dim": 256,
+    "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+}
+
+
+def _layer_types(cfg: dict[str, Any], num_layers: int) -> list[Any]:
+    """`layer_types`, one entry per layer (empty when the config has none)."""
+    types = cfg.get("layer_types") or []
+    if not isinstance(types, list) or (types and len(types) != num_layers):
+        count = len(types) if isinstance(types, list) else type(types).__name__
+        raise ConfigError("layer_types", f"needs one entry per layer ({num_layers}), got {count}")
+    return types
+
+
+def _linear_attention_pattern(cfg: dict[str, Any], num_layers: int) -> tuple[int, ...]:
+    """1 for a gated-DeltaNet layer, 0 for softmax attention, as Megatron-Bridge's full_attention_interval_from_hf
+    reads it (src/megatron/bridge/models/conversion/transformers_compat.py @ 067f987): `layer_types` when the config
+    has it (transformers >= 5.5 writes only that), else layer i attends in full iff (i + 1) % full_attention_interval
+    == 0 (Qwen3NextConfig.__post_init__, which defaults the interval to 4). Empty when no layer is gated DeltaNet."""
+    types = _layer_types(cfg, num_layers)
+    if types:
+        unknown = next((t for t in types if t not in _LINEAR_ATTENTION_LAYER_TYPES), None)
+        if unknown is not None:
+            known = ", ".join(_LINEAR_ATTENTION_LAYER_TYPES)
+            raise ConfigError("layer_types", f"{unknown!r} is not a layer type the tool models (known: {known})")
+        pattern = tuple(_LINEAR_ATTENTION_LAYER_TYPES[t] for t in types)
+    else:
+        interval = cfg.get("full_attention_interval", _QWEN3_NEXT_DEFAULTS["full_attention_interval"])
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ConfigError("full_attention_interval", f"must be a positive integer, got {interval!r}")
+        pattern = tuple(int((i + 1) % interval != 0) for i in range(num_layers))
+    return pattern if any(pattern) else ()
+
+
+def _qwen3_next(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """Qwen3-Next as Megatron-Bridge's Qwen3NextBridge maps it (src/megatron/bridge/models/qwen/qwen3_next_bridge.py
+    @ 067f987): Qwen3-MoE's layers (q/k RMSNorm, MoE from decoder_sparse_step and mlp_only_layers, a shared expert of
+    shared_expert_intermediate_size with a sigmoid gate: moe_shared_expert_gate) whose softmax attention gates its
+    output (attention_output_gate: transformers' Qwen3NextAttention.q_proj is 2 x heads x head_dim, the second half a
+    sigmoid gate), and gated DeltaNet (experimental_attention_variant gated_delta_net) on the layers
+    `_linear_attention_pattern` marks, of linear_num_key_heads / linear_num_value_heads heads of
+    linear_key_head_dim / linear_value_head_dim and a conv1d of linear_conv_kernel_dim. Missing sizes take
+    Qwen3NextConfig's defaults. partial_rotary_factor, rope_theta, norm_topk_prob and the zero-centred RMSNorm change
+    no matmul; the checkpoint's MTP layer (mtp.* weights) is not in config.json, and Bridge sets no mtp_num_layers."""
+    num_layers = _require_layers(cfg, "num_hidden_layers", "qwen3_next")
+    pattern = _linear_attention_pattern(cfg, num_layers)
+    sizes = ("linear_conv_kernel_dim", "linear_key_head_dim", "linear_value_head_dim", "linear_num_key_heads",
+             "linear_num_value_heads")  # fmt: skip
+    return _qwen_moe(
+        cfg,
+        name,
+        kv_channels=cfg.get("head_dim") or _QWEN3_NEXT_DEFAULTS["head_dim"],
+        qk_layernorm=True,
+        attention_output_gate=True,
+        linear_attention_pattern=pattern,
+        **{key: cfg.get(key, _QWEN3_NEXT_DEFAULTS[key]) if pattern else 0 for key in sizes},
     )
 
 
@@ -215,9 +288,7 @@ def _gpt_oss(cfg: dict[str, Any], name: str) -> ModelSpec:
     `layer_types` marks "sliding_attention"; every layer an MoE of `num_local_experts` experts of width
     intermediate_size, no shared expert. YaRN rope changes no matmul."""
     num_layers = _require_layers(cfg, "num_hidden_layers", "gpt_oss")
-    types = cfg.get("layer_types") or []
-    if types and len(types) != num_layers:
-        raise ConfigError("layer_types", f"needs one entry per layer ({num_layers}), got {len(types)}")
+    types = _layer_types(cfg, num_layers)
     experts = _require(cfg, "num_local_experts", "gpt_oss")
     topk = cfg.get("num_experts_per_tok") or _require(cfg, "experts_per_token", "gpt_oss")
     window = int(cfg.get("sliding_window") or 0)
@@ -291,6 +362,7 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "qwen3": _qwen3,
     "qwen2_moe": _qwen_moe,
     "qwen3_moe": _qwen_moe,
+    "qwen3_next": _qwen3_next,
     "mixtral": _mixtral,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
@@ -304,19 +376,31 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
 
 # model types whose `sliding_window` the converter models (the others' is refused while it is on)
 WINDOW_MODELLED = ("mistral", "gpt_oss")
+# model types whose converter reads gated-DeltaNet layers from `layer_types` (the others' are refused)
+LINEAR_ATTENTION_MODELLED = ("qwen3_next",)
 
 
 def _refuse_unmodelled_attention(cfg: dict[str, Any]) -> None:
     """Layers the tool would otherwise predict as something else: a hybrid pattern (Nemotron-H's Mamba layers,
-    `hybrid_override_pattern`) and sliding-window attention that is on (`sliding_window` below the context, and
-    `use_sliding_window` not false, as transformers' Qwen2 configs say) where the converter does not model it
-    (Qwen2's `max_window_layers` split, which Megatron-Bridge does not map either)."""
+    `hybrid_override_pattern`), linear-attention `layer_types` outside `LINEAR_ATTENTION_MODELLED`, and sliding-window
+    attention that is on (`sliding_window` below the context, and `use_sliding_window` not false, as transformers'
+    Qwen2 configs say) where the converter does not model it (Qwen2's `max_window_layers` split, which
+    Megatron-Bridge does not map either)."""
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and any(ch != "*" and ch != "-" for ch in pattern):
         raise ConfigError(
             "hybrid_override_pattern",
             f"{pattern[:40]!r}: hybrid (Mamba) models are not modelled, the tool predicts transformer layers only",
         )
+    types = cfg.get("layer_types")
+    if cfg.get("model_type") not in LINEAR_ATTENTION_MODELLED and isinstance(types, list):
+        linear = [i for i, t in enumerate(types) if isinstance(t, str) and _LINEAR_ATTENTION_LAYER_TYPES.get(t) == 1]
+        if linear:
+            raise ConfigError(
+                "layer_types",
+                f"marks {len(linear)} linear-attention layers (the first: layer {linear[0]}), which the "
+                f"{cfg.get('model_type')} converter would predict as softmax attention: not modelled",
+            )
     window, context = cfg.get("sliding_window"), cfg.get("max_position_embeddings")
     if cfg.get("model_type") in WINDOW_MODELLED:
         return

@@ -110,6 +110,16 @@ FLAG_TABLE: dict[str, str] = {
     "window_size": "model.window_size (LEFT,0: LEFT + 1 keys; -1 or none: full attention)",
     "window_attn_skip_freq": "model.window_layer_pattern (every N-th layer full, or a list expression; none: all)",
     "softmax_type": "model.softmax_type (learnable: attention-sink parameters)",
+    "experimental_attention_variant": "model.linear_attention_pattern (gated_delta_net / gdn: gated DeltaNet on the "
+    "layers --linear-attention-freq marks; gdn2 / dsa: refused)",
+    "linear_attention_freq": "model.linear_attention_pattern (every N-th layer softmax attention, or a list "
+    "expression)",
+    "linear_conv_kernel_dim": "model.linear_conv_kernel_dim",
+    "linear_key_head_dim": "model.linear_key_head_dim",
+    "linear_value_head_dim": "model.linear_value_head_dim",
+    "linear_num_key_heads": "model.linear_num_key_heads",
+    "linear_num_value_heads": "model.linear_num_value_heads",
+    "attention_output_gate": "model.attention_output_gate",
     "normalization": "model.normalization",
     "add_bias_linear": "model.add_bias_linear (--disable-bias-linear)",
     "add_qkv_bias": "model.add_qkv_bias",
@@ -602,11 +612,24 @@ def moe_layer_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
     return _layer_pattern("moe_layer_freq", freq, num_layers, lambda i, n: i % n == 0)
 
 
+def _not_every_nth(i: int, n: int) -> bool:
+    """Layer i (from 0) is not the last of a period of n: every n-th layer, counted from 1, is the exception."""
+    return (i + 1) % n != 0
+
+
 def window_layer_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
     """`--window-attn-skip-freq`: an integer N (every N-th layer, counted from 1, attends in full: layer i slides
     when (i + 1) % N != 0) or a list expression, 1 for a sliding-window layer (megatron-core
     utils.is_layer_window_attention; Megatron-LM parses it with `moe_freq_type`)."""
-    return _layer_pattern("window_attn_skip_freq", freq, num_layers, lambda i, n: (i + 1) % n != 0)
+    return _layer_pattern("window_attn_skip_freq", freq, num_layers, _not_every_nth)
+
+
+def linear_attention_pattern(freq: Any, num_layers: int) -> tuple[int, ...]:
+    """`--linear-attention-freq`: an integer N (every N-th layer, counted from 1, is softmax attention: layer i is
+    gated DeltaNet when (i + 1) % N != 0) or a list expression, 1 for a gated-DeltaNet layer (megatron-core
+    experimental_attention_variant_module_specs.get_linear_attention_pattern; Megatron-LM parses it with
+    `la_freq_type`)."""
+    return _layer_pattern("linear_attention_freq", freq, num_layers, _not_every_nth)
 
 
 def _layer_pattern(field: str, freq: Any, num_layers: int, every: Callable[[int, int], bool]) -> tuple[int, ...]:
@@ -670,6 +693,60 @@ def _window(launch: Launch, base: ModelSpec | None, num_layers: int) -> dict[str
     ):
         out[name] = read(launch, dest) if launch.gave(dest) or base is None else getattr(base, name)
     return out
+
+
+# --experimental-attention-variant values that are gated DeltaNet (megatron-core 0.16.1 knows gated_delta_net;
+# Megatron-LM @ d98e8a6 normalises that deprecated alias to gdn), and the others' reasons for a refusal
+GATED_DELTA_NET_VARIANTS = ("gated_delta_net", "gdn")
+UNMODELLED_ATTENTION_VARIANTS = {
+    "gdn2": "Gated DeltaNet-2 (channel-wise decay, erase and write gates) is not modelled",
+    "dsa": "DeepSeek sparse attention (an indexer picking top-k keys) is not modelled",
+}
+# the gated-DeltaNet sizes, dest = ModelSpec field (megatron-core TransformerConfig names both)
+LINEAR_ATTENTION_SIZES = (
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
+
+
+def _linear_attention(launch: Launch, base: ModelSpec | None, num_layers: int, notes: list[str]) -> dict[str, Any]:
+    """The gated-DeltaNet fields of `ModelSpec` from `--experimental-attention-variant gated_delta_net`,
+    `--linear-attention-freq` and the `--linear-*` sizes (Megatron-LM's defaults for the sizes not given, as
+    megatron-core builds the layers), and `--attention-output-gate`; the base model's where the launch gives none
+    (its pattern cycled to the launch's depth, as `ModelSpec.with_num_layers`). Megatron-LM builds gated DeltaNet only
+    with --experimental-attention-variant: the other flags alone are ignored there, and here with a note."""
+    gate = launch.value("attention_output_gate") if launch.gave("attention_output_gate") or base is None else None
+    out: dict[str, Any] = {"attention_output_gate": bool(base.attention_output_gate if gate is None else gate)}
+    given = [d for d in ("linear_attention_freq", *LINEAR_ATTENTION_SIZES) if launch.gave(d)]
+    from_base = base is not None and base.has_linear_attention and not launch.gave("experimental_attention_variant")
+    if not from_base:
+        variant = _str(launch, "experimental_attention_variant")
+        if variant is not None and variant not in GATED_DELTA_NET_VARIANTS:
+            reason = UNMODELLED_ATTENTION_VARIANTS.get(variant, "not modelled")
+            raise ConfigError("experimental_attention_variant", f"{variant}: {reason}")
+        if variant is None:
+            if given:
+                notes.append(
+                    f"--{given[0].replace('_', '-')}: ignored without --experimental-attention-variant "
+                    "gated_delta_net (as Megatron-LM ignores it)"
+                )
+            return out
+        if launch.value("linear_attention_freq") is None:
+            raise ConfigError("linear_attention_freq", f"must be given with --experimental-attention-variant {variant}")
+    if launch.gave("linear_attention_freq") or not from_base:
+        freq = launch.value("linear_attention_freq")
+        _shell_variable("linear_attention_freq", freq)
+        pattern = linear_attention_pattern(freq, num_layers)
+    else:
+        pattern = base.with_num_layers(num_layers).linear_attention_pattern
+    if not any(pattern):
+        return out
+    keep = base is not None and base.has_linear_attention
+    sizes = {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in LINEAR_ATTENTION_SIZES}
+    return {**out, "linear_attention_pattern": pattern, **sizes}
 
 
 # `--moe-layer-freq` list expressions: their text, the entries they make (one per layer) and their nesting
@@ -829,6 +906,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         "num_moe_experts": experts,
         "mtp_num_layers": pick("mtp_num_layers", base and base.mtp_num_layers, _int) or 0,
         **_window(launch, base, num_layers),
+        **_linear_attention(launch, base, num_layers, notes),
     }
     defaulted = [f"--{d.replace('_', '-')}" for d in ("hidden_dropout", "attention_dropout") if not launch.gave(d)]
     if base is None and defaulted and (values["hidden_dropout"] or values["attention_dropout"]):
@@ -1333,6 +1411,7 @@ def specs_to_megatron_args(
     if model.mtp_num_layers:
         args["mtp_num_layers"] = model.mtp_num_layers
     args.update(_window_args(model))
+    args.update(_linear_attention_args(model))
     args.update(
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
@@ -1419,6 +1498,23 @@ def _window_args(model: ModelSpec) -> dict[str, Any]:
     return args
 
 
+def _linear_attention_args(model: ModelSpec) -> dict[str, Any]:
+    """Megatron-LM's gated-DeltaNet and output-gate flags of `model` (`_linear_attention` reads them back):
+    --linear-attention-freq N when every N-th layer, and only those, is softmax attention, else the list
+    expression."""
+    args: dict[str, Any] = {"attention_output_gate": model.attention_output_gate}
+    pattern = model.linear_attention_pattern
+    if not model.has_linear_attention:
+        return args
+    period = pattern.index(0) + 1 if 0 in pattern else 0
+    periodic = period > 1 and linear_attention_pattern(period, model.num_layers) == pattern
+    # megatron-core 0.16.1 knows only this name; Megatron-LM @ d98e8a6 reads it as a deprecated alias of gdn
+    args["experimental_attention_variant"] = "gated_delta_net"
+    args["linear_attention_freq"] = period if periodic else _pattern_expression(pattern)
+    args.update({d: getattr(model, d) for d in LINEAR_ATTENTION_SIZES})
+    return args
+
+
 def _pattern_expression(pattern: tuple[int, ...]) -> str:
     """A moe_layer_pattern as Megatron's list expression, run-length encoded: (0,0,0,1,1) -> "[0]*3+[1]*2"."""
     parts: list[str] = []
@@ -1436,6 +1532,7 @@ def _pattern_expression(pattern: tuple[int, ...]) -> str:
 # not have to know the default to see the split and the fp8 recipe.
 ALWAYS_RENDERED = frozenset(
     {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size", "fp8_recipe"}
+    | set(LINEAR_ATTENTION_SIZES)  # written only for a gated-DeltaNet model: its shape, not Megatron-LM's defaults
 )
 
 
