@@ -15,7 +15,6 @@ from ..specs.real_launches import fixtures, materialize
 
 NOT_MODELLED = "its model's architecture is not modelled yet"
 VERL_NOT_PREDICTED = {
-    "verl-project__verl-recipe__dapo__test_dapo_qwen3next_80b_megatron.sh": NOT_MODELLED + " (Qwen3-Next hybrid)",
     "verl-project__verl__examples__grpo_trainer__run_nemotron_nano_v3_30b_a3b_megatron.sh": NOT_MODELLED
     + " (Nemotron-H hybrid)",
     "verl-project__verl__examples__grpo_trainer__run_qwen3_5_397b_megatron.sh": NOT_MODELLED
