@@ -61,6 +61,7 @@ from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..theory import gated_delta_net as gdn
+from ..theory import mamba
 from ..theory.flops import attention_flops_per_token
 from . import defaults as d
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
@@ -156,6 +157,14 @@ def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[s
     a = model.num_attention_heads
     gate = 2 if model.gated_linear_unit else 1
     shapes: dict[str, tuple[float, float, float, int]] = {}
+    # (in, out) widths of the token mixer's column-parallel input and row-parallel output projections: gated
+    # DeltaNet's / Mamba-2's in_proj and out_proj take the attention projections' roles; a hybrid MLP / MoE layer has
+    # neither
+    widths = {
+        "attention": (model.qkv_projection_size, model.attention_output_size),
+        "gdn": (model.gdn_in_proj_size, model.linear_v_dim),
+        "mamba": (model.mamba_in_proj_size, model.mamba_inner_size),
+    }.get(model.token_mixer(layer_index))
     if model.multi_latent_attention:
         q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
         if model.q_lora_rank is None:
@@ -165,13 +174,12 @@ def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[s
             shapes["q_up"] = (t, a * q_head / tp, model.q_lora_rank, 1)
         shapes["kv_down"] = (t / x, model.kv_lora_rank + model.qk_pos_emb_head_dim, h, 1)
         shapes["kv_up"] = (t, a * (model.qk_head_dim + model.v_head_dim) / tp, model.kv_lora_rank, 1)
-    elif model.is_linear_attention_layer(layer_index):
-        # gated DeltaNet's column-parallel in_proj and row-parallel out_proj, in the attention projections' roles
-        shapes["qkv"] = (t, model.gdn_in_proj_size / tp, h, 1)
-    else:
-        shapes["qkv"] = (t, model.qkv_projection_size / tp, h, 1)
-    mixed = model.linear_v_dim if model.is_linear_attention_layer(layer_index) else model.attention_output_size
-    shapes["proj"] = (t, h, mixed / tp, 1)
+    elif widths:
+        shapes["qkv"] = (t, widths[0] / tp, h, 1)
+    if widths:
+        shapes["proj"] = (t, h, widths[1] / tp, 1)
+    if not model.has_mlp(layer_index):
+        return shapes
     if model.is_moe_layer(layer_index):
         shapes["router"] = (t / x, model.num_moe_experts, h, 1)
         groups = max(1, model.num_moe_experts // ctx.ep)
@@ -255,28 +263,36 @@ def _attention_times(model: ModelSpec, ctx: LayerContext, windowed: bool = False
     return qk + pv + soft_fwd, 2 * (qk + pv) + soft_bwd, 0.0
 
 
-def _gated_delta_net_times(model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:
-    """(fwd, bwd, 0) seconds of a gated-DeltaNet scan for one micro-batch: a roofline of its FLOPs at the generic
-    bf16 GEMM efficiency and its bytes at the generic HBM efficiency (`theory.gated_delta_net`; flash-linear-
-    attention's six forward kernels, chunk_gated_delta_rule_fwd), backward twice the forward. An assumption, not a
-    measurement: flash-linear-attention is not installed on the GPU machine. Under context parallelism megatron-core
-    moves the sequence onto heads first (a2a), so a rank's share of the work is the same."""
+def _scan_times(scan, model: ModelSpec, ctx: LayerContext) -> tuple[float, float, float]:
+    """(fwd, bwd, 0) seconds of a chunked scan (`scan`: the module `theory.gated_delta_net` or `theory.mamba`) for
+    one micro-batch: a roofline of its FLOPs at the generic bf16 GEMM efficiency and its bytes at the generic HBM
+    efficiency, plus its forward kernels' launch overhead; backward twice the forward. An assumption, not a
+    measurement: neither flash-linear-attention nor mamba_ssm is installed on the GPU machine. Under context
+    parallelism megatron-core moves the sequence onto heads first (a2a), so a rank's share of the work is the same."""
     gpu = ctx.cluster.gpu
     tokens_heads = ctx.tokens / ctx.tp
-    flops = gdn.scan_flops_per_token(model) * tokens_heads
-    nbytes = gdn.scan_bytes_per_token(model, E_BF16) * tokens_heads
+    flops = scan.scan_flops_per_token(model) * tokens_heads
+    nbytes = scan.scan_bytes_per_token(model, E_BF16) * tokens_heads
     compute = flops / (gpu.peak_tflops("bf16") * 1e12 * d.GEMM_EFFICIENCY["bf16"])
-    fwd = max(compute, memory_bound_time_s(nbytes, gpu)) + gdn.FORWARD_KERNELS * d.KERNEL_OVERHEAD_S
+    fwd = max(compute, memory_bound_time_s(nbytes, gpu)) + scan.FORWARD_KERNELS * d.KERNEL_OVERHEAD_S
     return fwd, 2 * fwd, 0.0
 
 
 def _token_mixer_times(model: ModelSpec, layer_index: int, ctx: LayerContext) -> tuple[float, float, float]:
-    if model.is_linear_attention_layer(layer_index):
-        return _gated_delta_net_times(model, ctx)
-    return _attention_times(model, ctx, model.is_window_layer(layer_index))
+    mixer = model.token_mixer(layer_index)
+    if mixer in ("gdn", "mamba"):
+        return _scan_times(gdn if mixer == "gdn" else mamba, model, ctx)
+    if mixer == "attention":
+        return _attention_times(model, ctx, model.is_window_layer(layer_index))
+    return 0.0, 0.0, 0.0
 
 
 MemoryBoundWork = tuple[float, float, float, float | None]
+
+
+def _blocks(model: ModelSpec, layer_index: int) -> int:
+    """Residual blocks of layer `layer_index`: a token mixer and an MLP, or one of them in a hybrid model."""
+    return (model.token_mixer(layer_index) is not None) + model.has_mlp(layer_index)
 
 
 def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, MemoryBoundWork]:
@@ -287,23 +303,42 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     x = tp if ctx.sequence_parallel else 1
     t = ctx.tokens
     tt = t / x
+    out: dict[str, MemoryBoundWork] = {}
+    mixer = model.token_mixer(layer_index)
+    # one input norm and one residual add per block: token mixer and MLP (a hybrid model's layer has one of them)
+    blocks = _blocks(model, layer_index)
+    out["norm"] = (blocks * 2 * e * h * tt, blocks * 3 * e * h * tt, blocks, None)
+    mask = h * tt if model.hidden_dropout > 0 else 0.0
+    out["residual"] = (blocks * (3 * e * h * tt + mask), blocks * (3 * e * h * tt + mask), blocks, None)
+    if mixer == "gdn":
+        out.update(_gated_delta_net_memory_bound(model, t / tp))
+    elif mixer == "mamba":
+        out.update(_mamba_memory_bound(model, t / tp))
+    if mixer == "attention":
+        out.update(_attention_memory_bound(model, ctx))
+    if model.has_mlp(layer_index):
+        out.update(_mlp_memory_bound(model, layer_index, ctx))
+    return out
+
+
+def _attention_memory_bound(model: ModelSpec, ctx: LayerContext) -> dict[str, MemoryBoundWork]:
+    """Self-attention's elementwise work: rope, q / k norms and the copies around the fused qkv output."""
+    e = E_BF16
+    tp = ctx.tp
+    t = ctx.tokens
+    tt = t / (tp if ctx.sequence_parallel else 1)
     a_l = model.num_attention_heads / tp
     g_l = model.query_groups_per_rank(tp)
     dh = model.kv_channels
     out: dict[str, MemoryBoundWork] = {}
-    out["norm"] = (2 * 2 * e * h * tt, 2 * 3 * e * h * tt, 2, None)
-    mask = h * tt if model.hidden_dropout > 0 else 0.0
-    out["residual"] = (2 * (3 * e * h * tt + mask), 2 * (3 * e * h * tt + mask), 2, None)
-    if model.is_linear_attention_layer(layer_index):
-        out.update(_gated_delta_net_memory_bound(model, t / tp))
-    elif model.position_embedding_type == "rope":
+    if model.position_embedding_type == "rope":
         if model.multi_latent_attention:
             r = model.qk_pos_emb_head_dim
             rope = 2 * e * (a_l * r + r) * t
         else:
             rope = 2 * e * (a_l + g_l) * dh * t
         out["rope"] = (rope, rope, 1, d.ROPE_HBM_EFFICIENCY)
-    if model.qk_layernorm and not model.is_linear_attention_layer(layer_index):
+    if model.qk_layernorm:
         qkn = 2 * e * (a_l + g_l) * dh * t
         out["qk_norm"] = (qkn, 1.5 * qkn, 2, None)
         if not model.multi_latent_attention:
@@ -312,8 +347,18 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     if model.multi_latent_attention:
         lat = 2 * e * ((model.q_lora_rank or 0) + model.kv_lora_rank) * tt
         out["latent_norm"] = (lat, 1.5 * lat, 2, None)
-    elif not model.is_linear_attention_layer(layer_index):
+    else:
         out["qkv_grad_concat"] = (0.0, 2 * e * (a_l + 2 * g_l) * dh * t, 1, None)
+    return out
+
+
+def _mlp_memory_bound(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, MemoryBoundWork]:
+    """The MLP / MoE block's elementwise work: the activation and, in a MoE block, the router and the dispatcher."""
+    e = E_BF16
+    tp = ctx.tp
+    t = ctx.tokens
+    tt = t / (tp if ctx.sequence_parallel else 1)
+    out: dict[str, MemoryBoundWork] = {}
     gated = model.gated_linear_unit
     act_fwd, act_bwd = (3 * e, 5 * e) if gated else (2 * e, 3 * e)
     dense_fwd, dense_bwd = act_fwd, act_bwd
@@ -341,6 +386,22 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
         out["activation"] = (dense_fwd * f * t, 0.0, 1, None)
         out["activation_bwd"] = (0.0, dense_bwd * f * t, 1, dense_bwd_eff)
     return out
+
+
+def _mamba_memory_bound(model: ModelSpec, tokens_heads: float) -> dict[str, MemoryBoundWork]:
+    """A Mamba-2 mixer's elementwise work besides its scan, for `tokens_heads` = tokens / tp (megatron-core MambaMixer
+    through mamba_split_conv1d_scan_combined): splitting the in_proj output (read + write; backward the gradients'
+    concatenation), the depthwise conv1d with its SiLU over x, B, C, and the gated RMSNorm (read y and z, write).
+    Bytes at the generic HBM efficiency, as the other norms."""
+    e = E_BF16
+    split = 2 * e * model.mamba_in_proj_size * tokens_heads
+    conv = 2 * e * model.mamba_conv_dim * tokens_heads
+    norm = 3 * e * model.mamba_inner_size * tokens_heads
+    return {
+        "mamba_split_copy": (split, split, 2, None),
+        "mamba_conv": (conv, 1.5 * conv, 2, None),
+        "mamba_gated_norm": (norm, 5.0 / 3.0 * norm, 2, None),
+    }
 
 
 def _gated_delta_net_memory_bound(model: ModelSpec, tokens_heads: float) -> dict[str, MemoryBoundWork]:
@@ -507,6 +568,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     if tp > 1:
         msg = E_BF16 * ctx.tokens * model.hidden_size
         attn_in = [op for op in ("qkv", "q_proj", "q_up", "kv_up") if op in gemm]
+        mixed = "proj" in gemm  # a token mixer's TP pattern (a hybrid model's MLP / MoE layer has none)
         if ctx.sequence_parallel:
             ag = collective_time_s("all_gather", tp, msg, cluster, 1)
             rs = collective_time_s("reduce_scatter", tp, msg, cluster, 1)
@@ -519,23 +581,25 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
             ag_ring = userbuffers_time_s("ring_exchange", "all_gather", tp, msg)
             rs_pipe = userbuffers_time_s("pipeline", "reduce_scatter", tp, msg)
             # forward: AG -> attention input GEMM(s), RS after proj; AG -> fc1, RS after fc2
-            pairs_fwd = [
-                ("qkv" if "qkv" in gemm else None, "fwd", ag, "ring_exchange", ag_ring),
-                ("proj", "fwd", rs, "pipeline", rs_pipe),
-            ]
+            pairs_fwd = []
+            if mixed:
+                pairs_fwd += [
+                    ("qkv" if "qkv" in gemm else None, "fwd", ag, "ring_exchange", ag_ring),
+                    ("proj", "fwd", rs, "pipeline", rs_pipe),
+                ]
             if mlp_in:
                 pairs_fwd += [(mlp_in, "fwd", ag, "ring_exchange", ag_ring), (mlp_out, "fwd", rs, "pipeline", rs_pipe)]
             for op, ph, c, method, c_ub in pairs_fwd:
                 tp_fwd += _pair_exposed(gemm, shapes, op, ph, c, method, ctx, c_ub) if (ub and op) else c
             if ctx.training:
                 # row-parallel output-gradient gathers: exposed unless userbuffers ring-exchange
-                for op in ("proj", mlp_out) if mlp_in else ("proj",):
+                for op in ("proj",) * mixed + ((mlp_out,) if mlp_in else ()):
                     if ub and op:
                         tp_bwd += _pair_exposed(gemm, shapes, op, "dgrad", ag, "ring_exchange", ctx, ag_ring)
                     else:
                         tp_bwd += ag
                 # column-parallel input re-gather (under dgrad) and dgrad reduce-scatter (under wgrad)
-                for ops in (attn_in, [mlp_in]) if mlp_in else (attn_in,):
+                for ops in (attn_in,) * mixed + (([mlp_in],) if mlp_in else ()):
                     if not ops:
                         tp_bwd += ag + rs  # no TE linear to hide behind
                         continue
@@ -553,12 +617,14 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                     tp_bwd += base
         else:
             ar = collective_time_s("all_reduce", tp, msg, cluster, 1)
-            tp_fwd += 2 * ar
+            tp_fwd += (mixed + model.has_mlp(layer_index)) * ar
             if ctx.training:
                 w_attn = sum(gemm[o]["wgrad"] for o in attn_in)
                 w_mlp = gemm["fc1"]["wgrad"] if "fc1" in gemm else 0.0
-                tp_bwd += max(0.0, ar - w_attn) + (max(0.0, ar - w_mlp) if "fc1" in gemm else ar)
-                hidden = min(ar, w_attn) + (min(ar, w_mlp) if "fc1" in gemm else 0.0)
+                tp_bwd += max(0.0, ar - w_attn) if mixed else 0.0
+                if model.has_mlp(layer_index):
+                    tp_bwd += max(0.0, ar - w_mlp) if "fc1" in gemm else ar
+                hidden = min(ar, w_attn) * mixed + (min(ar, w_mlp) if "fc1" in gemm else 0.0)
                 tp_bwd += hidden_collective_cost_s("all_reduce", tp, cluster, 1, hidden)
     if _gathers_qkv(model, layer_index, tp):
         # fewer K / V heads than TP ranks: megatron-core all-gathers the qkv output over TP before splitting it
@@ -573,16 +639,17 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
 
     # ---- context parallel communication ----
     cp = ctx.cp
-    if cp > 1 and model.is_linear_attention_layer(layer_index):
-        # gated DeltaNet under CP: the in_proj output goes from sequence to head shards and the gated norm's output
-        # back, one all-to-all each way per pass (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py a2a_cp_to_hp,
-        # a2a_hp_to_cp)
-        moved = E_BF16 * ctx.tokens * (model.gdn_in_proj_size + model.linear_v_dim) / tp
+    mixer = model.token_mixer(layer_index)
+    if cp > 1 and mixer in ("gdn", "mamba"):
+        # a scan mixer under CP: the in_proj output goes from sequence to head shards and the output projection's
+        # input back, one all-to-all each way per pass (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py
+        # a2a_cp_to_hp / a2a_hp_to_cp; megatron-core ssm/mamba_context_parallel.py cp2hp / hp2cp)
+        moved = E_BF16 * ctx.tokens * (shapes["qkv"][1] + shapes["proj"][2])
         t_a2a = collective_time_s("all_to_all", cp, moved * cp, cluster, tp)
         _add(fwd, "cp", t_a2a)
         if ctx.training:
             _add(bwd, "cp", t_a2a)
-    elif cp > 1:
+    elif cp > 1 and mixer == "attention":
         kv_local = E_BF16 * ctx.tokens * 2 * model.query_groups_per_rank(tp) * model.kv_channels
         if ctx.cp_comm_type == "p2p":
             step = collective_time_s("send_recv", 2, kv_local, cluster, tp)
@@ -640,6 +707,10 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     host_fwd = host_bwd = 0.0
     if not is_moe and ctx.host_floor:
         host_fwd, host_bwd = dense_host_s(ctx)
+        # the floor was measured on GPT layers of two blocks (attention and MLP); a hybrid model's layer of one block
+        # is charged half of it (an assumption: no hybrid layer's host has been measured)
+        share = _blocks(model, layer_index) / 2
+        host_fwd, host_bwd = share * host_fwd, share * host_bwd
         if not ctx.training:
             host_bwd = 0.0
         elif ctx.full_recompute:
@@ -653,7 +724,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
             mods = set(ctx.recompute_modules)
             if "core_attn" in mods:
                 _add(rec, "attention", attn_fwd)
-            if "mlp" in mods and not is_moe:
+            if "mlp" in mods and not is_moe and "fc1" in gemm:
                 _add(rec, "gemm", gemm["fc1"]["fwd"] + gemm["fc2"]["fwd"])
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
             if "moe" in mods and is_moe:

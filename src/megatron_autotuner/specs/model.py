@@ -16,6 +16,8 @@ from ..errors import ConfigError, reject_unknown_fields
 from .hashing import cached_hash
 
 ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")
+# megatron-core hybrid_override_pattern symbols (ssm/mamba_hybrid_layer_allocation.py Symbols)
+HYBRID_SYMBOLS = ("M", "*", "-", "E")
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 # megatron-core TransformerConfig.softmax_type: "learnable" adds one sink logit per head and layer (softmax_offset)
@@ -102,6 +104,14 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # Hybrid Mamba models (Nemotron-H; megatron-core MambaModel): `hybrid_layer_pattern` is megatron-core's
+    # hybrid_override_pattern, one symbol per layer (ssm/mamba_hybrid_layer_allocation.py): M a Mamba-2 mixer, * self-
+    # attention, - an MLP, E a MoE block, each a layer of its own with its own input norm; empty: a GPT model.
+    hybrid_layer_pattern: str = ""
+    mamba_num_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_state_dim: int = 0
+    mamba_num_groups: int = 0
     # a sigmoid gate on softmax attention's output (megatron-core attention_output_gate; Qwen3-Next): linear_qkv
     # also projects heads x head dim gate values (transformer/attention.py SelfAttention.linear_qkv_out_dim)
     attention_output_gate: bool = False
@@ -183,6 +193,30 @@ class ModelSpec:
             raise ConfigError("mtp_num_layers", f"{self.mtp_num_layers} layers is above the limit of {MAX_NUM_LAYERS}")
         self._validate_attention_window()
         self._validate_linear_attention()
+        self._validate_hybrid()
+
+    def _validate_hybrid(self) -> None:
+        """megatron-core's hybrid pattern (one symbol of M, *, -, E per layer; MambaMixer: heads a multiple of
+        groups); a GPT-style MoE or linear-attention pattern does not apply beside it."""
+        pattern = self.hybrid_layer_pattern
+        if not pattern:
+            return
+        if len(pattern) != self.num_layers:
+            raise ConfigError(
+                "hybrid_layer_pattern", f"needs one symbol per layer ({self.num_layers}), got {len(pattern)}"
+            )
+        if set(pattern) - set(HYBRID_SYMBOLS):
+            raise ConfigError("hybrid_layer_pattern", "symbols must be M (Mamba), * (attention), - (MLP), E (MoE)")
+        if self.moe_layer_pattern or self.linear_attention_pattern:
+            raise ConfigError("hybrid_layer_pattern", "replaces moe_layer_pattern and linear_attention_pattern")
+        if ("E" in pattern) != self.is_moe:
+            raise ConfigError("hybrid_layer_pattern", "has E layers exactly when num_moe_experts > 0")
+        if "M" in pattern:
+            for name in ("mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups"):
+                if getattr(self, name) <= 0:
+                    raise ConfigError(name, "must be > 0 for Mamba layers")
+            if self.mamba_num_heads % self.mamba_num_groups:
+                raise ConfigError("mamba_num_heads", f"must be a multiple of mamba_num_groups={self.mamba_num_groups}")
 
     def _validate_linear_attention(self) -> None:
         """megatron-core TransformerConfig.__post_init__'s gated-DeltaNet checks (value heads a multiple of key
@@ -232,6 +266,8 @@ class ModelSpec:
         """True if decoder layer `layer_index` (0-based) has an MoE MLP."""
         if not self.is_moe:
             return False
+        if self.hybrid_layer_pattern:
+            return self.hybrid_layer_pattern[layer_index] == "E"
         if not self.moe_layer_pattern:
             return True
         return bool(self.moe_layer_pattern[layer_index])
@@ -259,13 +295,40 @@ class ModelSpec:
     def has_linear_attention(self) -> bool:
         return any(self.linear_attention_pattern)
 
-    def layer_kind(self, layer_index: int) -> tuple[bool, bool, bool]:
-        """(MoE layer?, sliding-window layer?, gated-DeltaNet layer?): what a decoder layer's time and memory depend
-        on besides the run."""
+    def token_mixer(self, layer_index: int) -> str | None:
+        """What mixes tokens in layer `layer_index`: "attention", "gdn" (gated DeltaNet), "mamba", or None for a
+        hybrid model's MLP / MoE layer."""
+        if self.hybrid_layer_pattern:
+            return {"M": "mamba", "*": "attention"}.get(self.hybrid_layer_pattern[layer_index])
+        return "gdn" if self.is_linear_attention_layer(layer_index) else "attention"
+
+    def has_mlp(self, layer_index: int) -> bool:
+        """Whether layer `layer_index` has an MLP or MoE block (a hybrid model's M and * layers have none)."""
+        return not self.hybrid_layer_pattern or self.hybrid_layer_pattern[layer_index] in "-E"
+
+    @property
+    def mamba_inner_size(self) -> int:
+        """Mamba-2's inner width, heads x head dim (megatron-core MambaMixer.d_inner with mamba_num_heads set)."""
+        return self.mamba_num_heads * self.mamba_head_dim
+
+    @property
+    def mamba_in_proj_size(self) -> int:
+        """MambaMixer's in_proj output: z and x (d_inner each), B and C (groups x state each), dt (one per head)."""
+        return 2 * self.mamba_inner_size + 2 * self.mamba_num_groups * self.mamba_state_dim + self.mamba_num_heads
+
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of MambaMixer's depthwise conv1d: x, B and C."""
+        return self.mamba_inner_size + 2 * self.mamba_num_groups * self.mamba_state_dim
+
+    def layer_kind(self, layer_index: int) -> tuple[bool, bool, str | None, bool]:
+        """(MoE layer?, sliding-window layer?, token mixer, has an MLP?): what a decoder layer's time and memory
+        depend on besides the run."""
         return (
             self.is_moe_layer(layer_index),
             self.is_window_layer(layer_index),
-            self.is_linear_attention_layer(layer_index),
+            self.token_mixer(layer_index),
+            self.has_mlp(layer_index),
         )
 
     @property
@@ -369,6 +432,7 @@ class ModelSpec:
             moe_layer_pattern=cycled(self.moe_layer_pattern),
             window_layer_pattern=cycled(self.window_layer_pattern),
             linear_attention_pattern=cycled(self.linear_attention_pattern),
+            hybrid_layer_pattern="".join(cycled(tuple(self.hybrid_layer_pattern))),
         )
 
     def save_json(self, path: str | Path) -> None:

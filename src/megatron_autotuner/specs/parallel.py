@@ -618,6 +618,18 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
         for name in ("linear_num_key_heads", "linear_num_value_heads"):
             if getattr(model, name) % (tp * cp):
                 raise ConfigError("tp", f"{name}={getattr(model, name)} must be divisible by tp*cp = {tp}*{cp}")
+    if "M" in model.hybrid_layer_pattern:
+        # megatron-core MambaMixer: heads and groups split over tp; MambaContextParallel: the heads of a TP rank over
+        # cp, its groups over cp or cp a multiple of them
+        heads, groups = model.mamba_num_heads, model.mamba_num_groups
+        if heads % tp or groups % tp:
+            raise ConfigError(
+                "tp", f"mamba_num_heads={heads} and mamba_num_groups={groups} must be divisible by tp={tp}"
+            )
+        if heads % (tp * cp) or (groups // tp % cp and cp % (groups // tp)):
+            raise ConfigError(
+                "cp", f"Mamba's {heads // tp} heads and {groups // tp} groups per TP rank do not split over cp={cp}"
+            )
     if parallel.pipeline_layout is None:
         if model.num_layers % pp:
             raise ConfigError(

@@ -34,7 +34,8 @@ from ..specs.parallel import (
     packed_batch,
     pipeline_layout_of,
 )
-from .gated_delta_net import scan_flops_per_token
+from . import mamba
+from .gated_delta_net import scan_flops_per_token as gdn_scan_flops_per_token
 
 FLOPS_CONVENTIONS = ("causal", "full")
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -82,6 +83,33 @@ def layer_forward_flops_per_token(
     dense MLP, or router, experts_fc1/experts_fc2 (top-k experts per token) and shared_fc1/shared_fc2.
     """
     h = model.hidden_size
+    ops = _token_mixer_ops(model, layer_index, seq_length, convention)
+    if not model.has_mlp(layer_index):
+        return ops
+    if model.is_moe_layer(layer_index):
+        ops["router"] = 2.0 * h * model.num_moe_experts
+        ops.update(_mlp_ops(model, model.moe_ffn_hidden_size, "experts_", model.moe_router_topk))
+        if model.moe_shared_expert_intermediate_size:
+            ops.update(_mlp_ops(model, model.moe_shared_expert_intermediate_size, "shared_"))
+    else:
+        ops.update(_mlp_ops(model, model.ffn_hidden_size, ""))
+    return ops
+
+
+def _token_mixer_ops(model: ModelSpec, layer_index: int, seq_length: int, convention: str) -> dict[str, float]:
+    """Forward FLOPs per token of layer `layer_index`'s token mixer. Gated DeltaNet's and Mamba-2's in_proj and
+    out_proj take the attention projections' names (and their TP pattern: column- then row-parallel) and their
+    chunked scans core attention's (`theory.gated_delta_net`, `theory.mamba`); a hybrid MLP / MoE layer has none."""
+    h = model.hidden_size
+    mixer = model.token_mixer(layer_index)
+    if mixer == "gdn":
+        return {"qkv": 2.0 * h * model.gdn_in_proj_size, "core_attention": gdn_scan_flops_per_token(model),
+                "proj": 2.0 * model.linear_v_dim * h}  # fmt: skip
+    if mixer == "mamba":
+        return {"qkv": 2.0 * h * model.mamba_in_proj_size, "core_attention": mamba.scan_flops_per_token(model),
+                "proj": 2.0 * model.mamba_inner_size * h}  # fmt: skip
+    if mixer is None:
+        return {}
     ops: dict[str, float] = {}
     if model.multi_latent_attention:
         a = model.num_attention_heads
@@ -93,25 +121,11 @@ def layer_forward_flops_per_token(
             ops["q_up"] = 2.0 * model.q_lora_rank * a * q_head
         ops["kv_down"] = 2.0 * h * (model.kv_lora_rank + model.qk_pos_emb_head_dim)
         ops["kv_up"] = 2.0 * model.kv_lora_rank * a * (model.qk_head_dim + model.v_head_dim)
-    elif model.is_linear_attention_layer(layer_index):
-        # gated DeltaNet: in_proj and out_proj take the attention projections' places (and their TP pattern: column-
-        # then row-parallel); the chunked scan is its core (`theory.gated_delta_net`)
-        ops["qkv"] = 2.0 * h * model.gdn_in_proj_size
-        ops["core_attention"] = scan_flops_per_token(model)
-        ops["proj"] = 2.0 * model.linear_v_dim * h
     else:
         ops["qkv"] = 2.0 * h * model.qkv_projection_size
-    if not model.is_linear_attention_layer(layer_index):
-        windowed = model.is_window_layer(layer_index)
-        ops["core_attention"] = attention_flops_per_token(model, seq_length, convention, windowed)
-        ops["proj"] = 2.0 * model.attention_output_size * h
-    if model.is_moe_layer(layer_index):
-        ops["router"] = 2.0 * h * model.num_moe_experts
-        ops.update(_mlp_ops(model, model.moe_ffn_hidden_size, "experts_", model.moe_router_topk))
-        if model.moe_shared_expert_intermediate_size:
-            ops.update(_mlp_ops(model, model.moe_shared_expert_intermediate_size, "shared_"))
-    else:
-        ops.update(_mlp_ops(model, model.ffn_hidden_size, ""))
+    windowed = model.is_window_layer(layer_index)
+    ops["core_attention"] = attention_flops_per_token(model, seq_length, convention, windowed)
+    ops["proj"] = 2.0 * model.attention_output_size * h
     return ops
 
 
@@ -153,8 +167,8 @@ def recomputed_forward_flops_per_token(
         return 0.0
     ops = layer_forward_flops_per_token(model, layer_index, seq_length, convention)
     names: set[str] = set()
-    if recompute.recomputes("core_attn") and not model.is_linear_attention_layer(layer_index):
-        names.add("core_attention")  # megatron-core checkpoints softmax attention's core only, not a GDN scan
+    if recompute.recomputes("core_attn") and model.token_mixer(layer_index) == "attention":
+        names.add("core_attention")  # megatron-core checkpoints softmax attention's core only, not a scan
     if recompute.recomputes("mlp") and not model.is_moe_layer(layer_index):
         names |= {"fc1", "fc2"}
     if recompute.recomputes("moe") and model.is_moe_layer(layer_index):

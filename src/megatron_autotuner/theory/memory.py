@@ -99,6 +99,7 @@ from ..specs.parallel import (
     packed_batch,
     pipeline_layout_of,
 )
+from . import mamba
 from .allocator import packed_logits_fragment_bytes
 from .flops import chunk_layer_kinds
 from .gated_delta_net import activation_elements_per_token as gdn_activation_elements
@@ -341,9 +342,21 @@ def gated_delta_net_activation_bytes(
     workload: Workload,
     options: ActivationOptions = ActivationOptions(),
 ) -> dict[str, float]:
-    """Bytes a gated-DeltaNet mixer of one layer keeps for backward, per micro-batch, per rank: its fused input
-    norm's input and output as attention's (`attention_activation_bytes`), then the mixer's own tensors
-    (`gated_delta_net.activation_elements_per_token`, split over TP by heads)."""
+    """Bytes a gated-DeltaNet mixer of one layer keeps for backward, per micro-batch, per rank
+    (`scan_mixer_activation_bytes` of `gated_delta_net.activation_elements_per_token`)."""
+    return scan_mixer_activation_bytes(model, parallel, workload, gdn_activation_elements(model), options)
+
+
+def scan_mixer_activation_bytes(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    workload: Workload,
+    elements_per_token: dict[str, float],
+    options: ActivationOptions = ActivationOptions(),
+) -> dict[str, float]:
+    """Bytes a scan mixer (gated DeltaNet, Mamba-2) keeps for backward, per micro-batch, per rank: its fused input
+    norm's input and output as attention's (`attention_activation_bytes`), then its own tensors (elements per token,
+    split over TP by heads)."""
     e = options.bytes_per_element
     t, x = parallel.tp, _sp_divisor(parallel)
     tokens = local_tokens(workload, parallel)
@@ -351,7 +364,7 @@ def gated_delta_net_activation_bytes(
     parts: dict[str, float] = {"attn_norm_input": e * tokens * h / x}
     if not workload.recompute.recomputes("layernorm"):
         parts["qkv_input"] = e * tokens * h / x
-    for name, elements in gdn_activation_elements(model).items():
+    for name, elements in elements_per_token.items():
         parts[name] = e * tokens * elements / t
     if model.hidden_dropout > 0:
         parts["attn_dropout_mask"] = 1 * tokens * h / x
@@ -365,10 +378,18 @@ def token_mixer_activation_bytes(
     layer_index: int,
     options: ActivationOptions = ActivationOptions(),
 ) -> dict[str, float]:
-    """The token mixer of layer `layer_index`: gated DeltaNet's or self-attention's saved bytes."""
-    if model.is_linear_attention_layer(layer_index):
+    """The token mixer of layer `layer_index`: gated DeltaNet's, Mamba-2's or self-attention's saved bytes (none in a
+    hybrid model's MLP / MoE layer)."""
+    mixer = model.token_mixer(layer_index)
+    if mixer == "gdn":
         return gated_delta_net_activation_bytes(model, parallel, workload, options)
-    return attention_activation_bytes(model, parallel, workload, options)
+    if mixer == "mamba":
+        return scan_mixer_activation_bytes(
+            model, parallel, workload, mamba.activation_elements_per_token(model), options
+        )
+    if mixer == "attention":
+        return attention_activation_bytes(model, parallel, workload, options)
+    return {}
 
 
 def mlp_activation_bytes(
@@ -378,7 +399,10 @@ def mlp_activation_bytes(
     layer_index: int,
     options: ActivationOptions = ActivationOptions(),
 ) -> dict[str, float]:
-    """Bytes the MLP (dense or MoE) block of one layer keeps for backward, per micro-batch, per rank."""
+    """Bytes the MLP (dense or MoE) block of one layer keeps for backward, per micro-batch, per rank (none in a
+    hybrid model's Mamba / attention layer)."""
+    if not model.has_mlp(layer_index):
+        return {}
     e = options.bytes_per_element
     t, x = parallel.tp, _sp_divisor(parallel)
     tokens = local_tokens(workload, parallel)
@@ -904,10 +928,16 @@ def _stage_static(
                 f = model.moe_ffn_hidden_size
                 moe_working.append(e * routed * (2 * h + 3 * f / parallel.etp))
                 working.append(moe_working[-1])
-            else:
+            elif model.has_mlp(layer):
                 working.append(e * tokens * 3 * model.ffn_hidden_size / t + e * tokens * h)
-            if model.is_linear_attention_layer(layer):
-                working[-1] = max(working[-1], gdn_forward_working_bytes(model, tokens, e) / t)
+            else:
+                working.append(0.0)
+            mixer = model.token_mixer(layer)
+            if mixer in ("gdn", "mamba"):
+                scan = gdn_forward_working_bytes if mixer == "gdn" else mamba.forward_working_bytes
+                working[-1] = max(working[-1], scan(model, tokens, e) / t)
+            elif mixer == "attention" and not model.has_mlp(layer):
+                working[-1] = e * tokens * (model.qkv_projection_size / t + h)  # qkv output beside the input
         detail["layer_working_set"] = max(working) if working else 0.0
         if moe_working:
             detail["moe_layer_working_set"] = max(moe_working)  # informative: in `layer_working_set` already

@@ -23,7 +23,9 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
 - MoE router bias `[E]` when `add_bias_linear`;
 - attention sinks (`softmax_type` learnable, gpt-oss): `core_attention.softmax_offset` `[a/tp]` per layer;
 - gated-DeltaNet layers (Qwen3-Next) replace self-attention by `gated_delta_net_parameters`; an output gate on
-  softmax attention widens `linear_qkv` by heads x head dim.
+  softmax attention widens `linear_qkv` by heads x head dim;
+- hybrid models (megatron-core MambaModel): each layer is a Mamba-2 mixer, self-attention, an MLP or a MoE block
+  with its own input norm (`ModelSpec.hybrid_layer_pattern`); the final norm and output layer as above.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from functools import lru_cache
 
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, pipeline_layout_of
+from . import mamba
 
 
 @dataclass(frozen=True)
@@ -143,10 +146,16 @@ def gated_delta_net_parameters(model: ModelSpec, tp: int = 1) -> int:
 
 
 def token_mixer_parameters(model: ModelSpec, layer_index: int, tp: int = 1) -> int:
-    """Layer `layer_index`'s token mixer with its input norm: gated DeltaNet or self-attention."""
-    if model.is_linear_attention_layer(layer_index):
+    """Layer `layer_index`'s token mixer with its input norm (fused into its first linear with TE): gated DeltaNet,
+    Mamba-2 (`mamba.mixer_parameters`), self-attention, or nothing in a hybrid model's MLP / MoE layer."""
+    mixer = model.token_mixer(layer_index)
+    if mixer == "gdn":
         return gated_delta_net_parameters(model, tp)
-    return attention_parameters(model, tp)
+    if mixer == "mamba":
+        return norm_parameters(model, model.hidden_size) + mamba.mixer_parameters(model, tp)
+    if mixer == "attention":
+        return attention_parameters(model, tp)
+    return 0
 
 
 def mlp_parameters(model: ModelSpec, ffn_hidden_size: int, tp: int = 1) -> int:
@@ -177,8 +186,12 @@ def moe_parameters(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | None =
 def decoder_layer_parameters(
     model: ModelSpec, layer_index: int, tp: int = 1, ep: int = 1, etp: int | None = None
 ) -> tuple[int, int]:
-    """(dense, expert) parameters of decoder layer `layer_index` on one rank."""
-    dense = token_mixer_parameters(model, layer_index, tp) + norm_parameters(model, model.hidden_size)  # + pre-MLP
+    """(dense, expert) parameters of decoder layer `layer_index` on one rank: its token mixer, and its MLP or MoE
+    block with that block's input norm (a hybrid model's layer has one of the two)."""
+    dense = token_mixer_parameters(model, layer_index, tp)
+    if not model.has_mlp(layer_index):
+        return dense, 0
+    dense += norm_parameters(model, model.hidden_size)  # pre-MLP norm (fused into fc1 in a hybrid MLP layer)
     if model.is_moe_layer(layer_index):
         non_expert, expert = moe_parameters(model, tp, ep, etp)
         return dense + non_expert, expert

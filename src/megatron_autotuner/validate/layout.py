@@ -338,8 +338,16 @@ class Layout:
         return plan_from_packed(packed, thd_alignment(par, work)[0])
 
     def check(self) -> None:
-        """Raise `ConfigError` if megatron-core would refuse the layout for this model."""
-        validate_layout(self.model_spec(), self.parallel(), self.workload())
+        """Raise `ConfigError` if megatron-core would refuse the layout for this model, or the runner cannot build it:
+        it builds GPTModel with softmax attention (gated DeltaNet needs flash-linear-attention and Mamba layers
+        mamba_ssm, neither of which the GPU machine's install has)."""
+        spec = self.model_spec()
+        if spec.hybrid_layer_pattern or spec.has_linear_attention:
+            what = "Mamba hybrid" if spec.hybrid_layer_pattern else "gated-DeltaNet"
+            raise ConfigError(
+                "model", f"{spec.name} is a {what} model: mat validate runs GPT models of softmax attention only"
+            )
+        validate_layout(spec, self.parallel(), self.workload())
 
     @property
     def world_size(self) -> int:
