@@ -197,8 +197,12 @@ class Case:
 
 
 def check_case(case: Case) -> None:
-    """Raise ConfigError if the model cannot be split as the case asks (heads, groups, experts)."""
+    """Raise ConfigError if the model cannot be split as the case asks (heads, groups, experts), or is one whose
+    layers the testbench does not build (gated DeltaNet, Mamba: the GPU machine has neither flash-linear-attention
+    nor mamba_ssm)."""
     spec = case.model_spec()
+    if spec.hybrid_layer_pattern or spec.has_linear_attention:
+        raise ConfigError("model", f"{case.model}: the testbench builds softmax-attention GPT layers only")
     if spec.num_attention_heads % case.tp or (spec.num_query_groups % case.tp and not spec.multi_latent_attention):
         raise ConfigError("tp", f"{case.model}: heads/query groups not divisible by tp={case.tp}")
     if case.op == "moe" and not spec.is_moe:
