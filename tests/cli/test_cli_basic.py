@@ -89,7 +89,7 @@ def test_theory_table_output(capsys):
     [
         (["theory", "--model", "Llama-9", "--num-gpus", "8", "--seq-len", "10"], "unknown model"),
         (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--tp", "3", "--seq-len", "8"], "num_gpus"),
-        (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "16", "--tp", "16", "--seq-len", "64"], "tp:"),
+        (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "64", "--tp", "64", "--seq-len", "64"], "tp:"),
         (["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--seq-len", "64", "--gpu", "V100"], "unknown GPU"),
         (
             ["theory", "--model", "Llama-3.1-8B", "--num-gpus", "8", "--seq-len", "64", "--fp8-recipe", "tensorwise"],
