@@ -124,3 +124,22 @@ def test_mat_validate_refuses_a_hybrid_model_it_cannot_build(nano, tmp_path):
     layout = Layout(model=str(path), seq_length=4096, num_gpus=1, micro_batch_size=1, global_batch_size=1)
     with pytest.raises(ConfigError, match="Mamba hybrid model"):
         layout.check()
+
+
+def test_a_g_layer_is_gated_deltanet_and_one_qwen3_next_layer_is_two_hybrid_layers():
+    """Megatron-LM's hybrid G symbol is a gated-DeltaNet mixer: Qwen3-Next written as a hybrid pattern (Pai-Megatron-
+    Patch's form, "G-G-G-*-" for every four GPT layers) has the GPT form's parameters and FLOPs."""
+    gdn = dict(
+        linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, attention_output_gate=True, qk_layernorm=True,
+    )  # fmt: skip
+    base = dict(name="q3n", hidden_size=2048, num_attention_heads=16, num_query_groups=2, kv_channels=256,
+                ffn_hidden_size=5120, vocab_size=151936, num_moe_experts=64, moe_router_topk=4,
+                moe_ffn_hidden_size=512, moe_shared_expert_intermediate_size=512, moe_shared_expert_gate=True,
+                **gdn)  # fmt: skip
+    gpt = ModelSpec(num_layers=8, linear_attention_pattern=(1, 1, 1, 0) * 2, **base)
+    hybrid = ModelSpec(num_layers=16, hybrid_layer_pattern="GEGEGE*E" * 2, **base)
+    assert total_parameters(hybrid).total == total_parameters(gpt).total
+    gpt_flops = sum(sum(layer_forward_flops_per_token(gpt, i, 4096).values()) for i in range(8))
+    hybrid_flops = sum(sum(layer_forward_flops_per_token(hybrid, i, 4096).values()) for i in range(16))
+    assert hybrid_flops == pytest.approx(gpt_flops)

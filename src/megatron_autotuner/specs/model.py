@@ -16,8 +16,10 @@ from ..errors import ConfigError, reject_unknown_fields
 from .hashing import cached_hash
 
 ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")
-# megatron-core hybrid_override_pattern symbols (ssm/mamba_hybrid_layer_allocation.py Symbols)
-HYBRID_SYMBOLS = ("M", "*", "-", "E")
+# megatron-core hybrid layer pattern symbols: M Mamba-2, * attention, - MLP, E MoE (0.16.1
+# ssm/mamba_hybrid_layer_allocation.py Symbols), G gated DeltaNet (Megatron-LM d98e8a6
+# models/hybrid/hybrid_layer_allocation.py)
+HYBRID_SYMBOLS = ("M", "*", "-", "E", "G")
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 # megatron-core TransformerConfig.softmax_type: "learnable" adds one sink logit per head and layer (softmax_offset)
@@ -105,8 +107,9 @@ class ModelSpec:
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
     # Hybrid Mamba models (Nemotron-H; megatron-core MambaModel): `hybrid_layer_pattern` is megatron-core's
-    # hybrid_override_pattern, one symbol per layer (ssm/mamba_hybrid_layer_allocation.py): M a Mamba-2 mixer, * self-
-    # attention, - an MLP, E a MoE block, each a layer of its own with its own input norm; empty: a GPT model.
+    # hybrid_override_pattern, one symbol per layer (ssm/mamba_hybrid_layer_allocation.py): M a Mamba-2 mixer, G a
+    # gated-DeltaNet mixer (its sizes the linear_* fields), * self-attention, - an MLP, E a MoE block, each a layer of
+    # its own with its own input norm; empty: a GPT model.
     hybrid_layer_pattern: str = ""
     mamba_num_heads: int = 0
     mamba_head_dim: int = 0
@@ -206,7 +209,9 @@ class ModelSpec:
                 "hybrid_layer_pattern", f"needs one symbol per layer ({self.num_layers}), got {len(pattern)}"
             )
         if set(pattern) - set(HYBRID_SYMBOLS):
-            raise ConfigError("hybrid_layer_pattern", "symbols must be M (Mamba), * (attention), - (MLP), E (MoE)")
+            raise ConfigError(
+                "hybrid_layer_pattern", "symbols must be M (Mamba), G (gated DeltaNet), * (attention), - (MLP), E (MoE)"
+            )
         if self.moe_layer_pattern or self.linear_attention_pattern:
             raise ConfigError("hybrid_layer_pattern", "replaces moe_layer_pattern and linear_attention_pattern")
         if ("E" in pattern) != self.is_moe:
@@ -228,7 +233,7 @@ class ModelSpec:
             )
         if set(pattern) - {0, 1}:
             raise ConfigError("linear_attention_pattern", "entries must be 1 (gated DeltaNet) or 0 (softmax attention)")
-        if any(pattern):
+        if self.has_linear_attention:
             for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
                          "linear_value_head_dim", "linear_conv_kernel_dim"):  # fmt: skip
                 if getattr(self, name) <= 0:
@@ -288,18 +293,21 @@ class ModelSpec:
         return (self.window_size - 1, 0) if self.window_size else None
 
     def is_linear_attention_layer(self, layer_index: int) -> bool:
-        """True if decoder layer `layer_index` (0-based) mixes tokens with gated DeltaNet instead of attention."""
+        """True if decoder layer `layer_index` (0-based) mixes tokens with gated DeltaNet instead of attention (a G
+        layer of a hybrid model)."""
+        if self.hybrid_layer_pattern:
+            return self.hybrid_layer_pattern[layer_index] == "G"
         return bool(self.linear_attention_pattern) and bool(self.linear_attention_pattern[layer_index])
 
     @property
     def has_linear_attention(self) -> bool:
-        return any(self.linear_attention_pattern)
+        return any(self.linear_attention_pattern) or "G" in self.hybrid_layer_pattern
 
     def token_mixer(self, layer_index: int) -> str | None:
         """What mixes tokens in layer `layer_index`: "attention", "gdn" (gated DeltaNet), "mamba", or None for a
         hybrid model's MLP / MoE layer."""
         if self.hybrid_layer_pattern:
-            return {"M": "mamba", "*": "attention"}.get(self.hybrid_layer_pattern[layer_index])
+            return {"M": "mamba", "*": "attention", "G": "gdn"}.get(self.hybrid_layer_pattern[layer_index])
         return "gdn" if self.is_linear_attention_layer(layer_index) else "attention"
 
     def has_mlp(self, layer_index: int) -> bool:
