@@ -19,6 +19,12 @@ decoder layers' (dense, expert) counts by global layer index and every parameter
 A model with gated-DeltaNet layers (`linear_attention_pattern`, Qwen3-Next) is built through megatron-core's own
 `get_transformer_block_with_experimental_attention_variant_spec`, as Megatron-LM's `gpt_builders` does; that
 builder accepts only the TE backend, so it is handed the local one (see `_experimental_attention_block_spec`).
+
+A hybrid model (`hybrid_layer_pattern`, Nemotron-H) is built as megatron-core's own `MambaModel` with
+`hybrid_override_pattern`, through a local copy of `mamba_layer_specs.mamba_stack_spec` (which names TE modules
+only; see `_local_mamba_stack_spec`), mamba_ssm's gated norm stood in for (see `_patch_mamba_for_cpu`). Its
+MLP / attention / MoE layers carry stage-local layer numbers, so layers are indexed through MambaStack's own
+pipeline split (`_decoder_layer_indices`); its final norm (`decoder.final_norm`) counts as final_norm.
 """
 
 from __future__ import annotations
@@ -202,6 +208,13 @@ def transformer_config(
             linear_num_key_heads=spec["linear_num_key_heads"],
             linear_num_value_heads=spec["linear_num_value_heads"],
         )
+    if "M" in spec.get("hybrid_layer_pattern", ""):
+        kwargs.update(
+            mamba_num_heads=spec["mamba_num_heads"],
+            mamba_head_dim=spec["mamba_head_dim"],
+            mamba_state_dim=spec["mamba_state_dim"],
+            mamba_num_groups=spec["mamba_num_groups"],
+        )
     if moe:
         kwargs.update(
             num_moe_experts=spec["num_moe_experts"],
@@ -331,6 +344,168 @@ def _patch_gated_delta_net_for_cpu() -> None:
         torch.cuda.current_device = lambda: "cpu"
 
 
+def _local_mamba_stack_spec(num_moe_experts: int):
+    """megatron-core 0.16.1's `mamba_layer_specs.mamba_stack_spec` with local modules for its TE ones.
+
+    That spec names TE modules only (TE is not installed here), so each is replaced by the local module with the
+    same parameters: TELayerNormColumnParallelLinear (Mamba's in_proj, attention's linear_qkv, the MLP layer's
+    linear_fc1) by the local fused norm + ColumnParallelLinear above (`layer_norm_weight` of the input width, the
+    linear's weight), TERowParallelLinear by RowParallelLinear, TEDotProductAttention by DotProductAttention (no
+    parameters), TENorm (the MoE layer's pre_mlp_layernorm) by WrappedTorchNorm, and the TE grouped-GEMM MoE spec
+    by the local one (SequentialMLP: the same fc1 / fc2 per expert; router and shared expert alike). The layer
+    classes, the MambaMixer and how MambaStack places them are megatron-core's own.
+    """
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
+    from megatron.core.ssm.mamba_block import MambaStack, MambaStackSubmodules
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+    from megatron.core.ssm.mlp_layer import MLPLayer
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_layer import (
+        MoETransformerLayer,
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+
+    fused = _local_layer_norm_column_parallel_linear()
+    moe_layer = None
+    if num_moe_experts:
+        moe = get_moe_module_spec(use_te=False, num_experts=num_moe_experts, moe_grouped_gemm=False)
+        moe_layer = ModuleSpec(
+            module=MoETransformerLayer,
+            submodules=TransformerLayerSubmodules(
+                pre_mlp_layernorm=WrappedTorchNorm, mlp=moe, mlp_bda=get_bias_dropout_add
+            ),
+        )
+    mixer = ModuleSpec(module=MambaMixer, submodules=MambaMixerSubmodules(in_proj=fused, out_proj=RowParallelLinear))
+    attention = ModuleSpec(
+        module=SelfAttention,
+        params={"attn_mask_type": AttnMaskType.causal},
+        submodules=SelfAttentionSubmodules(
+            linear_qkv=fused, core_attention=DotProductAttention, linear_proj=RowParallelLinear
+        ),
+    )
+    submodules = MambaStackSubmodules(
+        mamba_layer=ModuleSpec(
+            module=MambaLayer, submodules=MambaLayerSubmodules(mixer=mixer, mamba_bda=get_bias_dropout_add)
+        ),
+        attention_layer=ModuleSpec(
+            module=TransformerLayer,
+            submodules=TransformerLayerSubmodules(self_attention=attention, self_attn_bda=get_bias_dropout_add),
+        ),
+        mlp_layer=ModuleSpec(
+            module=MLPLayer,
+            submodules=TransformerLayerSubmodules(
+                mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=fused, linear_fc2=RowParallelLinear)),
+                mlp_bda=get_bias_dropout_add,
+            ),
+        ),
+    )
+    if moe_layer is not None:
+        submodules.moe_layer = moe_layer
+    return ModuleSpec(module=MambaStack, submodules=submodules)
+
+
+def _patch_mamba_for_cpu() -> None:
+    """Let megatron-core 0.16.1's `MambaMixer` and `MambaStack` be constructed on CPU without mamba_ssm, einops or
+    TE, only to count their parameters; the model built here cannot run a forward.
+
+    - `MambaMixer.__init__` (and the `MambaContextParallel` it makes, which holds no parameters) raise ImportError
+      unless mamba_ssm (its scan / conv kernels, used only in forward) and einops (forward only) imported: their
+      HAVE_MAMBA_SSM / HAVE_EINOPS are set.
+    - Its gated norm `ExtendedRMSNorm` subclasses mamba_ssm's `layernorm_gated.RMSNorm`, a MagicMock without
+      mamba_ssm: it is replaced by a module with that class's parameters, a `weight` of `hidden_size` (mamba_ssm
+      registers its bias as None).
+    - conv1d, dt_bias, A_log, D and the norm are allocated on `torch.cuda.current_device()`: "cpu" without CUDA.
+      Their initial values are drawn inside `get_cuda_rng_tracker().fork()`, whose CUDA RNG state is never added
+      on CPU (model_parallel_cuda_manual_seed needs CUDA): MambaMixer's tracker forks into a null context, which
+      changes only the random initial values.
+    - MambaStack builds its final norm as TENorm directly (not from the spec), which raises without TE: it gets
+      WrappedTorchNorm, the same `weight` (and `bias` for LayerNorm) of hidden_size.
+    - mamba_mixer.py imports three Triton kernels of megatron's inference contexts (attention_context/triton/
+      tensor_ops.py, `import triton` at its top; used only by MambaMixer's dynamic-batching inference paths):
+      without triton (the CPU torch wheel has none) that module is stood in for by one whose functions raise.
+    """
+    import contextlib
+    import importlib.util
+    import sys
+    import types
+
+    import torch
+
+    if importlib.util.find_spec("triton") is None:
+        name = "megatron.core.inference.contexts.attention_context.triton.tensor_ops"
+
+        def inference_only(*args, **kwargs):
+            raise RuntimeError("triton is not installed: MambaMixer's inference state updates cannot run")
+
+        stand_in = types.ModuleType(name)
+        stand_in.tensor_get_slice_after = stand_in.tensor_masked_update = stand_in.tensor_merge = inference_only
+        sys.modules.setdefault(name, stand_in)
+
+    from megatron.core.ssm import mamba_block, mamba_context_parallel, mamba_mixer
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    class RMSNormGatedParameters(torch.nn.Module):
+        def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True, device=None, dtype=None):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+            self.register_parameter("bias", None)
+
+    class NoForkRNGTracker:
+        def fork(self, *args, **kwargs):
+            return contextlib.nullcontext()
+
+    mamba_mixer.get_cuda_rng_tracker = NoForkRNGTracker
+    mamba_mixer.HAVE_MAMBA_SSM = True
+    mamba_mixer.HAVE_EINOPS = mamba_context_parallel.HAVE_EINOPS = True
+    mamba_mixer.ExtendedRMSNorm = RMSNormGatedParameters
+    mamba_block.TENorm = WrappedTorchNorm
+    if not torch.cuda.is_available():
+        torch.cuda.current_device = lambda: "cpu"
+
+
+def build_mamba_model(spec: dict[str, Any], config, padded_vocab_size: int | None = None):
+    """This pipeline rank's megatron-core `MambaModel` (no virtual stages: MambaStack refuses them), built with
+    `hybrid_override_pattern` as Megatron-LM's `mamba_builders` does."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.mamba import MambaModel
+
+    _patch_mamba_for_cpu()
+    return MambaModel(
+        config=config,
+        mamba_stack_spec=_local_mamba_stack_spec(spec["num_moe_experts"]),
+        vocab_size=padded_vocab_size or spec["vocab_size"],
+        max_sequence_length=spec["max_position_embeddings"],
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        hybrid_override_pattern=spec["hybrid_layer_pattern"],
+        share_embeddings_and_output_weights=spec["tie_embeddings"],
+        position_embedding_type=spec["position_embedding_type"],
+    )
+
+
+def _decoder_layer_indices(chunk) -> list[int]:
+    """Global 0-based indices of a chunk's decoder layers, in order. A GPT layer's `layer_number` is global
+    (1-based); MambaStack numbers its MLP / attention / MoE layers within the stage, so its layers are located by
+    its own pipeline split (`_select_layers_for_pipeline_parallel` slices the list it is given)."""
+    decoder = chunk.decoder
+    if hasattr(decoder, "layer_type_list"):  # MambaStack
+        indices = list(range(decoder.config.num_layers))
+        if decoder.pp_group.size() > 1:
+            _, indices = decoder._select_layers_for_pipeline_parallel(indices)
+        assert len(indices) == len(decoder.layers)
+        return indices
+    return [layer.layer_number - 1 for layer in decoder.layers]
+
+
 def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None = None) -> list:
     """The `GPTModel` chunk(s) of this pipeline rank (one per virtual stage), local layer spec."""
     from megatron.core import parallel_state as ps
@@ -341,6 +516,8 @@ def build_gpt_chunks(spec: dict[str, Any], config, padded_vocab_size: int | None
         get_gpt_mtp_block_spec,
     )
 
+    if spec.get("hybrid_layer_pattern"):
+        return [build_mamba_model(spec, config, padded_vocab_size)]
     vpp = config.virtual_pipeline_model_parallel_size
     chunks = []
     for vp_stage in range(vpp) if vpp else [None]:
@@ -394,8 +571,8 @@ def count_parameters(chunks: list) -> dict[str, Any]:
     layer_counts: dict[str, list[int]] = {}
     shapes: dict[str, list[int]] = {}
     for vp, chunk in enumerate(chunks):
-        for layer in chunk.decoder.layers:
-            per_layer = layer_counts.setdefault(str(layer.layer_number - 1), [0, 0])
+        for index, layer in zip(_decoder_layer_indices(chunk), chunk.decoder.layers, strict=True):
+            per_layer = layer_counts.setdefault(str(index), [0, 0])
             for name, param in layer.named_parameters():
                 per_layer[1 if name.startswith("mlp.experts.") else 0] += param.numel()
         for name, param in chunk.named_parameters():
@@ -410,7 +587,7 @@ def count_parameters(chunks: list) -> dict[str, Any]:
                 counts["embedding"] += n
             elif name.startswith("output_layer."):
                 counts["output_layer"] += n
-            elif name.startswith("decoder.final_layernorm."):
+            elif name.startswith(("decoder.final_layernorm.", "decoder.final_norm.")):  # GPT / MambaStack
                 counts["final_norm"] += n
             elif name.startswith("decoder.layers."):
                 counts["expert" if routed else "decoder_dense"] += n
@@ -451,8 +628,8 @@ def _run_case(case: dict[str, Any]) -> dict[str, Any]:
             pp_rank=ps.get_pipeline_model_parallel_rank(),
             ep_rank=ps.get_expert_model_parallel_rank(),
             num_chunks=len(chunks),
-            # global 0-based indices of the decoder layers this rank holds (TransformerLayer.layer_number is 1-based)
-            layers=sorted(layer.layer_number - 1 for chunk in chunks for layer in chunk.decoder.layers),
+            # global 0-based indices of the decoder layers this rank holds
+            layers=sorted(index for chunk in chunks for index in _decoder_layer_indices(chunk)),
         )
         return result
     finally:
