@@ -79,6 +79,54 @@ class McoreCase:
 
 
 # --------------------------------------------------------------------------------------------
+# Parent side: what a test checks of a case's ranks (theory imported lazily: the ranks never need it).
+# --------------------------------------------------------------------------------------------
+def rank_results(counts: dict[str, list[dict[str, Any]]], case: McoreCase) -> list[dict[str, Any]]:
+    """The case's per-rank results: every rank built, and no parameter outside the counted components."""
+    ranks = counts.get(case.name)
+    assert ranks, f"no result for {case.name}"
+    errors = [r["error"] for r in ranks if "error" in r]
+    assert not errors, f"megatron-core failed to build {case.name}:\n{errors[0]}"
+    assert len(ranks) == case.world
+    for rank in ranks:
+        assert rank["other"] == {}, f"parameters outside the counted components: {rank['other']}"
+    return ranks
+
+
+def check_total_and_active(rank: dict[str, Any], spec_dict: dict[str, Any]) -> None:
+    """A one-rank build's total equals `total_parameters`, and its active count (dense + top-k of the experts)."""
+    from megatron_autotuner.specs.model import ModelSpec
+    from megatron_autotuner.theory.params import total_parameters
+
+    spec = ModelSpec.from_dict(spec_dict)
+    theory, measured = total_parameters(spec), rank["counts"]
+    assert theory.total == measured["total"]
+    active = measured["dense"]
+    if spec.is_moe:
+        active += measured["experts"] // spec.num_moe_experts * spec.moe_router_topk
+    assert theory.active == active
+
+
+def check_layers_and_stages(ranks: list[dict[str, Any]], case: McoreCase) -> None:
+    """Every rank's decoder layers are `stage_layer_range`'s, each layer's (dense, expert) count is
+    `decoder_layer_parameters`', and the rank's counts are `stage_parameters`'."""
+    from megatron_autotuner.specs.model import ModelSpec
+    from megatron_autotuner.specs.parallel import ParallelConfig
+    from megatron_autotuner.theory.params import decoder_layer_parameters, stage_layer_range, stage_parameters
+
+    spec = ModelSpec.from_dict(case.spec)
+    parallel = ParallelConfig(num_gpus=case.world, tp=case.tp, pp=case.pp, ep=case.ep)
+    assert sorted({r["pp_rank"] for r in ranks}) == list(range(case.pp))
+    for rank in ranks:
+        where = f"{case.name}: rank {rank['rank']} (tp_rank {rank['tp_rank']}, pp_rank {rank['pp_rank']})"
+        assert rank["layers"] == stage_layer_range(spec, parallel, rank["pp_rank"]), where
+        assert rank["counts"] == stage_parameters(spec, parallel, rank["pp_rank"]).to_dict(), where
+        for layer in rank["layers"]:
+            theory = decoder_layer_parameters(spec, layer, tp=case.tp, ep=case.ep)
+            assert theory == tuple(rank["layer_counts"][str(layer)]), f"{where}: layer {layer}"
+
+
+# --------------------------------------------------------------------------------------------
 # Parent side: launch the ranks.
 # --------------------------------------------------------------------------------------------
 def _rank_env() -> dict[str, str]:

@@ -21,14 +21,11 @@ from __future__ import annotations
 import pytest
 
 from megatron_autotuner.specs.model import ModelSpec
-from megatron_autotuner.specs.parallel import ParallelConfig
 from megatron_autotuner.theory.params import (
     decoder_layer_parameters,
-    stage_layer_range,
-    stage_parameters,
     total_parameters,
 )
-from tests.mcore_helpers import McoreCase
+from tests.mcore_helpers import McoreCase, check_layers_and_stages, check_total_and_active, rank_results
 
 pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
@@ -91,53 +88,16 @@ def mcore_counts(mcore_ground_truth) -> dict:
     return mcore_ground_truth
 
 
-def _parallel(case: McoreCase) -> ParallelConfig:
-    return ParallelConfig(num_gpus=case.world, tp=case.tp, pp=case.pp)
-
-
-def _rank_results(mcore_counts: dict, case: McoreCase) -> list[dict]:
-    ranks = mcore_counts.get(case.name)
-    assert ranks, f"no result for {case.name}"
-    errors = [r["error"] for r in ranks if "error" in r]
-    assert not errors, f"megatron-core failed to build {case.name}:\n{errors[0]}"
-    assert len(ranks) == case.world
-    for rank in ranks:
-        assert rank["other"] == {}, f"parameters outside the counted components: {rank['other']}"
-    return ranks
-
-
 @pytest.mark.parametrize("case", WORLD1_CASES)
 def test_total_parameters_match_megatron_core(mcore_counts, case: McoreCase):
-    (rank,) = _rank_results(mcore_counts, case)
-    spec = ModelSpec.from_dict(case.spec)
-    theory = total_parameters(spec)
-    measured = rank["counts"]
-    assert theory.total == measured["total"]
-    active = measured["dense"]
-    if spec.is_moe:
-        active += measured["experts"] // spec.num_moe_experts * spec.moe_router_topk
-    assert theory.active == active
+    (rank,) = rank_results(mcore_counts, case)
+    check_total_and_active(rank, case.spec)
 
 
 @pytest.mark.parametrize("case", CASE_PARAMS)
-def test_decoder_layer_parameters_match_megatron_core(mcore_counts, case: McoreCase):
-    """Every decoder layer's (dense, routed-expert) count on every rank, gated-DeltaNet and softmax layers alike."""
-    spec = ModelSpec.from_dict(case.spec)
-    for rank in _rank_results(mcore_counts, case):
-        for layer in rank["layers"]:
-            measured = tuple(rank["layer_counts"][str(layer)])
-            assert decoder_layer_parameters(spec, layer, tp=case.tp) == measured, f"{case.name}: layer {layer}"
-
-
-@pytest.mark.parametrize("case", CASE_PARAMS)
-def test_stage_parameters_match_megatron_core(mcore_counts, case: McoreCase):
-    spec, parallel = ModelSpec.from_dict(case.spec), _parallel(case)
-    ranks = _rank_results(mcore_counts, case)
-    assert sorted({r["pp_rank"] for r in ranks}) == list(range(case.pp))
-    for rank in ranks:
-        where = f"{case.name}: rank {rank['rank']} (tp_rank {rank['tp_rank']}, pp_rank {rank['pp_rank']})"
-        assert rank["layers"] == stage_layer_range(spec, parallel, rank["pp_rank"]), where
-        assert rank["counts"] == stage_parameters(spec, parallel, rank["pp_rank"]).to_dict(), where
+def test_layer_and_stage_parameters_match_megatron_core(mcore_counts, case: McoreCase):
+    """Per rank: its layers, its counts and each layer's (dense, expert) count, GDN and softmax layers alike."""
+    check_layers_and_stages(rank_results(mcore_counts, case), case)
 
 
 def _token_mixer_shapes(spec: ModelSpec, layer: int, tp: int) -> dict[str, list[int]]:
@@ -174,7 +134,7 @@ def test_token_mixer_shapes_match_megatron_core(mcore_counts, case: McoreCase):
     kind `linear_attention_pattern` names, with the shapes its constructors give (a check independent of
     `theory.params`)."""
     spec = ModelSpec.from_dict(case.spec)
-    for rank in _rank_results(mcore_counts, case):
+    for rank in rank_results(mcore_counts, case):
         shapes = rank["shapes"]
         for local, layer in enumerate(rank["layers"]):
             # megatron names a stage's layers by their local index
