@@ -336,17 +336,6 @@ def attention_activation_bytes(
     return parts
 
 
-def gated_delta_net_activation_bytes(
-    model: ModelSpec,
-    parallel: ParallelConfig,
-    workload: Workload,
-    options: ActivationOptions = ActivationOptions(),
-) -> dict[str, float]:
-    """Bytes a gated-DeltaNet mixer of one layer keeps for backward, per micro-batch, per rank
-    (`scan_mixer_activation_bytes` of `gated_delta_net.activation_elements_per_token`)."""
-    return scan_mixer_activation_bytes(model, parallel, workload, gdn_activation_elements(model), options)
-
-
 def scan_mixer_activation_bytes(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -381,12 +370,9 @@ def token_mixer_activation_bytes(
     """The token mixer of layer `layer_index`: gated DeltaNet's, Mamba-2's or self-attention's saved bytes (none in a
     hybrid model's MLP / MoE layer)."""
     mixer = model.token_mixer(layer_index)
-    if mixer == "gdn":
-        return gated_delta_net_activation_bytes(model, parallel, workload, options)
-    if mixer == "mamba":
-        return scan_mixer_activation_bytes(
-            model, parallel, workload, mamba.activation_elements_per_token(model), options
-        )
+    if mixer in ("gdn", "mamba"):
+        scan = gdn_activation_elements if mixer == "gdn" else mamba.activation_elements_per_token
+        return scan_mixer_activation_bytes(model, parallel, workload, scan(model), options)
     if mixer == "attention":
         return attention_activation_bytes(model, parallel, workload, options)
     return {}
