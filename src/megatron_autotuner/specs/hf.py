@@ -1,8 +1,8 @@
 """Turn a Hugging Face `config.json` into a `ModelSpec`.
 
 Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v3
-(and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, mimo. The mapping follows Megatron-Bridge's HF->Megatron
-converters (field meanings from each model's `configuration_*.py` in transformers).
+(and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, nemotron_h, mimo. The mapping follows Megatron-Bridge's
+HF->Megatron converters (field meanings from each model's `configuration_*.py` in transformers).
 """
 
 from __future__ import annotations
@@ -355,6 +355,125 @@ def _nemotron(cfg: dict[str, Any], name: str) -> ModelSpec:
     )
 
 
+# transformers' NemotronHConfig defaults for what a config.json may leave out, under the attribute names a saved
+# config.json carries (src/transformers/models/nemotron_h/configuration_nemotron_h.py @ cfeb552: n_groups is
+# __init__'s mamba_n_groups, conv_kernel its mamba_d_conv)
+_NEMOTRON_H_DEFAULTS = {
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 21504,
+    "mlp_hidden_act": "relu2",
+    "ssm_state_size": 128,
+    "mamba_num_heads": 128,
+    "n_groups": 8,
+    "mamba_head_dim": 64,
+    "conv_kernel": 4,
+    "n_shared_experts": 1,
+}
+# transformers >= 5 writes `layers_block_type` in place of the pattern (NemotronHConfig._pattern_to_list)
+_NEMOTRON_H_BLOCK_SYMBOLS = {"mamba": "M", "attention": "*", "moe": "E"}
+# the Mamba conv1d width the tool models: megatron-core's MambaLayer builds MambaMixer with its default d_conv=4
+# (ssm/mamba_mixer.py @ 0.16.1), and Megatron-Bridge maps no conv_kernel
+MAMBA_CONV_KERNEL = 4
+
+
+def _nemotron_h_pattern(cfg: dict[str, Any]) -> str:
+    """The layer pattern of a nemotron_h config: `hybrid_override_pattern` (M Mamba-2, * attention, - MLP, E MoE),
+    else transformers 5's `layers_block_type` list."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if pattern is None and isinstance(cfg.get("layers_block_type"), list):
+        blocks = cfg["layers_block_type"]
+        unknown = next((b for b in blocks if b not in _NEMOTRON_H_BLOCK_SYMBOLS), None)
+        if unknown is not None:
+            known = ", ".join(_NEMOTRON_H_BLOCK_SYMBOLS)
+            raise ConfigError("layers_block_type", f"{unknown!r} is not a Nemotron-H block type (known: {known})")
+        pattern = "".join(_NEMOTRON_H_BLOCK_SYMBOLS[b] for b in blocks)
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError("hybrid_override_pattern", "missing from the nemotron_h config.json (or layers_block_type)")
+    return pattern
+
+
+def _nemotron_h(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """Nemotron-H / Nemotron-3 (a megatron-core MambaModel) as Megatron-Bridge's NemotronHBridge maps it
+    (src/megatron/bridge/models/nemotronh/nemotron_h_bridge.py @ 928a7e5 provider_bridge, and @ 067f987
+    CONFIG_MAPPING): hybrid_override_pattern -> the layer pattern (one layer per symbol: M Mamba-2, * attention,
+    - MLP, E MoE), mamba_num_heads / mamba_head_dim, n_groups -> mamba_num_groups, ssm_state_size ->
+    mamba_state_dim, head_dim -> kv_channels, intermediate_size the MLP layers' width, use_bias -> add_bias_linear,
+    attention_bias -> add_qkv_bias, the routed experts (n_routed_experts, moe_intermediate_size, top
+    num_experts_per_tok); no position embedding ("Mamba doesn't use position embeddings", 067f987), a squared-ReLU
+    MLP without a gate (Bridge's squared_relu activation_func; mlp_hidden_act relu2), RMSNorm. The shared expert is
+    n_shared_experts x moe_shared_expert_intermediate_size wide, as transformers' NemotronHMoE builds it (Bridge maps
+    moe_shared_expert_intermediate_size alone: the same for every released config, whose n_shared_experts is 1).
+    Missing sizes take transformers' NemotronHConfig defaults. Refused: MTP layers (num_nextn_predict_layers > 0),
+    latent MoE projections (moe_latent_size) and a conv1d other than megatron-core's width 4. n_group / topk_group /
+    routed_scaling_factor (routing) and time_step_* / chunk_size change no matmul."""
+
+    def get(key: str) -> Any:
+        value = cfg.get(key)
+        return _NEMOTRON_H_DEFAULTS[key] if value is None else value
+
+    pattern = _nemotron_h_pattern(cfg)
+    layers = cfg.get("num_hidden_layers")
+    if layers is not None and layers != len(pattern):
+        raise ConfigError(
+            "num_hidden_layers", f"{layers} but hybrid_override_pattern has {len(pattern)} layers (one per symbol)"
+        )
+    mtp = cfg.get("num_nextn_predict_layers") or 0
+    if mtp:
+        raise ConfigError(
+            "num_nextn_predict_layers",
+            f"{mtp}: a hybrid model's MTP layers (mtp_hybrid_override_pattern) are not modelled",
+        )
+    if cfg.get("moe_latent_size") is not None:
+        raise ConfigError("moe_latent_size", "latent MoE projections (Nemotron-3-Super) are not modelled")
+    kernel = cfg.get("conv_kernel", cfg.get("mamba_d_conv", MAMBA_CONV_KERNEL))
+    if kernel != MAMBA_CONV_KERNEL:
+        raise ConfigError(
+            "conv_kernel", f"{kernel}: megatron-core's MambaMixer has a conv1d of width {MAMBA_CONV_KERNEL} (d_conv)"
+        )
+    heads = _require_positive_int(cfg, "num_attention_heads", "nemotron_h")
+    experts: dict[str, Any] = {}
+    if "E" in pattern:
+        shared = int(get("n_shared_experts") or 0) * int(cfg.get("moe_shared_expert_intermediate_size") or 0)
+        experts = dict(
+            num_moe_experts=_require(cfg, "n_routed_experts", "nemotron_h"),
+            moe_router_topk=_require(cfg, "num_experts_per_tok", "nemotron_h"),
+            moe_ffn_hidden_size=_require(cfg, "moe_intermediate_size", "nemotron_h"),
+            moe_shared_expert_intermediate_size=shared,
+        )
+    mamba: dict[str, Any] = {}
+    if "M" in pattern:
+        mamba = dict(
+            mamba_num_heads=get("mamba_num_heads"),
+            mamba_head_dim=get("mamba_head_dim"),
+            mamba_state_dim=get("ssm_state_size"),
+            mamba_num_groups=cfg.get("n_groups") or cfg.get("mamba_n_groups") or get("n_groups"),
+        )
+    return ModelSpec(
+        name=name,
+        hidden_size=_require_positive_int(cfg, "hidden_size", "nemotron_h"),
+        num_layers=check_num_layers(len(pattern), "hybrid_override_pattern"),
+        num_attention_heads=heads,
+        num_query_groups=get("num_key_value_heads") or heads,
+        kv_channels=cfg.get("head_dim") or cfg.get("attention_head_dim") or get("head_dim"),
+        ffn_hidden_size=get("intermediate_size"),
+        vocab_size=_require(cfg, "vocab_size", "nemotron_h"),
+        gated_linear_unit=False,
+        activation=_activation({"mlp_hidden_act": get("mlp_hidden_act")}, "mlp_hidden_act"),
+        normalization="RMSNorm",
+        add_bias_linear=bool(cfg.get("use_bias", False)),
+        add_qkv_bias=bool(cfg.get("attention_bias", False)),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        position_embedding_type="none",
+        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        attention_dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
+        hidden_dropout=float(cfg.get("hidden_dropout", 0.0) or 0.0),
+        hybrid_layer_pattern=pattern,
+        **mamba,
+        **experts,
+    )
+
+
 HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "llama": _llama,
     "mistral": _mistral,
@@ -370,6 +489,7 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "gpt_oss": _gpt_oss,
     "gpt2": _gpt2,
     "nemotron": _nemotron,
+    "nemotron_h": _nemotron_h,
     "mimo": _mimo,
 }
 
@@ -378,19 +498,24 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
 WINDOW_MODELLED = ("mistral", "gpt_oss")
 # model types whose converter reads gated-DeltaNet layers from `layer_types` (the others' are refused)
 LINEAR_ATTENTION_MODELLED = ("qwen3_next",)
+# model types whose converter reads a hybrid (Mamba) `hybrid_override_pattern` (the others' are refused)
+HYBRID_MODELLED = ("nemotron_h",)
 
 
 def _refuse_unmodelled_attention(cfg: dict[str, Any]) -> None:
-    """Layers the tool would otherwise predict as something else: a hybrid pattern (Nemotron-H's Mamba layers,
-    `hybrid_override_pattern`), linear-attention `layer_types` outside `LINEAR_ATTENTION_MODELLED`, and sliding-window
+    """Layers the tool would otherwise predict as something else: a hybrid pattern (Mamba / MoE layers,
+    `hybrid_override_pattern`) outside `HYBRID_MODELLED`, linear-attention `layer_types` outside
+    `LINEAR_ATTENTION_MODELLED`, and sliding-window
     attention that is on (`sliding_window` below the context, and `use_sliding_window` not false, as transformers'
     Qwen2 configs say) where the converter does not model it (Qwen2's `max_window_layers` split, which
     Megatron-Bridge does not map either)."""
     pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and any(ch != "*" and ch != "-" for ch in pattern):
+    modelled = cfg.get("model_type") in HYBRID_MODELLED
+    if not modelled and isinstance(pattern, str) and any(ch != "*" and ch != "-" for ch in pattern):
         raise ConfigError(
             "hybrid_override_pattern",
-            f"{pattern[:40]!r}: hybrid (Mamba) models are not modelled, the tool predicts transformer layers only",
+            f"{pattern[:40]!r}: the {cfg.get('model_type')} converter would predict transformer layers; hybrid "
+            f"(Mamba) patterns are read for {', '.join(HYBRID_MODELLED)} only",
         )
     types = cfg.get("layer_types")
     if cfg.get("model_type") not in LINEAR_ATTENTION_MODELLED and isinstance(types, list):
