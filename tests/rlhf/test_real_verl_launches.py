@@ -15,8 +15,6 @@ from ..specs.real_launches import fixtures, materialize
 
 NOT_MODELLED = "its model's architecture is not modelled yet"
 VERL_NOT_PREDICTED = {
-    "verl-project__verl__examples__grpo_trainer__run_nemotron_nano_v3_30b_a3b_megatron.sh": NOT_MODELLED
-    + " (Nemotron-H hybrid)",
     "verl-project__verl__examples__grpo_trainer__run_qwen3_5_397b_megatron.sh": NOT_MODELLED
     + " (Qwen3.5: a gated-DeltaNet hybrid with vision; no config.json shipped)",
     "verl-project__verl__examples__grpo_trainer__run_kimi_k2_6_glm5_1_megatron_lite.sh": "no model path in the launch",
@@ -93,6 +91,31 @@ def test_an_empty_model_path_is_the_model_of_the_dist_checkpoint_the_launch_load
     assert model.name == "Moonlight-16B-A3B" and "dist_checkpointing_path=/data/mcore_ckpt/Moonlight" in note
     assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--top-k", "1"]) == 2
     assert capsys.readouterr().err.startswith("mat: error: critic.megatron (pp): num_layers = 27")
+
+
+def test_verl_s_nemotron_3_nano_example_is_planned_with_layouts_verl_builds(verl_tree, capsys):
+    """The example's model path names the NVIDIA-Nemotron-3-Nano-30B-A3B preset (its -BF16 suffix a word after the
+    name); the layouts ranked are ones verl's megatron-core 0.16 MambaStack builds: no virtual stages, an even or
+    first / last split (`rlhf.step.verl_builds`)."""
+    from megatron_autotuner.rlhf.step import verl_builds
+    from megatron_autotuner.specs import load_model_spec
+    from megatron_autotuner.specs.parallel import ParallelConfig
+    from megatron_autotuner.specs.pipeline import PipelineLayout
+
+    script = verl_tree["verl-project__verl__examples__grpo_trainer__run_nemotron_nano_v3_30b_a3b_megatron.sh"]
+    assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--top-k", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["inputs"]["model"] == "NVIDIA-Nemotron-3-Nano-30B-A3B"
+    for ranked in report["ranked"]:
+        assert ranked["parallel"]["vpp"] is None
+        assert (ranked["parallel"]["pipeline_layout"] or {}).get("form") in (None, "first_last")
+    nano, layout = load_model_spec("NVIDIA-Nemotron-3-Nano-30B-A3B"), dict(num_gpus=8, pp=2, ep=4)
+    assert verl_builds(nano, ParallelConfig(**layout))
+    assert not verl_builds(nano, ParallelConfig(vpp=2, **layout))
+    assert not verl_builds(nano, ParallelConfig(pipeline_layout=PipelineLayout.from_counts([20, 32], 2), **layout))
+    assert verl_builds(nano.replace(hybrid_layer_pattern="", num_moe_experts=0, mamba_num_heads=0, mamba_head_dim=0,
+                                    mamba_state_dim=0, mamba_num_groups=0, moe_router_topk=0, moe_ffn_hidden_size=0),
+                       ParallelConfig(vpp=2, num_gpus=8, pp=2))  # fmt: skip
 
 
 @pytest.mark.parametrize("num_gpus,per_node,nodes", [(16, 8, 2), (4, 4, 1)])

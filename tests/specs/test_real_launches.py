@@ -20,10 +20,6 @@ H100 = get_gpu_spec("H100-SXM")
 MEGATRON_NOT_PREDICTED = {
     "NVIDIA__Megatron-LM__examples__bert__train_bert_340m_distributed.sh": "24 layers on 16 pipeline stages",
     "NVIDIA__Megatron-LM__examples__gptoss__02_train.sh": "12 layers on 8 pipeline stages (PP = its GPU count)",
-    "NVIDIA__Megatron-LM__examples__mamba__train.sh": "a hybrid Mamba model (not modelled)",
-    "NVIDIA__Megatron-LM__tests__functional_tests__test_cases__hybrid__hybrid_mr_mcore_te_tp1_pp2_vpp2_cp1_dgx_a100"
-    "_1N8G__model_config.yaml": "a hybrid Mamba model (not modelled)",
-    "alibaba__Pai-Megatron-Patch__examples__qwen3_next__run_mcore_qwen3_lite.sh": "a hybrid (gated DeltaNet) model",
     "NVIDIA__Megatron-LM__examples__rl__model_configs__nemotron6_3b_moe.sh": "its shape comes from the checkpoint",
     "NVIDIA__Megatron-LM__examples__post_training__modelopt__finetune.sh": "the model config file is named by $1",
     "epfLLM__Megatron-LLM__examples__finetune.sh": "the fork reads the shape from its checkpoint (--model_name)",
@@ -97,6 +93,44 @@ def test_megatron_lm_s_gpt_oss_flags_read_as_the_model_its_config_json_describes
                   "activation_clamp_value", "vocab_size", "add_bias_linear", "num_moe_experts"):  # fmt: skip
         assert getattr(read, field) == getattr(preset, field), field
     assert total_parameters(read).total == total_parameters(preset).total
+
+
+def test_pai_s_qwen3_next_launch_reads_as_qwen3_next(megatron_tree):
+    """Pai-Megatron-Patch's pretrain_qwen3_next.py builds megatron-core's MambaModel from Pai's spec: its M layers
+    are gated DeltaNet, its - layers MoE with a gated shared expert, its attention output-gated. Read so, the
+    launch's 96 hybrid layers are Qwen3-Next-80B-A3B's 48 (gated DeltaNet or attention, each with its MoE): the
+    preset's parameters exactly."""
+    from megatron_autotuner.specs import load_model_spec
+    from megatron_autotuner.theory.params import total_parameters
+
+    imported = launch_to_specs(read_launch_file(str(megatron_tree["alibaba__Pai-Megatron-Patch__examples__qwen3_next__"
+                                                                  "run_mcore_qwen3_lite.sh"])))  # fmt: skip
+    model, preset = imported.model, load_model_spec("Qwen3-Next-80B-A3B")
+    assert model.hybrid_layer_pattern == "GEGEGE*E" * 12 and model.num_layers == 2 * preset.num_layers
+    assert [model.token_mixer(i) for i in range(8)] == ["gdn", None, "gdn", None, "gdn", None, "attention", None]
+    same = ("hidden_size", "num_attention_heads", "num_query_groups", "kv_channels", "ffn_hidden_size",
+            "vocab_size", "qk_layernorm", "attention_output_gate", "num_moe_experts", "moe_router_topk",
+            "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size", "moe_shared_expert_gate",
+            "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+            "linear_conv_kernel_dim")  # fmt: skip
+    assert {f: getattr(model, f) for f in same} == {f: getattr(preset, f) for f in same}
+    assert total_parameters(model).total == total_parameters(preset).total
+    assert any("Pai-Megatron-Patch's Qwen3-Next" in n for n in imported.notes)
+
+
+def test_megatron_lm_s_hybrid_launches_read_their_pattern(megatron_tree):
+    """examples/mamba/train.sh (800M: no --num-layers, the pattern's 48 layers) and the hybrid functional test, whose
+    four `|`-separated stages over pp 2 are an interleaved pipeline of 2 virtual stages (Megatron-LM d98e8a6)."""
+    example = launch_to_specs(read_launch_file(str(megatron_tree["NVIDIA__Megatron-LM__examples__mamba__train.sh"])))
+    assert example.model.hybrid_layer_pattern == "M-M-M--M-*M-M-M-M--*M-M-M-M-*M--M-M-M-*M-M--M-M-"
+    assert (example.model.num_layers, example.model.mamba_num_heads, example.model.position_embedding_type) == (
+        48, 32, "none",
+    )  # fmt: skip
+    assert example.not_modelled == ()  # --spec names megatron-core's hybrid stack spec
+    name = next(n for n in megatron_tree if "hybrid_mr_mcore_te_tp1_pp2_vpp2" in n)
+    functional = launch_to_specs(read_launch_file(str(megatron_tree[name])))
+    assert functional.model.num_layers == 44 and "|" not in functional.model.hybrid_layer_pattern
+    assert (functional.parallel.pp, functional.parallel.vpp) == (2, 2)
 
 
 @pytest.mark.parametrize("name", MEGATRON_PLANNED_NOT_PREDICTED)

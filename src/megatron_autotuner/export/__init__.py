@@ -5,6 +5,7 @@ tp-comm-overlap yaml (userbuffers) when TP overlap is on. Pure text; no torch.""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import yaml
@@ -36,8 +37,9 @@ def megatron_lm_args(
     options: CostOptions | None = None,
     tp_comm_overlap_cfg: str | None = None,
 ) -> list[str]:
-    """Megatron-LM `pretrain_gpt.py` flags for the model, layout and workload, each with its values, carrying
-    everything the prediction assumed (overlaps, fusions, MoE dispatcher and grouped GEMM, pipeline layout)."""
+    """Megatron-LM `pretrain_gpt.py` flags (`pretrain_hybrid.py` for a hybrid model: --hybrid-layer-pattern) for the
+    model, layout and workload, each with its values, carrying everything the prediction assumed (overlaps, fusions,
+    MoE dispatcher and grouped GEMM, pipeline layout)."""
     return render_flags(megatron_args(model, parallel, workload, options, tp_comm_overlap_cfg))
 
 
@@ -127,6 +129,18 @@ def launch_env_sh(parallel: ParallelConfig, expandable_segments: bool = False, c
     return "\n".join(lines) + "\n"
 
 
+def _or_refusal(write: Callable[[], str], model: ModelSpec) -> str:
+    """A framework's snippet, or for a hybrid model one comment line saying why that framework cannot run the
+    layout: megatron-core 0.16.1 (Megatron-Bridge v0.3.1, verl's megatron engine) builds a hybrid model without
+    virtual stages and with only first / last uneven stages, which Megatron-LM's `|`-separated pattern can say."""
+    if not model.hybrid_layer_pattern:
+        return write()
+    try:
+        return write()
+    except ValueError as exc:
+        return f"# not written for this layout: {exc}\n"
+
+
 def export_all(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -145,15 +159,23 @@ def export_all(
     args = megatron_args(model, parallel, workload, options, te_name)
     out = {
         # one line of shell-quoted words (a layout string or a --moe-layer-freq list holds | ( * [): bash's quote
-        # removal must see it, so `eval "torchrun ... pretrain_gpt.py $(cat megatron_lm_args.txt)"`; a bare
-        # $(cat ...) would hand Megatron-LM the quotes. `mat estimate --megatron-args` reads it the same way.
+        # removal must see it, so `eval "torchrun ... pretrain_gpt.py $(cat megatron_lm_args.txt)"` (a hybrid
+        # model: pretrain_hybrid.py); a bare $(cat ...) would hand Megatron-LM the quotes. `mat estimate
+        # --megatron-args` reads it the same way.
         "megatron_lm_args.txt": " ".join(render_flags(args)) + "\n",
-        "bridge_overrides.yaml": bridge.bridge_overrides_yaml(args, tp_comm_overlap_cfg=te_name),
-        "verl_megatron.yaml": verl.verl_overrides_yaml(args, mode=workload.mode, max_token_len=workload.max_token_len),
-        "verl_overrides.txt": " ".join(
-            verl.verl_override_lines(args, mode=workload.mode, max_token_len=workload.max_token_len)
-        )
-        + "\n",
+        "bridge_overrides.yaml": _or_refusal(
+            lambda: bridge.bridge_overrides_yaml(args, tp_comm_overlap_cfg=te_name), model
+        ),
+        "verl_megatron.yaml": _or_refusal(
+            lambda: verl.verl_overrides_yaml(args, mode=workload.mode, max_token_len=workload.max_token_len), model
+        ),
+        "verl_overrides.txt": _or_refusal(
+            lambda: (
+                " ".join(verl.verl_override_lines(args, mode=workload.mode, max_token_len=workload.max_token_len))
+                + "\n"
+            ),
+            model,
+        ),
         "launch_env.sh": launch_env_sh(parallel, expandable_segments, workload.cuda_graph.impl),
     }
     if te is not None:

@@ -304,7 +304,58 @@ class MegatronArgs:
             out["mtp_loss_scaling_factor"] = self["mtp_loss_scaling_factor"]
         out.update(self._attention_window_fields())
         out.update(self._linear_attention_fields())
+        out.update(self._hybrid_fields())
         return out
+
+    def _hybrid_fields(self) -> dict[str, Any]:
+        """A hybrid (Mamba) model as Bridge v0.3.1's MambaModelProvider takes it
+        (src/megatron/bridge/models/mamba/mamba_provider.py @ 9c9dd84: `hybrid_override_pattern`, the name
+        megatron-core 0.16.1's MambaModel has; Bridge's NemotronHModelProvider sets is_hybrid_model) with the
+        TransformerConfig Mamba sizes (mamba_num_heads / head_dim / state_dim / num_groups, megatron-core 0.16.1).
+        0.16.1's MambaStack splits the pattern over pp evenly or by num_layers_in_first / last_pipeline_stage and
+        builds no virtual stages (ssm/mamba_block.py `_select_layers_for_pipeline_parallel`), so Megatron-LM's `|`
+        stage separators become those fields where they can say the split, and are refused where they cannot."""
+        from ..specs.megatron_args import MAMBA_SIZES
+
+        text = self["hybrid_layer_pattern"] or self["hybrid_override_pattern"]
+        if not text:
+            return {}
+        if "/" in text:
+            raise ValueError("a hybrid pattern's MTP parts ('/') are not modelled: no Bridge override for them")
+        segments = text.split("|")
+        pattern = "".join(segments)
+        if "G" in pattern:
+            raise ValueError("gated-DeltaNet hybrid layers (G) are not in megatron-core 0.16.1 (Bridge v0.3.1)")
+        out: dict[str, Any] = {"hybrid_override_pattern": pattern, "is_hybrid_model": True}
+        if "M" in pattern:
+            out.update({key: int(self[key]) for key in MAMBA_SIZES if self[key] is not None})
+        out.update(self.hybrid_stage_fields())
+        return out
+
+    def hybrid_stage_fields(self) -> dict[str, Any]:
+        """num_layers_in_first / last_pipeline_stage for a hybrid pattern's `|`-separated stages (none without
+        separators): one segment per rank, the middle ranks equal (megatron-core 0.16.1 MambaStack's uneven split,
+        which Bridge v0.3.1 and verl's megatron engine build); else a ValueError."""
+        text = self["hybrid_layer_pattern"] or self["hybrid_override_pattern"]
+        counts = [len(s) for s in (text or "").split("|")]
+        if len(counts) == 1:
+            return {}
+        if len(counts) != self.pp:
+            raise ValueError(
+                f"{len(counts)} hybrid pipeline stages over pp={self.pp}: megatron-core 0.16.1's MambaStack "
+                "(Bridge v0.3.1, verl) builds no interleaved pipeline for a hybrid model"
+            )
+        middle = counts[1:-1]
+        if len(set(counts)) == 1:
+            return {}
+        if len(set(middle)) > 1:
+            raise ValueError(
+                f"hybrid pipeline stages of {counts} layers: megatron-core 0.16.1's MambaStack (Bridge v0.3.1, "
+                "verl) splits the middle ranks evenly"
+            )
+        first = counts[0] if not middle or counts[0] != middle[0] else None
+        last = counts[-1] if not middle or counts[-1] != middle[0] else None
+        return {"num_layers_in_first_pipeline_stage": first, "num_layers_in_last_pipeline_stage": last}
 
     def _attention_window_fields(self) -> dict[str, Any]:
         """gpt-oss / Mistral attention fields as TransformerConfig takes them: window_size a [left, right] pair

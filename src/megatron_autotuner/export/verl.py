@@ -121,7 +121,8 @@ def _transformer_overrides(a: MegatronArgs, training: bool) -> dict[str, Any]:
     TransformerConfig(**kwargs) with the vanilla mbridge (_build_tf_config,
     verl/workers/engine/megatron/transformer_impl.py:119 and :154 @ b178a3c; the same in
     verl/workers/megatron_workers.py:189 and :222). So the keys are TransformerConfig field names."""
-    otc: dict[str, Any] = {**a.pipeline_layout_fields()}
+    # a hybrid model's '|' stages as megatron-core 0.16.1's MambaStack splits layers (first / last stage sizes)
+    otc: dict[str, Any] = {**a.pipeline_layout_fields(), **a.hybrid_stage_fields()}
     otc["overlap_p2p_comm"] = a.overlap_p2p_comm
     otc["batch_p2p_comm"] = a.batch_p2p_comm
     if a.cp > 1:

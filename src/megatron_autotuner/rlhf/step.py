@@ -446,6 +446,16 @@ def best_offload(
     return best
 
 
+def verl_builds(model: ModelSpec, parallel: ParallelConfig) -> bool:
+    """Whether verl's megatron engine builds the layout: a hybrid (Mamba) model's stack, megatron-core 0.16.1's
+    MambaStack (ssm/mamba_block.py `_select_layers_for_pipeline_parallel`), splits its layers over pp evenly or by
+    first / last stage sizes and builds no virtual stages (layout strings and embedding / loss accounting unread)."""
+    if not model.hybrid_layer_pattern:
+        return True
+    layout = parallel.pipeline_layout
+    return parallel.vpp is None and (layout is None or layout.form == "first_last")
+
+
 def search_step(
     spec: StepSpec, user: StepChoice, gpu: GPUSpec, options: CostOptions, top_k: int = 6, progress: Progress = QUIET
 ) -> tuple[StepResult, ...]:
@@ -471,6 +481,8 @@ def search_step(
         if len(results) >= top_k:
             break
         parallel = cand.parallel.replace(tp_comm_overlap=False)  # verl does not enable TE userbuffers
+        if not verl_builds(spec.model, parallel):
+            continue
         key = user.actor_batching.key
         if dynamic:
             actor_b = Batching(max_token_len_per_gpu=cand.workload.max_token_len // parallel.cp, key=key)

@@ -62,14 +62,26 @@ class CatalogFlag:
     choices: tuple[Any, ...] | None = None
 
 
+# Options Megatron-LM has since removed that launches written for megatron-core 0.16.1 still pass and that shape the
+# model, as Megatron-LM core_v0.16.1 (55ac708) declares them (megatron/training/arguments.py _add_experimental_args);
+# Megatron-LM 7418b1b ("Add flexible virtual pipeline parallel (fVPP) to hybrid model") removed them. Read as that
+# version read them (`allocate_hybrid_layers`).
+REMOVED_FLAGS = (
+    {"flags": ["--hybrid-attention-ratio"], "dest": "hybrid_attention_ratio", "default": 0.0, "action": "store",
+     "nargs": None, "group": "experimental", "type": "float"},
+    {"flags": ["--hybrid-mlp-ratio"], "dest": "hybrid_mlp_ratio", "default": 0.0, "action": "store", "nargs": None,
+     "group": "experimental", "type": "float"},
+)  # fmt: skip
+
+
 @lru_cache(maxsize=1)
 def catalog() -> tuple[str, dict[str, CatalogFlag], dict[str, CatalogFlag]]:
-    """(source, {flag name: entry}, {dest: entry}) of `presets/megatron_lm_flags.json`."""
+    """(source, {flag name: entry}, {dest: entry}) of `presets/megatron_lm_flags.json`, with `REMOVED_FLAGS`."""
     text = resources.files("megatron_autotuner.specs.presets").joinpath("megatron_lm_flags.json").read_text()
     data = json.loads(text)
     by_flag: dict[str, CatalogFlag] = {}
     by_dest: dict[str, CatalogFlag] = {}
-    for row in data["flags"]:
+    for row in (*data["flags"], *REMOVED_FLAGS):
         choices = tuple(row["choices"]) if row.get("choices") is not None else None
         entry = CatalogFlag(
             tuple(row["flags"]), row["dest"], row["default"], row["action"], row["nargs"], row["group"],
@@ -120,6 +132,15 @@ FLAG_TABLE: dict[str, str] = {
     "linear_num_key_heads": "model.linear_num_key_heads",
     "linear_num_value_heads": "model.linear_num_value_heads",
     "attention_output_gate": "model.attention_output_gate",
+    "hybrid_layer_pattern": "model.hybrid_layer_pattern (one symbol a layer: M Mamba, G gated DeltaNet, * attention, "
+    "- MLP, E MoE; '|' pipeline stages: parallel.pipeline_layout; '/' MTP: refused)",
+    "hybrid_override_pattern": "model.hybrid_layer_pattern (--hybrid-layer-pattern's deprecated name)",
+    "hybrid_attention_ratio": "model.hybrid_layer_pattern (megatron-core 0.16.1's allocation, without a pattern)",
+    "hybrid_mlp_ratio": "model.hybrid_layer_pattern (megatron-core 0.16.1's allocation, without a pattern)",
+    "mamba_num_heads": "model.mamba_num_heads (default 2 x hidden / head dim)",
+    "mamba_head_dim": "model.mamba_head_dim",
+    "mamba_state_dim": "model.mamba_state_dim",
+    "mamba_num_groups": "model.mamba_num_groups",
     "normalization": "model.normalization",
     "add_bias_linear": "model.add_bias_linear (--disable-bias-linear)",
     "add_qkv_bias": "model.add_qkv_bias",
@@ -232,6 +253,7 @@ NO_EFFECT_GROUPS = frozenset(
 NO_EFFECT_DESTS = frozenset(
     {
         "init_method_std",
+        "is_hybrid_model",  # the output layer's init scale only (TransformerConfig): the pattern says the layers
         "layernorm_epsilon",
         "rotary_base",
         "rotary_percent",
@@ -313,6 +335,7 @@ _NOT_MODELLED_NOTES = {
     "fine_grained_offloading_max_inflight_offloads": "the in-flight offload cap is not modelled (predicted as none)",
     "cpu_offloading_retain_pinned_cpu_buffers": "reusing pinned host buffers is not modelled (copy time only)",
     "optimizer_cpu_offload": "optimizer offloading is not modelled",
+    "use_mamba_mem_eff_path": "Mamba without the fused conv + scan kernel is not modelled (predicted as fused)",
     "use_precision_aware_optimizer": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_sq_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
@@ -712,12 +735,15 @@ LINEAR_ATTENTION_SIZES = (
 )
 
 
-def _linear_attention(launch: Launch, base: ModelSpec | None, num_layers: int, notes: list[str]) -> dict[str, Any]:
+def _linear_attention(
+    launch: Launch, base: ModelSpec | None, num_layers: int, notes: list[str], hybrid_gdn: bool = False
+) -> dict[str, Any]:
     """The gated-DeltaNet fields of `ModelSpec` from `--experimental-attention-variant gated_delta_net`,
     `--linear-attention-freq` and the `--linear-*` sizes (Megatron-LM's defaults for the sizes not given, as
     megatron-core builds the layers), and `--attention-output-gate`; the base model's where the launch gives none
     (its pattern cycled to the launch's depth, as `ModelSpec.with_num_layers`). Megatron-LM builds gated DeltaNet only
-    with --experimental-attention-variant: the other flags alone are ignored there, and here with a note."""
+    with --experimental-attention-variant: the other flags alone are ignored there, and here with a note (not when
+    `hybrid_gdn`: a hybrid pattern's G layers take the sizes, `_hybrid`)."""
     gate = launch.value("attention_output_gate") if launch.gave("attention_output_gate") or base is None else None
     out: dict[str, Any] = {"attention_output_gate": bool(base.attention_output_gate if gate is None else gate)}
     given = [d for d in ("linear_attention_freq", *LINEAR_ATTENTION_SIZES) if launch.gave(d)]
@@ -728,7 +754,7 @@ def _linear_attention(launch: Launch, base: ModelSpec | None, num_layers: int, n
             reason = UNMODELLED_ATTENTION_VARIANTS.get(variant, "not modelled")
             raise ConfigError("experimental_attention_variant", f"{variant}: {reason}")
         if variant is None:
-            if given:
+            if given and not hybrid_gdn:
                 notes.append(
                     f"--{given[0].replace('_', '-')}: ignored without --experimental-attention-variant "
                     "gated_delta_net (as Megatron-LM ignores it)"
@@ -747,6 +773,155 @@ def _linear_attention(launch: Launch, base: ModelSpec | None, num_layers: int, n
     keep = base is not None and base.has_linear_attention
     sizes = {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in LINEAR_ATTENTION_SIZES}
     return {**out, "linear_attention_pattern": pattern, **sizes}
+
+
+# Training scripts that build megatron-core's hybrid model (MambaModel / HybridModel) from the pattern: Megatron-LM's
+# (core_v0.16.1 pretrain_mamba.py; d98e8a6 pretrain_hybrid.py, pretrain_mamba.py its deprecated wrapper) and
+# Pai-Megatron-Patch's Qwen3-Next one (`PAI_QWEN3_NEXT_SCRIPT`)
+PAI_QWEN3_NEXT_SCRIPT = "pretrain_qwen3_next.py"
+HYBRID_SCRIPTS = ("pretrain_mamba.py", "pretrain_hybrid.py", PAI_QWEN3_NEXT_SCRIPT)
+# Pai-Megatron-Patch's Qwen3-Next (alibaba/Pai-Megatron-Patch @ a098ca5: examples/qwen3_next/pretrain_qwen3_next.py
+# builds megatron-core's MambaModel with megatron_patch/model/qwen3_next/layer_specs.py get_qwen3_next_layer_spec):
+# its mamba_layer is Pai's GatedDeltaNetMixer (gated_deltanet.py: in_proj 2 v + 2 qk + 2 value heads, a conv1d over
+# q, k, v without bias, A_log and dt_bias per value head, a gated RMSNorm over one value head: megatron-core's gated
+# DeltaNet), of Qwen3NextTransformerConfig's head_k_dim / head_v_dim 128, num_k_heads 16, num_v_heads 32
+# (transformer_config.py; no flag sets them) and its default d_conv 4; its attention_layer is GatedSoftmaxAttention
+# (gated_attention.py: linear_qkv of 2 x (q + kv), the query's half a sigmoid gate on the output, q / k layernorm);
+# its mlp_layer a MoE block whose shared expert has a gate (SharedExpertMLP params gate=True).
+PAI_QWEN3_NEXT_SYMBOLS = {"M": "G", "-": "E"}
+PAI_QWEN3_NEXT_GDN = {
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+}
+# Megatron-LM d98e8a6's hybrid symbols the tool does not model (models/hybrid/hybrid_layer_allocation.py Symbols)
+UNMODELLED_HYBRID_SYMBOLS = {"D": "DeepSeek sparse attention", "+": "multi-latent attention"}
+MAMBA_SIZES = ("mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups")
+
+
+def hybrid_pattern_text(launch: Launch) -> str | None:
+    """The launch's hybrid layer pattern as written (`|` stage separators kept): --hybrid-layer-pattern or its
+    deprecated name --hybrid-override-pattern, not both (Megatron-LM d98e8a6 validate_args). MTP parts (`/`, or
+    --mtp-hybrid-override-pattern with --mtp-num-layers, which validate_args joins on with `/`) are refused."""
+    given = [d for d in ("hybrid_layer_pattern", "hybrid_override_pattern") if launch.gave(d)]
+    if len(given) > 1:
+        raise ConfigError(
+            "hybrid_override_pattern", "cannot be given with --hybrid-layer-pattern, its new name (Megatron-LM)"
+        )
+    text = _str(launch, given[0]) if given else None
+    if text is None:
+        return None
+    if "/" in text or (launch.value("mtp_hybrid_override_pattern") and _int(launch, "mtp_num_layers")):
+        raise ConfigError(given[0], f"{text[:40]!r}: a hybrid model's MTP layers ('/' parts) are not modelled")
+    symbols = set(text) - {"|"}
+    unmodelled = next((c for c in UNMODELLED_HYBRID_SYMBOLS if c in symbols), None)
+    if unmodelled is not None:
+        raise ConfigError(given[0], f"{unmodelled!r}: {UNMODELLED_HYBRID_SYMBOLS[unmodelled]} layers are not modelled")
+    unknown = sorted(symbols - set("M*-EG"))
+    if unknown:
+        raise ConfigError(given[0], f"{unknown[0]!r} is not a layer symbol (M, G, *, -, E; | between stages)")
+    return text
+
+
+def allocate_hybrid_layers(num_layers: int, attention_ratio: float, mlp_ratio: float) -> str:
+    """megatron-core 0.16.1's layer allocation from ratios (ssm/mamba_hybrid_layer_allocation.py `_allocate_auto`;
+    Megatron-LM d98e8a6 keeps it as `pattern_from_ratios`): round(L x ratio) attention layers spread evenly between
+    Mamba runs, then round(L x mlp ratio) MLP layers spread over the remaining Mamba layers."""
+    if not (0.0 <= attention_ratio <= 1.0 and 0.0 <= mlp_ratio <= 1.0 and attention_ratio + mlp_ratio <= 1.0):
+        raise ConfigError("hybrid_attention_ratio", "the attention and MLP ratios must be in [0, 1], their sum <= 1")
+    layers = ["M"] * num_layers
+    attention = round(num_layers * attention_ratio)
+    mamba = num_layers - attention
+    section = mamba / (attention + 1)
+    x = section
+    for i in range(num_layers):
+        if x < 0.5:
+            layers[i] = "*"
+            x += section
+        else:
+            x -= 1
+    mlp = round(num_layers * mlp_ratio)
+    if mlp > 0:
+        per_mlp = (mamba - mlp) / mlp
+        x = per_mlp
+        for i in range(num_layers):
+            if layers[i] == "M":
+                if x < 0.5:
+                    layers[i] = "-"
+                    x += per_mlp
+                else:
+                    x -= 1
+    return "".join(layers)
+
+
+def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:
+    """A hybrid pattern's layer count, which wins over --num-layers (Megatron-LM d98e8a6 validate_args)."""
+    count = check_num_layers(len(text.replace("|", "")), "hybrid_layer_pattern")
+    if launch.gave("num_layers") and _int(launch, "num_layers") != count:
+        notes.append(f"--num-layers {_int(launch, 'num_layers')}: ignored, the hybrid pattern has {count} layers "
+                     "(as Megatron-LM reads it)")  # fmt: skip
+    return count
+
+
+def _hybrid(
+    launch: Launch, base: ModelSpec | None, num_layers: int, hidden: int, text: str | None, notes: list[str]
+) -> dict[str, Any]:
+    """The hybrid fields of `ModelSpec`: the pattern (`text` without its stage separators; else megatron-core
+    0.16.1's allocation from --hybrid-attention-ratio / --hybrid-mlp-ratio, or a hybrid script's all-Mamba
+    default; else the base model's), and the Mamba sizes (Megatron-LM's defaults; heads 2 x hidden / head dim, as
+    MambaMixer sizes d_inner = 2 x hidden). Empty for a GPT model. Under Pai-Megatron-Patch's Qwen3-Next script the
+    symbols are Pai's (`PAI_QWEN3_NEXT_SYMBOLS`)."""
+    attention, mlp = _float(launch, "hybrid_attention_ratio") or 0.0, _float(launch, "hybrid_mlp_ratio") or 0.0
+    script = (launch.script or "").rsplit("/", 1)[-1]
+    base_pattern = base.hybrid_layer_pattern if base is not None else ""
+    from_base = False
+    if attention or mlp:
+        notes.append("--hybrid-attention-ratio / --hybrid-mlp-ratio: read as megatron-core 0.16.1 reads them "
+                     "(Megatron-LM has removed the flags)")  # fmt: skip
+    if text is not None:
+        pattern = text.replace("|", "")
+        if attention or mlp:  # megatron-core 0.16.1 allocate_layers: the override must have the ratios' counts
+            auto = allocate_hybrid_layers(num_layers, attention, mlp)
+            if any(auto.count(s) != pattern.count(s) for s in "M*-E"):
+                raise ConfigError(
+                    "hybrid_override_pattern",
+                    f"has not the layer counts of --hybrid-attention-ratio {attention:g} / --hybrid-mlp-ratio "
+                    f"{mlp:g} ({auto[:60]!r}; megatron-core 0.16.1 refuses it)",
+                )
+    elif attention or mlp or (script in HYBRID_SCRIPTS and not base_pattern):
+        pattern = allocate_hybrid_layers(num_layers, attention, mlp)
+        shown = pattern if len(pattern) <= 60 else pattern[:60] + "..."
+        notes.append(f"hybrid pattern: {shown} (megatron-core 0.16.1's allocation of {num_layers} layers, "
+                     f"attention ratio {attention:g}, MLP ratio {mlp:g})")  # fmt: skip
+    elif base_pattern:
+        pattern, from_base = base.with_num_layers(num_layers).hybrid_layer_pattern, True
+    else:
+        return {}
+    if script == PAI_QWEN3_NEXT_SCRIPT and not from_base:  # Pai's symbols (a base model's are the tool's already)
+        pattern = "".join(PAI_QWEN3_NEXT_SYMBOLS.get(s, s) for s in pattern)
+        notes.append(
+            f"{script}: Pai-Megatron-Patch's Qwen3-Next, whose M layers are gated DeltaNet (16 key / 32 value heads "
+            "of 128, conv 4: Qwen3NextTransformerConfig's defaults) and - layers MoE with a gated shared expert, "
+            "attention with an output gate: read as G / E"
+        )
+        return {"hybrid_layer_pattern": pattern, "attention_output_gate": True, **PAI_QWEN3_NEXT_GDN}
+    out: dict[str, Any] = {"hybrid_layer_pattern": pattern}
+    if "M" in pattern:
+        keep = "M" in base_pattern
+        sizes = {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in MAMBA_SIZES}
+        if sizes["mamba_num_heads"] is None:  # MambaMixer: d_inner = expand (2) x hidden, heads = d_inner / headdim
+            if (2 * hidden) % sizes["mamba_head_dim"]:
+                raise ConfigError("mamba_head_dim", f"must divide 2 x hidden_size = {2 * hidden} (megatron-core)")
+            sizes["mamba_num_heads"] = 2 * hidden // sizes["mamba_head_dim"]
+        out.update(sizes)
+    if "G" in pattern:  # Megatron-LM d98e8a6's gated-DeltaNet layer: the --linear-* sizes (TransformerConfig)
+        keep = "G" in base_pattern
+        out.update(
+            {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in LINEAR_ATTENTION_SIZES}
+        )
+    return out
 
 
 # `--moe-layer-freq` list expressions: their text, the entries they make (one per layer) and their nesting
@@ -822,7 +997,9 @@ def _tokenizer_vocab(launch: Launch, notes: list[str]) -> int:
 
 def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str]) -> ModelSpec | None:
     given_model = [d for d in launch.given if d in _MODEL_DESTS]
-    if base is None and not all(launch.gave(d) for d in _MODEL_SHAPE_REQUIRED):
+    hybrid_text = hybrid_pattern_text(launch)
+    # a hybrid pattern gives the layer count (Megatron-LM d98e8a6 validate_args)
+    if base is None and not all(launch.gave(d) or (d == "num_layers" and hybrid_text) for d in _MODEL_SHAPE_REQUIRED):
         return None
     if base is not None and not given_model:
         return base
@@ -834,15 +1011,15 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         (`_int` / `_float`: one-line errors for shell variables and bad numbers); else `fallback`, the base's."""
         return read(launch, dest) if launch.gave(dest) or base is None else fallback
 
-    num_layers = pick("num_layers", base and base.num_layers, _int)
+    if hybrid_text is None:
+        num_layers = pick("num_layers", base and base.num_layers, _int)
+    else:
+        num_layers = _hybrid_num_layers(launch, hybrid_text, notes)
     hidden = pick("hidden_size", base and base.hidden_size, _int)
     heads = pick("num_attention_heads", base and base.num_attention_heads, _int)
     for dest, value in (("num_layers", num_layers), ("hidden_size", hidden), ("num_attention_heads", heads)):
         if value < 1:
             raise ConfigError(dest, f"must be a positive integer, got {value}")
-    for dest in ("hybrid_layer_pattern", "hybrid_override_pattern", "is_hybrid_model"):
-        if launch.gave(dest):
-            raise ConfigError(dest, "hybrid (Mamba) models are not modelled: the tool predicts transformer layers only")
     swiglu = bool(pick("swiglu", base.gated_linear_unit and base.activation == "silu" if base else False))
     geglu = bool(launch.value("quick_geglu"))
     squared_relu = bool(pick("squared_relu", base.activation == "squared_relu" if base else False))
@@ -906,8 +1083,16 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         "num_moe_experts": experts,
         "mtp_num_layers": pick("mtp_num_layers", base and base.mtp_num_layers, _int) or 0,
         **_window(launch, base, num_layers),
-        **_linear_attention(launch, base, num_layers, notes),
+        **_linear_attention(launch, base, num_layers, notes, hybrid_gdn="G" in (hybrid_text or "")),
     }
+    hybrid = _hybrid(launch, base, num_layers, hidden, hybrid_text, notes)
+    if hybrid and not launch.gave("experimental_attention_variant"):
+        values["linear_attention_pattern"] = ()  # a base GPT model's: the pattern's G layers replace it
+    if hybrid and values["mtp_num_layers"]:
+        # megatron-core's hybrid model builds MTP layers only from a pattern's '/' parts (refused above)
+        notes.append("--mtp-num-layers: ignored, a hybrid model without '/' MTP parts builds none (as Megatron-LM)")
+        values["mtp_num_layers"] = 0
+    values.update(hybrid)
     defaulted = [f"--{d.replace('_', '-')}" for d in ("hidden_dropout", "attention_dropout") if not launch.gave(d)]
     if base is None and defaulted and (values["hidden_dropout"] or values["attention_dropout"]):
         # Megatron-LM's own defaults (arguments.py: --hidden-dropout / --attention-dropout 0.1); their masks and
@@ -944,6 +1129,12 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
             moe_shared_expert_gate=bool(pick("moe_shared_expert_gate", base.moe_shared_expert_gate if base else None)),
             moe_layer_pattern=() if all(pattern) else pattern,
         )
+        if hybrid:  # the pattern's E layers are the MoE layers (megatron-core's hybrid stack reads no moe_layer_freq)
+            if launch.gave("moe_layer_freq"):
+                notes.append("--moe-layer-freq: ignored, the hybrid pattern's E layers are the MoE layers")
+            values["moe_layer_pattern"] = ()
+            if launch.script and launch.script.rsplit("/", 1)[-1] == PAI_QWEN3_NEXT_SCRIPT and shared:
+                values["moe_shared_expert_gate"] = True
     mla = bool(pick("multi_latent_attention", base.multi_latent_attention if base else None))
     if mla:
         values.update(
@@ -967,7 +1158,11 @@ def _pipeline_layout(
 ) -> tuple[PipelineLayout | None, int | None]:
     """(uneven layout or None, vpp) from Megatron-LM's pipeline flags, with its `validate_args` rules. Layers that
     do not divide over the stages, with no flag that splits them, are read as Megatron-DeepSpeed splits them (the
-    embedding and the loss each a stage slot) when that divides, with a note."""
+    embedding and the loss each a stage slot) when that divides, with a note. A hybrid pattern's `|` separators
+    say the stages (`_hybrid_pipeline_layout`)."""
+    hybrid_text = hybrid_pattern_text(launch)
+    if hybrid_text is not None:
+        return _hybrid_pipeline_layout(launch, hybrid_text, pp)
     layout_str = _str(launch, "pipeline_model_parallel_layout")
     per_vstage = _int(launch, "num_layers_per_virtual_pipeline_stage")
     vstages = _int(launch, "num_virtual_stages_per_pipeline_rank")
@@ -1028,6 +1223,50 @@ def _pipeline_layout(
     return None, vpp
 
 
+# the pipeline flags Megatron-LM d98e8a6 refuses beside --hybrid-layer-pattern (validate_args: "Pipeline stage layout
+# is defined by | separators in the pattern"); first / last stage sizes only without separators
+HYBRID_REFUSED_PIPELINE_DESTS = (
+    "num_layers_per_virtual_pipeline_stage",
+    "num_virtual_stages_per_pipeline_rank",
+    "pipeline_model_parallel_layout",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+
+
+def _hybrid_pipeline_layout(launch: Launch, text: str, pp: int) -> tuple[PipelineLayout | None, int | None]:
+    """(uneven layout or None, vpp) of a hybrid pattern, as Megatron-LM d98e8a6 splits it
+    (models/hybrid/hybrid_layer_allocation.py select_pipeline_segment): `|`-separated segments are the virtual
+    stages in Megatron's order (segment vp x pp + rank), vpp = segments / pp; without separators the layers split
+    evenly over pp, or by --decoder-first/last-pipeline-num-layers."""
+    for dest in HYBRID_REFUSED_PIPELINE_DESTS:
+        if launch.value(dest):
+            flag = flag_for(dest).flags[0]
+            raise ConfigError(dest, f"{flag} is refused beside a hybrid pattern: its '|' separators say the stages "
+                                    "(Megatron-LM validate_args)")  # fmt: skip
+    first = _int(launch, "decoder_first_pipeline_num_layers")
+    last = _int(launch, "decoder_last_pipeline_num_layers")
+    segments = text.split("|")
+    num_layers = sum(len(s) for s in segments)
+    if len(segments) == 1:
+        if first is not None or last is not None:
+            return PipelineLayout.first_last(num_layers, pp, None, first, last, 0), None
+        return None, None
+    if first is not None or last is not None:
+        raise ConfigError(
+            "decoder_first_pipeline_num_layers", "is refused beside a hybrid pattern with '|' separators (Megatron-LM)"
+        )
+    if len(segments) % pp:
+        raise ConfigError(
+            "hybrid_layer_pattern", f"has {len(segments)} '|'-separated stages, not a multiple of pp={pp} (Megatron-LM)"
+        )
+    counts = [len(s) for s in segments]
+    vpp = len(segments) // pp if len(segments) > pp else None
+    if len(set(counts)) == 1:
+        return None, vpp
+    return PipelineLayout.from_counts(counts, pp), vpp
+
+
 # what a launch without --seq-length is read with (Megatron-LM has no default: its launches always say)
 DEFAULT_SEQ_LENGTH = 4096
 
@@ -1050,6 +1289,19 @@ NOT_DECODER_SCRIPTS = {
 }
 
 
+# megatron-core's hybrid layer specs (--spec MODULE NAME): Megatron-LM d98e8a6's, and megatron-core 0.16.1's that it
+# re-exports (models/mamba/mamba_layer_specs.py)
+HYBRID_STACK_SPEC = ("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec")
+HYBRID_STACK_SPECS = (HYBRID_STACK_SPEC, ("megatron.core.models.mamba.mamba_layer_specs", "mamba_stack_spec"))
+
+
+def _is_hybrid_stack_spec(value: Any) -> bool:
+    """Whether a --spec value names megatron-core's own hybrid stack spec (a YAML launch may give the words as one
+    bracketed string)."""
+    words = " ".join(value if isinstance(value, list) else [str(value)]).strip("[] ").split()
+    return tuple(words) in HYBRID_STACK_SPECS
+
+
 def launch_to_specs(
     launch: Launch,
     base_model: ModelSpec | None = None,
@@ -1066,6 +1318,8 @@ def launch_to_specs(
         entry = by_dest[dest]
         if dest in FLAG_TABLE or dest in NO_EFFECT_DESTS or entry.group in NO_EFFECT_GROUPS:
             continue
+        if dest == "spec" and _is_hybrid_stack_spec(launch.value("spec")):
+            continue  # the hybrid pattern says what the stack builds
         flag = next((f for f in entry.flags if f.startswith("--")), entry.flags[0])
         reason = _NOT_MODELLED_NOTES.get(dest)
         not_modelled.append(f"{flag}: {reason}" if reason else flag)
@@ -1431,7 +1685,9 @@ def specs_to_megatron_args(
         args["cp_comm_type"] = [p.cp_comm_type]
     if p.tp_comm_overlap and tp_comm_overlap_cfg:
         args["tp_comm_overlap_cfg"] = tp_comm_overlap_cfg
-    if p.pipeline_layout is not None:
+    if model.hybrid_layer_pattern:
+        args.update(_hybrid_args(model, p))
+    elif p.pipeline_layout is not None:
         args.update(p.pipeline_layout.megatron_args())
     elif p.vpp:
         args["num_virtual_stages_per_pipeline_rank"] = p.vpp
@@ -1504,7 +1760,7 @@ def _linear_attention_args(model: ModelSpec) -> dict[str, Any]:
     expression."""
     args: dict[str, Any] = {"attention_output_gate": model.attention_output_gate}
     pattern = model.linear_attention_pattern
-    if not model.has_linear_attention:
+    if not any(pattern):  # none, or a hybrid pattern's G layers (`_hybrid_args`)
         return args
     period = pattern.index(0) + 1 if 0 in pattern else 0
     periodic = period > 1 and linear_attention_pattern(period, model.num_layers) == pattern
@@ -1512,6 +1768,33 @@ def _linear_attention_args(model: ModelSpec) -> dict[str, Any]:
     args["experimental_attention_variant"] = "gated_delta_net"
     args["linear_attention_freq"] = period if periodic else _pattern_expression(pattern)
     args.update({d: getattr(model, d) for d in LINEAR_ATTENTION_SIZES})
+    return args
+
+
+def _hybrid_args(model: ModelSpec, parallel: ParallelConfig) -> dict[str, Any]:
+    """Megatron-LM d98e8a6's flags of a hybrid model (`_hybrid` and `_hybrid_pipeline_layout` read them back):
+    --hybrid-layer-pattern, with `|` between the virtual stages when the pipeline is interleaved or uneven (the
+    only way Megatron-LM takes either beside a pattern; first / last stage sizes without interleaving stay
+    flags), the Mamba sizes, and --spec naming megatron-core's hybrid stack spec, which pretrain_hybrid.py needs
+    (hybrid_builders.py raises without one). Run with pretrain_hybrid.py."""
+    from .parallel import pipeline_layout_of
+
+    pattern, layout = model.hybrid_layer_pattern, parallel.pipeline_layout
+    args: dict[str, Any] = {}
+    if layout is not None and layout.form == "first_last" and layout.vpp == 1:
+        args.update(layout.megatron_args())
+    elif parallel.vpp or (layout is not None and len(set(layout.decoder_counts)) > 1):
+        stages, start = [], 0
+        for count in pipeline_layout_of(model, parallel).decoder_counts:
+            stages.append(pattern[start : start + count])
+            start += count
+        pattern = "|".join(stages)
+    args["hybrid_layer_pattern"] = pattern
+    if "M" in pattern:
+        args.update({d: getattr(model, d) for d in MAMBA_SIZES})
+    if "G" in pattern:
+        args.update({d: getattr(model, d) for d in LINEAR_ATTENTION_SIZES})
+    args["spec"] = list(HYBRID_STACK_SPEC)
     return args
 
 
@@ -1533,6 +1816,7 @@ def _pattern_expression(pattern: tuple[int, ...]) -> str:
 ALWAYS_RENDERED = frozenset(
     {"tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size", "fp8_recipe"}
     | set(LINEAR_ATTENTION_SIZES)  # written only for a gated-DeltaNet model: its shape, not Megatron-LM's defaults
+    | set(MAMBA_SIZES)  # the same for a Mamba model
 )
 
 
