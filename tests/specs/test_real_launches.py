@@ -118,6 +118,15 @@ def test_pai_s_qwen3_next_launch_reads_as_qwen3_next(megatron_tree):
     assert any("Pai-Megatron-Patch's Qwen3-Next" in n for n in imported.notes)
 
 
+def test_a_layer_spec_from_outside_megatron_core_says_what_it_is_predicted_as(megatron_tree):
+    """slime's Qwen3-Next launch builds its gated-DeltaNet layers from a plugin spec the flags do not describe: the
+    launch is predicted as the GPT layers its flags give, and says so, with the way to the real model."""
+    imported = launch_to_specs(read_launch_file(str(megatron_tree["THUDM__slime__scripts__models__qwen3-next-80B-"
+                                                                  "A3B.sh"])))  # fmt: skip
+    (spec_note,) = [n for n in imported.not_modelled if n.startswith("--spec")]
+    assert "predicted as the flags describe them" in spec_note and "--model" in spec_note
+
+
 def test_megatron_lm_s_hybrid_launches_read_their_pattern(megatron_tree):
     """examples/mamba/train.sh (800M: no --num-layers, the pattern's 48 layers) and the hybrid functional test, whose
     four `|`-separated stages over pp 2 are an interleaved pipeline of 2 virtual stages (Megatron-LM d98e8a6)."""

@@ -337,6 +337,9 @@ _NOT_MODELLED_NOTES = {
     "optimizer_cpu_offload": "optimizer offloading is not modelled",
     "use_mamba_mem_eff_path": "Mamba without the fused conv + scan kernel is not modelled (predicted as fused)",
     "use_precision_aware_optimizer": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
+    # a layer spec from outside megatron-core (slime's Qwen3-Next plugin builds gated-DeltaNet layers) is not read
+    "spec": "a layer spec the tool does not read: its layers are predicted as the flags describe them (GPT layers); "
+    "give --model for the real architecture",
     "exp_avg_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "exp_avg_sq_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
     "main_grads_dtype": "precision-aware optimizer state dtypes are not modelled (fp32 Adam assumed)",
