@@ -60,6 +60,7 @@ def test_the_pattern_gives_the_layers_and_megatron_lm_s_mamba_defaults():
         ("--hybrid-layer-pattern 'M-M+M-'", "'\\+': multi-latent attention layers are not modelled"),
         ("--hybrid-layer-pattern 'M-MDM-'", "'D': DeepSeek sparse attention layers are not modelled"),
         ("--hybrid-layer-pattern 'M-MXM-'", "'X' is not a layer symbol"),
+        ("--hybrid-layer-pattern '|'", "is empty: give one symbol per layer"),
         (f"--hybrid-layer-pattern '{PATTERN}' --num-virtual-stages-per-pipeline-rank 2 "
          "--pipeline-model-parallel-size 2", "refused beside a hybrid pattern"),
         ("--hybrid-layer-pattern 'M-M*|-M-M|*-M-' --pipeline-model-parallel-size 2", "3 '|'-separated stages"),

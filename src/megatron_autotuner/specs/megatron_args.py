@@ -861,6 +861,8 @@ def allocate_hybrid_layers(num_layers: int, attention_ratio: float, mlp_ratio: f
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:
     """A hybrid pattern's layer count, which wins over --num-layers (Megatron-LM d98e8a6 validate_args)."""
+    if not text.replace("|", ""):
+        raise ConfigError("hybrid_layer_pattern", "is empty: give one symbol per layer (M, G, *, -, E)")
     count = check_num_layers(len(text.replace("|", "")), "hybrid_layer_pattern")
     if launch.gave("num_layers") and _int(launch, "num_layers") != count:
         notes.append(f"--num-layers {_int(launch, 'num_layers')}: ignored, the hybrid pattern has {count} layers "
