@@ -738,6 +738,21 @@ def rank_wait(root: Path) -> str:
     return out.rstrip("\n") + "\n"
 
 
+def real_launches(root: Path) -> str:
+    """The public launches read as they are (real_launches.json): predicted per group, and each refusal."""
+    doc = load(root, "real_launches.json")
+    out = source("real_launches.json") + f"{doc['gpu']}, {doc['date']}:\n\n"
+    groups = doc["groups"]
+    rows = [
+        [name, str(g["count"]), f"{g['predicted']} ({g['predicted'] / g['count']:.0%})"] for name, g in groups.items()
+    ]
+    out += table(["launches", "count", "predicted as-is"], rows) + "\n"
+    refused = [
+        [name, f"`{r['name']}`", r["reason"]] for name, g in groups.items() for r in g["rows"] if not r["predicted"]
+    ]
+    return out + table(["group", "launch", "why it is not predicted"], refused)
+
+
 def memory_blind(root: Path) -> str:
     """The blind 4-GPU memory set on 4x H100 (memory_blind_h100_x4/report.json)."""
     rel = "memory_blind_h100_x4"
@@ -1183,6 +1198,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,
+    "real_launches": real_launches,
     "memory_blind": memory_blind,
     "nccl_sweep": nccl_sweep,
     "nccl_memory_x4": nccl_memory_x4,
