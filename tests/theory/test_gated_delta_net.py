@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from megatron_autotuner.costmodel.layer import LayerContext, layer_cost
 from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.specs.hardware import ClusterSpec, get_gpu_spec
 from megatron_autotuner.specs.model import ModelSpec
 from megatron_autotuner.specs.parallel import ParallelConfig, RecomputeConfig, Workload, validate_layout
 from megatron_autotuner.theory import gated_delta_net as gdn
@@ -103,3 +105,11 @@ def test_the_pattern_is_checked_like_megatron_core(model):
     with pytest.raises(ConfigError, match="one entry per layer"):
         model.replace(linear_attention_pattern=(1, 0))
     assert model.with_num_layers(4).linear_attention_pattern == (1, 1, 1, 0)
+
+
+def test_core_attn_recompute_time_leaves_the_gdn_scan_alone(model):
+    """The cost model recomputes what the FLOPs count as recomputed: softmax attention's core, not a scan."""
+    ctx = LayerContext(cluster=ClusterSpec(get_gpu_spec("H100-SXM"), 1), tokens=4096.0, seq_length=4096,
+                       recompute_modules=("core_attn",))  # fmt: skip
+    assert "attention" not in layer_cost(model, 0, ctx).recompute.parts
+    assert layer_cost(model, 3, ctx).recompute.parts["attention"] > 0

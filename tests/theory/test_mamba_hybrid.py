@@ -12,6 +12,7 @@ from megatron_autotuner.specs.hardware import ClusterSpec, get_gpu_spec
 from megatron_autotuner.specs.model import ModelSpec
 from megatron_autotuner.specs.parallel import ParallelConfig, Workload, validate_layout
 from megatron_autotuner.theory import mamba
+from megatron_autotuner.theory.comm import stage_comm_volumes
 from megatron_autotuner.theory.flops import layer_forward_flops_per_token
 from megatron_autotuner.theory.memory import mlp_activation_bytes, token_mixer_activation_bytes
 from megatron_autotuner.theory.params import total_parameters
@@ -143,3 +144,17 @@ def test_a_g_layer_is_gated_deltanet_and_one_qwen3_next_layer_is_two_hybrid_laye
     gpt_flops = sum(sum(layer_forward_flops_per_token(gpt, i, 4096).values()) for i in range(8))
     hybrid_flops = sum(sum(layer_forward_flops_per_token(hybrid, i, 4096).values()) for i in range(16))
     assert hybrid_flops == pytest.approx(gpt_flops)
+
+
+def test_only_attention_layers_gather_their_qkv_when_tp_exceeds_the_kv_heads(nano):
+    """Nemotron-3-Nano's 2 K/V groups at TP 8: its 6 attention layers all-gather their qkv output; its Mamba and MoE
+    layers have none to gather."""
+    assert [i for i in range(nano.num_layers) if nano.gathers_qkv_over_tp(i, 8)] == [
+        i for i, symbol in enumerate(NANO_PATTERN) if symbol == "*"
+    ]
+    workload = Workload(seq_length=4096, micro_batch_size=1, global_batch_size=8)
+    parallel = ParallelConfig(num_gpus=8, tp=8, etp=1, ep=8, sequence_parallel=True)
+    qkv_all = 2 * 4096 * nano.qkv_projection_size
+    (gather,) = [v for v in stage_comm_volumes(nano, parallel, workload, 0)
+                 if v.collective == "all_gather" and v.message_bytes == qkv_all]  # fmt: skip
+    assert gather.calls == 6 * 8  # 6 attention layers x 8 micro-batches

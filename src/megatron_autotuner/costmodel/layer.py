@@ -526,12 +526,6 @@ def _kind_cost(model: ModelSpec, kind: tuple[bool, ...], ctx: LayerContext) -> L
     return _layer_cost(model, next(i for i in range(model.num_layers) if model.layer_kind(i) == kind), ctx)
 
 
-def _gathers_qkv(model: ModelSpec, layer_index: int, tp: int) -> bool:
-    """Whether layer `layer_index`'s attention gathers its qkv output over TP (more TP ranks than K / V heads)."""
-    mixer_is_attention = not (model.multi_latent_attention or model.is_linear_attention_layer(layer_index))
-    return mixer_is_attention and tp > model.num_query_groups
-
-
 def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerCost:
     gpu, cluster, tp = ctx.cluster.gpu, ctx.cluster, ctx.tp
     is_moe = model.is_moe_layer(layer_index)
@@ -626,7 +620,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                     tp_bwd += max(0.0, ar - w_mlp) if "fc1" in gemm else ar
                 hidden = min(ar, w_attn) * mixed + (min(ar, w_mlp) if "fc1" in gemm else 0.0)
                 tp_bwd += hidden_collective_cost_s("all_reduce", tp, cluster, 1, hidden)
-    if _gathers_qkv(model, layer_index, tp):
+    if model.gathers_qkv_over_tp(layer_index, tp):
         # fewer K / V heads than TP ranks: megatron-core all-gathers the qkv output over TP before splitting it
         # (SelfAttention.get_query_key_value_tensors, all_gather_last_dim_from_tensor_parallel_region); its backward
         # is a reduce-scatter. Exposed: nothing runs beside them.
@@ -722,8 +716,8 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
             rec = dict(fwd)
         else:
             mods = set(ctx.recompute_modules)
-            if "core_attn" in mods:
-                _add(rec, "attention", attn_fwd)
+            if "core_attn" in mods and model.token_mixer(layer_index) == "attention":
+                _add(rec, "attention", attn_fwd)  # as `flops.recomputed_forward_flops_per_token`: not a scan
             if "mlp" in mods and not is_moe and "fc1" in gemm:
                 _add(rec, "gemm", gemm["fc1"]["fwd"] + gemm["fc2"]["fwd"])
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))

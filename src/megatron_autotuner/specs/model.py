@@ -366,6 +366,22 @@ class ModelSpec:
             return self.num_attention_heads * self.v_head_dim
         return self.num_attention_heads * self.kv_channels
 
+    def token_mixer_widths(self, layer_index: int) -> tuple[int, int] | None:
+        """(output, input) widths of layer `layer_index`'s token-mixer projections, the column-parallel one into the
+        mixer and the row-parallel one out of it: attention's linear_qkv / linear_proj, gated DeltaNet's and Mamba-2's
+        in_proj / out_proj; None for a hybrid model's MLP / MoE layer (MLA's projections are its own)."""
+        return {
+            "attention": (self.qkv_projection_size, self.attention_output_size),
+            "gdn": (self.gdn_in_proj_size, self.linear_v_dim),
+            "mamba": (self.mamba_in_proj_size, self.mamba_inner_size),
+        }.get(self.token_mixer(layer_index))
+
+    def gathers_qkv_over_tp(self, layer_index: int, tp: int) -> bool:
+        """Whether layer `layer_index`'s softmax attention all-gathers its qkv output over TP: more TP ranks than K / V
+        heads (megatron-core SelfAttention.get_query_key_value_tensors; MLA has no query groups)."""
+        mixer_is_attention = self.token_mixer(layer_index) == "attention" and not self.multi_latent_attention
+        return mixer_is_attention and tp > self.num_query_groups
+
     def query_groups_per_rank(self, tp: int) -> int:
         """K / V heads one TP rank holds: groups / tp, or 1 when tp exceeds the groups (megatron-core SelfAttention:
         each rank all-gathers the qkv output of its group's ranks and keeps its query heads with that group's k, v)."""

@@ -102,10 +102,10 @@ def stage_comm_volumes(
         else:
             ar = 2 * n + 2 * recomputed + (2 * n if training else 0)
             out.append(CommVolume("tp", "all_reduce", tp, hidden_msg, m * ar))
-        if tp > model.num_query_groups and not model.multi_latent_attention:
+        gathered = [i for i in layers if model.gathers_qkv_over_tp(i, tp)]
+        if gathered:
             # fewer K / V heads than TP ranks: each attention layer all-gathers its qkv output (backward: a
             # reduce-scatter; megatron-core SelfAttention.get_query_key_value_tensors)
-            gathered = [i for i in layers if not model.is_linear_attention_layer(i)]
             qkv_all = e * tokens * model.qkv_projection_size
             calls = len(gathered) + sum(1 for i in gathered if full_mask[i]) * training
             out.append(CommVolume("tp", "all_gather", tp, qkv_all, m * calls, "fwd"))
