@@ -158,3 +158,29 @@ def test_only_attention_layers_gather_their_qkv_when_tp_exceeds_the_kv_heads(nan
     (gather,) = [v for v in stage_comm_volumes(nano, parallel, workload, 0)
                  if v.collective == "all_gather" and v.message_bytes == qkv_all]  # fmt: skip
     assert gather.calls == 6 * 8  # 6 attention layers x 8 micro-batches
+
+
+def test_comm_volumes_count_one_block_per_hybrid_layer(nano):
+    """Each of Nemotron-3-Nano's 52 layers is one residual block: at TP 2 with SP a training micro-batch gathers
+    its hidden states once forward and twice backward per block, and scatters them once each way; the Mamba layers'
+    all-to-alls under CP move their in_proj and out_proj widths, the attention layers their K/V, the MoE layers
+    nothing of CP's."""
+    workload = Workload(seq_length=4096, micro_batch_size=1, global_batch_size=2)  # one micro-batch per dp rank
+    parallel = ParallelConfig(num_gpus=8, tp=2, cp=2, etp=1, ep=2, sequence_parallel=True)
+    hidden = 2 * 4096 // 2 * nano.hidden_size  # bf16 [s/cp, b, h]
+    volumes = stage_comm_volumes(nano, parallel, workload, 0)
+    by: dict[tuple, int] = {}
+    for v in volumes:
+        key = (v.dimension, v.collective, v.message_bytes)
+        by[key] = by.get(key, 0) + v.calls
+    assert by[("tp", "all_gather", hidden)] == 3 * 52 + 1  # + the output layer's gather
+    assert by[("tp", "reduce_scatter", hidden)] == 2 * 52 + 1 + 1  # + the output layer's and the embedding's
+    mamba_layers = NANO_PATTERN.count("M")
+    row = 2 * 4096 // 2 / 2  # bf16, tokens / cp, over tp
+    in_width, out_width = nano.token_mixer_widths(0)
+    assert (
+        by[("cp", "all_to_all", row * in_width * 2)]
+        == by[("cp", "all_to_all", row * out_width * 2)]
+        == 2 * mamba_layers
+    )
+    assert by[("cp", "send_recv", 2 * 2048 * 2 * 1 * nano.kv_channels)] == (1 + 2) * NANO_PATTERN.count("*")

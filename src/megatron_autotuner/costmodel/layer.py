@@ -60,9 +60,8 @@ from functools import lru_cache
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
-from ..theory import gated_delta_net as gdn
-from ..theory import mamba
 from ..theory.flops import attention_flops_per_token
+from ..theory.scan_mixers import SCAN_MIXERS
 from . import defaults as d
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
 from .collectives import collective_time_s, hidden_collective_cost_s, userbuffers_time_s
@@ -157,14 +156,8 @@ def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[s
     a = model.num_attention_heads
     gate = 2 if model.gated_linear_unit else 1
     shapes: dict[str, tuple[float, float, float, int]] = {}
-    # (in, out) widths of the token mixer's column-parallel input and row-parallel output projections: gated
-    # DeltaNet's / Mamba-2's in_proj and out_proj take the attention projections' roles; a hybrid MLP / MoE layer has
-    # neither
-    widths = {
-        "attention": (model.qkv_projection_size, model.attention_output_size),
-        "gdn": (model.gdn_in_proj_size, model.linear_v_dim),
-        "mamba": (model.mamba_in_proj_size, model.mamba_inner_size),
-    }.get(model.token_mixer(layer_index))
+    # gated DeltaNet's / Mamba-2's in_proj and out_proj take the attention projections' roles ("qkv", "proj")
+    widths = model.token_mixer_widths(layer_index)
     if model.multi_latent_attention:
         q_head = model.qk_head_dim + model.qk_pos_emb_head_dim
         if model.q_lora_rank is None:
@@ -280,19 +273,14 @@ def _scan_times(scan, model: ModelSpec, ctx: LayerContext) -> tuple[float, float
 
 def _token_mixer_times(model: ModelSpec, layer_index: int, ctx: LayerContext) -> tuple[float, float, float]:
     mixer = model.token_mixer(layer_index)
-    if mixer in ("gdn", "mamba"):
-        return _scan_times(gdn if mixer == "gdn" else mamba, model, ctx)
+    if mixer in SCAN_MIXERS:
+        return _scan_times(SCAN_MIXERS[mixer], model, ctx)
     if mixer == "attention":
         return _attention_times(model, ctx, model.is_window_layer(layer_index))
     return 0.0, 0.0, 0.0
 
 
 MemoryBoundWork = tuple[float, float, float, float | None]
-
-
-def _blocks(model: ModelSpec, layer_index: int) -> int:
-    """Residual blocks of layer `layer_index`: a token mixer and an MLP, or one of them in a hybrid model."""
-    return (model.token_mixer(layer_index) is not None) + model.has_mlp(layer_index)
 
 
 def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[str, MemoryBoundWork]:
@@ -306,7 +294,7 @@ def _memory_bound_bytes(model: ModelSpec, layer_index: int, ctx: LayerContext) -
     out: dict[str, MemoryBoundWork] = {}
     mixer = model.token_mixer(layer_index)
     # one input norm and one residual add per block: token mixer and MLP (a hybrid model's layer has one of them)
-    blocks = _blocks(model, layer_index)
+    blocks = model.residual_blocks(layer_index)
     out["norm"] = (blocks * 2 * e * h * tt, blocks * 3 * e * h * tt, blocks, None)
     mask = h * tt if model.hidden_dropout > 0 else 0.0
     out["residual"] = (blocks * (3 * e * h * tt + mask), blocks * (3 * e * h * tt + mask), blocks, None)
@@ -634,7 +622,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     # ---- context parallel communication ----
     cp = ctx.cp
     mixer = model.token_mixer(layer_index)
-    if cp > 1 and mixer in ("gdn", "mamba"):
+    if cp > 1 and mixer in SCAN_MIXERS:
         # a scan mixer under CP: the in_proj output goes from sequence to head shards and the output projection's
         # input back, one all-to-all each way per pass (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py
         # a2a_cp_to_hp / a2a_hp_to_cp; megatron-core ssm/mamba_context_parallel.py cp2hp / hp2cp)
@@ -703,7 +691,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
         host_fwd, host_bwd = dense_host_s(ctx)
         # the floor was measured on GPT layers of two blocks (attention and MLP); a hybrid model's layer of one block
         # is charged half of it (an assumption: no hybrid layer's host has been measured)
-        share = _blocks(model, layer_index) / 2
+        share = model.residual_blocks(layer_index) / 2
         host_fwd, host_bwd = share * host_fwd, share * host_bwd
         if not ctx.training:
             host_bwd = 0.0

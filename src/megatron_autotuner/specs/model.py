@@ -366,6 +366,11 @@ class ModelSpec:
             return self.num_attention_heads * self.v_head_dim
         return self.num_attention_heads * self.kv_channels
 
+    def residual_blocks(self, layer_index: int) -> int:
+        """Residual blocks of layer `layer_index`, each with its input norm: a token mixer and an MLP, or one of
+        them in a hybrid model's layer."""
+        return (self.token_mixer(layer_index) is not None) + self.has_mlp(layer_index)
+
     def token_mixer_widths(self, layer_index: int) -> tuple[int, int] | None:
         """(output, input) widths of layer `layer_index`'s token-mixer projections, the column-parallel one into the
         mixer and the row-parallel one out of it: attention's linear_qkv / linear_proj, gated DeltaNet's and Mamba-2's

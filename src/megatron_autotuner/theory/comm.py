@@ -31,6 +31,7 @@ from ..specs.parallel import ParallelConfig, Workload, num_microbatches
 from .flops import full_recompute_layer_mask
 from .memory import local_tokens, param_gather_bytes
 from .params import ParameterCounts, stage_layer_range, stage_parameters
+from .scan_mixers import SCAN_MIXERS
 
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 
@@ -90,17 +91,19 @@ def stage_comm_volumes(
     hidden_msg = e * tokens * h  # the full (gathered) [s/cp, b, h] tensor
 
     if tp > 1:
-        # Per layer forward: gather before qkv and fc1 (or the MoE block), scatter/reduce after proj
-        # and fc2; full recompute repeats the forward ones. Backward mirrors each forward collective
-        # and, with SP, re-gathers the two norm outputs for the weight gradients.
-        n = len(layers)
+        # Per residual block (a layer's token mixer and MLP; one of them in a hybrid model's layer) forward: gather
+        # before its first linear (qkv / in_proj, fc1 or the MoE block), scatter/reduce after its last; full recompute
+        # repeats the forward ones. Backward mirrors each forward collective and, with SP, re-gathers the norm output
+        # for the weight gradients.
+        n = sum(model.residual_blocks(i) for i in layers)
+        n_rec = sum(model.residual_blocks(i) for i in layers if full_mask[i]) if training else 0
         if parallel.sequence_parallel:
-            ag = 2 * n + 2 * recomputed + (4 * n if training else 0)
-            rs = 2 * n + 2 * recomputed + (2 * n if training else 0)
+            ag = n + n_rec + (2 * n if training else 0)
+            rs = n + n_rec + (n if training else 0)
             out.append(CommVolume("tp", "all_gather", tp, hidden_msg, m * ag))
             out.append(CommVolume("tp", "reduce_scatter", tp, hidden_msg, m * rs))
         else:
-            ar = 2 * n + 2 * recomputed + (2 * n if training else 0)
+            ar = n + n_rec + (n if training else 0)
             out.append(CommVolume("tp", "all_reduce", tp, hidden_msg, m * ar))
         gathered = [i for i in layers if model.gathers_qkv_over_tp(i, tp)]
         if gathered:
@@ -130,14 +133,9 @@ def stage_comm_volumes(
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
         out.append(CommVolume("ep", "all_to_all", ep, e * routed * h, m * calls))
 
-    linear = [i for i in layers if model.is_linear_attention_layer(i)]
-    if cp > 1 and linear:
-        # gated DeltaNet: in_proj output to head shards and the gated norm's output back, per pass
-        # (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py a2a_cp_to_hp / a2a_hp_to_cp)
-        passes = len(linear) * (2 if training else 1) + (sum(1 for i in linear if full_mask[i]) if training else 0)
-        for width in (model.gdn_in_proj_size, model.linear_v_dim):
-            out.append(CommVolume("cp", "all_to_all", cp, e * tokens * width / tp * cp, m * passes))
-        layers = [i for i in layers if i not in set(linear)]
+    if cp > 1:
+        out.extend(_scan_mixer_cp_volumes(model, layers, full_mask, training, e * tokens / tp, cp, m))
+        layers = [i for i in layers if model.token_mixer(i) == "attention"]
         recomputed = sum(1 for i in layers if full_mask[i]) if training else 0
     if cp > 1 and layers:
         kv_local = e * tokens * 2 * model.query_groups_per_rank(tp) * model.kv_channels
@@ -174,6 +172,22 @@ def stage_comm_volumes(
             word_embedding = (padded_vocab_size or model.vocab_size) * h // tp
             out.append(CommVolume("embedding", "all_reduce", 2, parallel.main_grad_bytes * word_embedding, 1, "step"))
     return [c for c in out if c.calls > 0 and c.group_size > 1]
+
+
+def _scan_mixer_cp_volumes(
+    model: ModelSpec, layers: list[int], full_mask: list[bool], training: bool, row_bytes: float, cp: int, m: int
+) -> list[CommVolume]:
+    """The all-to-alls of gated-DeltaNet and Mamba-2 layers under CP, per pass: the in_proj output from sequence to
+    head shards and the output projection's input back (Megatron-LM d98e8a6 ssm/gated_delta_net/common.py
+    a2a_cp_to_hp / a2a_hp_to_cp; megatron-core ssm/mamba_context_parallel.py). `row_bytes`: bytes of one element
+    per local token on one TP rank."""
+    passes: dict[tuple[int, int], int] = {}
+    for i in layers:
+        if model.token_mixer(i) in SCAN_MIXERS:
+            widths = model.token_mixer_widths(i)
+            passes[widths] = passes.get(widths, 0) + (2 if training else 1) + (training and full_mask[i])
+    return [CommVolume("cp", "all_to_all", cp, row_bytes * width * cp, m * n)
+            for widths, n in passes.items() for width in widths]  # fmt: skip
 
 
 def dp_step_volumes(counts: ParameterCounts, parallel: ParallelConfig, workload: Workload) -> list[CommVolume]:

@@ -34,8 +34,7 @@ from ..specs.parallel import (
     packed_batch,
     pipeline_layout_of,
 )
-from . import mamba
-from .gated_delta_net import scan_flops_per_token as gdn_scan_flops_per_token
+from .scan_mixers import SCAN_MIXERS
 
 FLOPS_CONVENTIONS = ("causal", "full")
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -102,12 +101,10 @@ def _token_mixer_ops(model: ModelSpec, layer_index: int, seq_length: int, conven
     chunked scans core attention's (`theory.gated_delta_net`, `theory.mamba`); a hybrid MLP / MoE layer has none."""
     h = model.hidden_size
     mixer = model.token_mixer(layer_index)
-    if mixer == "gdn":
-        return {"qkv": 2.0 * h * model.gdn_in_proj_size, "core_attention": gdn_scan_flops_per_token(model),
-                "proj": 2.0 * model.linear_v_dim * h}  # fmt: skip
-    if mixer == "mamba":
-        return {"qkv": 2.0 * h * model.mamba_in_proj_size, "core_attention": mamba.scan_flops_per_token(model),
-                "proj": 2.0 * model.mamba_inner_size * h}  # fmt: skip
+    if mixer in SCAN_MIXERS:
+        width_in, width_out = model.token_mixer_widths(layer_index)
+        scan = SCAN_MIXERS[mixer].scan_flops_per_token(model)
+        return {"qkv": 2.0 * h * width_in, "core_attention": scan, "proj": 2.0 * width_out * h}
     if mixer is None:
         return {}
     ops: dict[str, float] = {}

@@ -99,12 +99,10 @@ from ..specs.parallel import (
     packed_batch,
     pipeline_layout_of,
 )
-from . import mamba
 from .allocator import packed_logits_fragment_bytes
 from .flops import chunk_layer_kinds
-from .gated_delta_net import activation_elements_per_token as gdn_activation_elements
-from .gated_delta_net import forward_working_bytes as gdn_forward_working_bytes
 from .params import ParameterCounts, stage_layer_range, stage_parameters
+from .scan_mixers import SCAN_MIXERS
 
 GIB = 2**30
 BF16_BYTES = 2
@@ -370,9 +368,9 @@ def token_mixer_activation_bytes(
     """The token mixer of layer `layer_index`: gated DeltaNet's, Mamba-2's or self-attention's saved bytes (none in a
     hybrid model's MLP / MoE layer)."""
     mixer = model.token_mixer(layer_index)
-    if mixer in ("gdn", "mamba"):
-        scan = gdn_activation_elements if mixer == "gdn" else mamba.activation_elements_per_token
-        return scan_mixer_activation_bytes(model, parallel, workload, scan(model), options)
+    if mixer in SCAN_MIXERS:
+        elements = SCAN_MIXERS[mixer].activation_elements_per_token(model)
+        return scan_mixer_activation_bytes(model, parallel, workload, elements, options)
     if mixer == "attention":
         return attention_activation_bytes(model, parallel, workload, options)
     return {}
@@ -919,9 +917,8 @@ def _stage_static(
             else:
                 working.append(0.0)
             mixer = model.token_mixer(layer)
-            if mixer in ("gdn", "mamba"):
-                scan = gdn_forward_working_bytes if mixer == "gdn" else mamba.forward_working_bytes
-                working[-1] = max(working[-1], scan(model, tokens, e) / t)
+            if mixer in SCAN_MIXERS:
+                working[-1] = max(working[-1], SCAN_MIXERS[mixer].forward_working_bytes(model, tokens, e) / t)
             elif mixer == "attention" and not model.has_mlp(layer):
                 working[-1] = e * tokens * (model.qkv_projection_size / t + h)  # qkv output beside the input
         detail["layer_working_set"] = max(working) if working else 0.0
