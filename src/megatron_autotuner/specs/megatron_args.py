@@ -372,6 +372,11 @@ class Launch:
     def gave(self, dest: str) -> bool:
         return dest in self.given
 
+    @property
+    def script_name(self) -> str:
+        """The training script's file name ("" for bare flags or a fragment)."""
+        return (self.script or "").rsplit("/", 1)[-1]
+
 
 class _FlagParser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
@@ -773,9 +778,14 @@ def _linear_attention(
         pattern = base.with_num_layers(num_layers).linear_attention_pattern
     if not any(pattern):
         return out
-    keep = base is not None and base.has_linear_attention
-    sizes = {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in LINEAR_ATTENTION_SIZES}
+    sizes = _sizes(launch, base if base is not None and base.has_linear_attention else None, LINEAR_ATTENTION_SIZES)
     return {**out, "linear_attention_pattern": pattern, **sizes}
+
+
+def _sizes(launch: Launch, base: ModelSpec | None, dests: tuple[str, ...]) -> dict[str, Any]:
+    """Each of `dests` (ModelSpec fields named as Megatron-LM's flags): the launch's value when it gives one, else
+    `base`'s (a --model with layers of that kind), else Megatron-LM's default."""
+    return {d: getattr(base, d) if base is not None and not launch.gave(d) else _int(launch, d) for d in dests}
 
 
 # Training scripts that build megatron-core's hybrid model (MambaModel / HybridModel) from the pattern: Megatron-LM's
@@ -837,26 +847,25 @@ def allocate_hybrid_layers(num_layers: int, attention_ratio: float, mlp_ratio: f
     layers = ["M"] * num_layers
     attention = round(num_layers * attention_ratio)
     mamba = num_layers - attention
-    section = mamba / (attention + 1)
-    x = section
-    for i in range(num_layers):
-        if x < 0.5:
-            layers[i] = "*"
-            x += section
-        else:
-            x -= 1
+    _spread_over_mamba(layers, "*", mamba / (attention + 1))
     mlp = round(num_layers * mlp_ratio)
     if mlp > 0:
-        per_mlp = (mamba - mlp) / mlp
-        x = per_mlp
-        for i in range(num_layers):
-            if layers[i] == "M":
-                if x < 0.5:
-                    layers[i] = "-"
-                    x += per_mlp
-                else:
-                    x -= 1
+        _spread_over_mamba(layers, "-", (mamba - mlp) / mlp)
     return "".join(layers)
+
+
+def _spread_over_mamba(layers: list[str], symbol: str, gap: float) -> None:
+    """megatron-core's spreading step: walking the Mamba layers, one becomes `symbol` each time about `gap` of them
+    have passed since the last."""
+    x = gap
+    for i, layer in enumerate(layers):
+        if layer != "M":
+            continue
+        if x < 0.5:
+            layers[i] = symbol
+            x += gap
+        else:
+            x -= 1
 
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:
@@ -879,7 +888,7 @@ def _hybrid(
     MambaMixer sizes d_inner = 2 x hidden). Empty for a GPT model. Under Pai-Megatron-Patch's Qwen3-Next script the
     symbols are Pai's (`PAI_QWEN3_NEXT_SYMBOLS`)."""
     attention, mlp = _float(launch, "hybrid_attention_ratio") or 0.0, _float(launch, "hybrid_mlp_ratio") or 0.0
-    script = (launch.script or "").rsplit("/", 1)[-1]
+    script = launch.script_name
     base_pattern = base.hybrid_layer_pattern if base is not None else ""
     from_base = False
     if attention or mlp:
@@ -914,18 +923,14 @@ def _hybrid(
         return {"hybrid_layer_pattern": pattern, "attention_output_gate": True, **PAI_QWEN3_NEXT_GDN}
     out: dict[str, Any] = {"hybrid_layer_pattern": pattern}
     if "M" in pattern:
-        keep = "M" in base_pattern
-        sizes = {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in MAMBA_SIZES}
+        sizes = _sizes(launch, base if "M" in base_pattern else None, MAMBA_SIZES)
         if sizes["mamba_num_heads"] is None:  # MambaMixer: d_inner = expand (2) x hidden, heads = d_inner / headdim
             if (2 * hidden) % sizes["mamba_head_dim"]:
                 raise ConfigError("mamba_head_dim", f"must divide 2 x hidden_size = {2 * hidden} (megatron-core)")
             sizes["mamba_num_heads"] = 2 * hidden // sizes["mamba_head_dim"]
         out.update(sizes)
     if "G" in pattern:  # Megatron-LM d98e8a6's gated-DeltaNet layer: the --linear-* sizes (TransformerConfig)
-        keep = "G" in base_pattern
-        out.update(
-            {d: getattr(base, d) if keep and not launch.gave(d) else _int(launch, d) for d in LINEAR_ATTENTION_SIZES}
-        )
+        out.update(_sizes(launch, base if "G" in base_pattern else None, LINEAR_ATTENTION_SIZES))
     return out
 
 
@@ -1138,7 +1143,7 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
             if launch.gave("moe_layer_freq"):
                 notes.append("--moe-layer-freq: ignored, the hybrid pattern's E layers are the MoE layers")
             values["moe_layer_pattern"] = ()
-            if launch.script and launch.script.rsplit("/", 1)[-1] == PAI_QWEN3_NEXT_SCRIPT and shared:
+            if launch.script_name == PAI_QWEN3_NEXT_SCRIPT and shared:
                 values["moe_shared_expert_gate"] = True
     mla = bool(pick("multi_latent_attention", base.multi_latent_attention if base else None))
     if mla:
@@ -1332,7 +1337,7 @@ def launch_to_specs(
     if optimizer != "adam" and optimizer in (flag_for("optimizer").choices or ()):  # a fork's: `FORK_VALUES` note
         # theory.memory and the optimizer step count Adam's fp32 master weights and two fp32 moments per parameter
         not_modelled.append(f"--optimizer {optimizer} (its state memory and step priced as Adam's)")
-    other_model = NOT_DECODER_SCRIPTS.get((launch.script or "").rsplit("/", 1)[-1])
+    other_model = NOT_DECODER_SCRIPTS.get(launch.script_name)
     if other_model:
         not_modelled.append(f"{launch.script}: {other_model}, predicted as the GPT decoder its flags describe")
     model = _model_from_launch(launch, base_model, notes)
