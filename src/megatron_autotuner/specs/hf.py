@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
-from .model import ModelSpec, check_num_layers
+from .model import MAMBA_CONV_KERNEL, ModelSpec, check_num_layers
 
 _ACTIVATION_BY_HF_NAME = {
     "silu": "silu",
@@ -367,14 +367,10 @@ _NEMOTRON_H_DEFAULTS = {
     "mamba_num_heads": 128,
     "n_groups": 8,
     "mamba_head_dim": 64,
-    "conv_kernel": 4,
     "n_shared_experts": 1,
 }
 # transformers >= 5 writes `layers_block_type` in place of the pattern (NemotronHConfig._pattern_to_list)
 _NEMOTRON_H_BLOCK_SYMBOLS = {"mamba": "M", "attention": "*", "moe": "E"}
-# the Mamba conv1d width the tool models: megatron-core's MambaLayer builds MambaMixer with its default d_conv=4
-# (ssm/mamba_mixer.py @ 0.16.1), and Megatron-Bridge maps no conv_kernel
-MAMBA_CONV_KERNEL = 4
 
 
 def _nemotron_h_pattern(cfg: dict[str, Any]) -> str:

@@ -20,6 +20,9 @@ ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")
 # ssm/mamba_hybrid_layer_allocation.py Symbols), G gated DeltaNet (Megatron-LM d98e8a6
 # models/hybrid/hybrid_layer_allocation.py)
 HYBRID_SYMBOLS = ("M", "*", "-", "E", "G")
+# the Mamba-2 mixer's depthwise conv1d width: megatron-core's MambaLayer builds MambaMixer with its default d_conv=4
+# (ssm/mamba_mixer.py @ 0.16.1), and Megatron-Bridge maps no conv_kernel
+MAMBA_CONV_KERNEL = 4
 NORMALIZATIONS = ("RMSNorm", "LayerNorm")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")
 # megatron-core TransformerConfig.softmax_type: "learnable" adds one sink logit per head and layer (softmax_offset)

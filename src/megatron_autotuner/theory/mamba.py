@@ -15,12 +15,10 @@ Backward is priced at twice the forward (the convention for attention, `flops.ph
 
 from __future__ import annotations
 
-from ..specs.model import ModelSpec
+from ..specs.model import MAMBA_CONV_KERNEL, ModelSpec
 
-# MambaMixer's SSD chunk length and depthwise conv1d width (megatron-core 0.16.1 ssm/mamba_mixer.py defaults:
-# chunk_size=128, d_conv=4)
+# MambaMixer's SSD chunk length (megatron-core 0.16.1 ssm/mamba_mixer.py default chunk_size=128)
 CHUNK_TOKENS = 128
-CONV_KERNEL = 4
 FP32_BYTES = 4
 # forward kernels of _mamba_chunk_scan_combined_fwd (module docstring)
 FORWARD_KERNELS = 5
@@ -50,7 +48,7 @@ def mixer_parameters(model: ModelSpec, tp: int = 1) -> int:
     weight [d_inner/tp] and out_proj [h, d_inner/tp]; no linear biases (MambaMixer asserts `not bias`)."""
     h = model.hidden_size
     params = model.mamba_in_proj_size * h // tp
-    params += model.mamba_conv_dim * (CONV_KERNEL + 1) // tp
+    params += model.mamba_conv_dim * (MAMBA_CONV_KERNEL + 1) // tp
     params += 3 * model.mamba_num_heads // tp
     params += model.mamba_inner_size // tp
     params += model.mamba_inner_size * h // tp
