@@ -85,7 +85,9 @@ def report(folder: Path) -> dict:
     return {"gpu": summary["gpu"], "run_date": summary["date"], "predicted_at": predicted_at, "rows": rows}
 
 
-def main() -> None:
+def main() -> int:
+    """Write each folder's report; exit 1 when no folder had results (nothing was reported)."""
+    reported = 0
     for name in FOLDERS:
         folder = ROOT / "benchmarks/results" / name
         if not (folder / "results.jsonl").exists():
@@ -93,12 +95,14 @@ def main() -> None:
             continue
         doc = report(folder)
         (folder / "report.json").write_text(json.dumps(doc, indent=1) + "\n")
+        reported += 1
         for row in doc["rows"]:
             err = row["predicted_step_s"] / row["measured_step_s"] - 1
             waits = " / ".join(f"{k['wait_total_ms']:.0f}" for k in row["ranks"])
             print(f"{name}: {row['label']}: step {err:+.1%}, profiled span {row['profiled_span_s']:.3f} s, "
                   f"wait per rank {waits} ms")  # fmt: skip
+    return 0 if reported else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
