@@ -16,11 +16,10 @@ from ..specs.real_launches import fixtures, materialize
 NOT_MODELLED = "its model's architecture is not modelled yet"
 VERL_NOT_PREDICTED = {
     "verl-project__verl__examples__grpo_trainer__run_qwen3_5_397b_megatron.sh": NOT_MODELLED
-    + " (Qwen3.5: a gated-DeltaNet hybrid with vision; no config.json shipped)",
+    + " (Qwen3.5: a gated-DeltaNet hybrid MoE with a Qwen3-VL vision tower; no config.json shipped)",
     "verl-project__verl__examples__grpo_trainer__run_kimi_k2_6_glm5_1_megatron_lite.sh": "no model path in the launch",
     "volcengine__verl__examples__ppo_trainer__run_moonlight16b_a3b_gsm8k_megatron.sh": "the critic's 27 layers do not"
     " split over its pp 2 (only the actor's override sets an uneven split)",
-    "volcengine__verl__examples__grpo_trainer__run_qwen2_5_vl-7b-megatron.sh": NOT_MODELLED + " (a vision model)",
 }
 
 
@@ -146,3 +145,27 @@ def test_mat_rlhf_refuses_a_gpu_count_verl_cannot_place_on_whole_machines(verl_t
     assert main(["rlhf", "--verl-args", str(script), "--gpu", "H100-SXM", "--num-gpus", "12"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mat: error: num_gpus: ") and "\n" not in err and "trainer.n_gpus_per_node" in err
+
+
+def test_verl_s_qwen2_5_vl_example_prices_its_images_on_the_vision_tower(verl_tree, capsys):
+    """verl's geo3k example trains Qwen2.5-VL-7B: the tower's work is an assumption (the whole prompt as image, an
+    upper bound) until --image-tokens says how many; fewer image tokens, less actor-update time; a text model
+    given image tokens is refused in one line."""
+    script = str(verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2_5_vl-7b-megatron.sh"])
+    argv = ["rlhf", "--verl-args", script, "--gpu", "H100-SXM", "--json", "--top-k", "1"]
+    assert main(argv) == 0
+    assumed = json.loads(capsys.readouterr().out)
+    assert any("image tokens per prompt assumed = the mean prompt, 1024" in n for n in assumed["launch"]["notes"])
+    assert assumed["inputs"]["lengths"]["image_tokens"] == 1024
+    assert main([*argv, "--image-tokens", "64"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert not any("image tokens" in n for n in given["launch"]["notes"])
+
+    def phase_s(report: dict, name: str) -> float:
+        return next(p["time_s"] for p in report["launch"]["phases"] if p["name"] == name)
+
+    assert phase_s(given, "old log-prob") < phase_s(assumed, "old log-prob")
+    qwen2 = str(verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2-7b_math_megatron.sh"])
+    assert main(["rlhf", "--verl-args", qwen2, "--gpu", "H100-SXM", "--image-tokens", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mat: error: image_tokens: ") and "no vision encoder" in err and "\n" not in err

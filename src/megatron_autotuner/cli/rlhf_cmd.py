@@ -8,7 +8,14 @@ import shlex
 import sys
 from dataclasses import replace
 
-from ..argspec.argtypes import margin_fraction, non_empty_path, non_negative_float, positive_float, positive_int
+from ..argspec.argtypes import (
+    margin_fraction,
+    non_empty_path,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from ..argspec.common import add_launch_reading_arguments, launch_variables
 from ..costmodel import DEFAULT_MEMORY_MARGIN, load_calibration
 from ..costmodel.estimate import run_settings
@@ -88,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "response at its longest: an upper bound on time)",
     )
     p.add_argument(
+        "--image-tokens",
+        type=non_negative_int,
+        help="a vision-language model's image tokens per prompt, one image each, part of the prompt's length "
+        "(default: the whole mean prompt, an upper bound on the vision tower's work)",
+    )
+    p.add_argument(
         "--calibration",
         type=non_empty_path,
         help="calibration JSON (mat profile --calibration-out); its host-copy table, when it has one, replaces "
@@ -147,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     out_dir = ensure_output_dir(args.output_dir) if args.output_dir else None
     inputs = launch_inputs(
         launch, model, args.num_gpus, args.rollout_s, None, calibration, args.memory_margin,
-        mean_prompt_len=args.mean_prompt_len, mean_response_len=args.mean_response_len,
+        mean_prompt_len=args.mean_prompt_len, mean_response_len=args.mean_response_len, image_tokens=args.image_tokens,
     )  # fmt: skip
     # planned for other GPUs than the launch runs on (--num-gpus, or a count fitted to its layout): the overrides say so
     num_gpus = inputs.spec.num_gpus

@@ -92,6 +92,7 @@ from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
 from .queued_frees import QueuedFreeInputs, queued_free_bytes
+from .vision import vision_cost
 
 COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
 COMM_DIMENSIONS = ("tp", "cp", "ep", "pp", "dp")
@@ -642,6 +643,12 @@ def stage_time(
                 emb_b["memory_bound"] += add_t
         add(0, emb_f, emb_b)
         layers_fwd_gpu_s += sum(emb_f.values())  # issued before the layers
+        tower = vision_cost(model, parallel, workload, ctx, scale)
+        if tower is not None:  # a vision-language model's vision tower, before the embedding's use
+            add(0, tower.fwd, tower.bwd)
+            layers_fwd_gpu_s += sum(tower.fwd.values())
+            host_fwd_issue_s += tower.host_fwd_s
+            host_bwd_issue_s += tower.host_bwd_s
 
     def output_head() -> tuple[dict[str, float], dict[str, float]]:
         """One output head (final norm, logits GEMM, cross-entropy and their TP collectives), one micro-batch."""
@@ -1214,6 +1221,11 @@ def estimate(
             notes.append(
                 f"calibration measured on {options.calibration.gpu}, applied to {gpu.name} as a fraction of peak"
             )
+    if model.vision is not None and not workload.image_tokens_per_sequence:
+        notes.append(
+            f"{model.name}'s vision tower is held on the first stage but sees no images: a text-only batch "
+            "(mat rlhf --image-tokens prices images)"
+        )
     return Estimate(
         model=model,
         parallel=parallel,

@@ -217,11 +217,13 @@ def _attention_times(model: ModelSpec, ctx: LayerContext, windowed: bool = False
         d_qk, d_v = model.qk_head_dim + model.qk_pos_emb_head_dim, model.v_head_dim
     else:
         d_qk = d_v = model.kv_channels
+    causal = model.causal_attention
     if ctx.flash_attention and windowed and model.window_size < ctx.seq_length:
         dropout = model.attention_dropout > 0
-        seq_eff = 2.0 * model.window_size
-        fwd = flash_attention_time_s("fwd", fwd_flops, seq_eff, d_qk, True, gpu, dropout, ctx.calibration)
-        bwd = flash_attention_time_s("bwd", 2 * fwd_flops, seq_eff, d_qk, True, gpu, dropout, ctx.calibration)
+        # bidirectional windows (a vision tower's) are varlen sequences of w tokens each, unmasked
+        seq_eff = 2.0 * model.window_size if causal else float(model.window_size)
+        fwd = flash_attention_time_s("fwd", fwd_flops, seq_eff, d_qk, causal, gpu, dropout, ctx.calibration)
+        bwd = flash_attention_time_s("bwd", 2 * fwd_flops, seq_eff, d_qk, causal, gpu, dropout, ctx.calibration)
         return fwd, bwd, 0.0
     if ctx.flash_attention:
         # Ring CP (load-balanced, 2cp chunks): of the cp steps, the local one is a causal block of
@@ -230,12 +232,12 @@ def _attention_times(model: ModelSpec, ctx: LayerContext, windowed: bool = False
         seq_eff = ctx.seq_length / cp
         dropout = model.attention_dropout > 0
         fwd = bwd = 0.0
-        for causal, share in ((True, 1.0 / cp), (False, (cp - 1) / cp)):
+        for masked, share in ((causal, 1.0 / cp), (False, (cp - 1) / cp)):
             if share <= 0:
                 continue
             f = fwd_flops * share
-            fwd += flash_attention_time_s("fwd", f, seq_eff, d_qk, causal, gpu, dropout, ctx.calibration)
-            bwd += flash_attention_time_s("bwd", 2 * f, seq_eff, d_qk, causal, gpu, dropout, ctx.calibration)
+            fwd += flash_attention_time_s("fwd", f, seq_eff, d_qk, masked, gpu, dropout, ctx.calibration)
+            bwd += flash_attention_time_s("bwd", 2 * f, seq_eff, d_qk, masked, gpu, dropout, ctx.calibration)
         return fwd, bwd, 0.0
     # Unfused attention (Megatron's 2021 path): batched GEMMs over the full s x s square, a fused
     # scale-mask-softmax (read + write the scores, 4 bytes/element forward, 6 backward) and,

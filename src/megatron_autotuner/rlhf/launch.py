@@ -4,7 +4,7 @@ launch's own `StepChoice` (its layout, batching and offload) and `CostOptions` (
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions
@@ -148,6 +148,32 @@ def launch_lengths(
     )
 
 
+def _with_images(
+    model: ModelSpec, lengths: SequenceLengths, image_tokens: int | None
+) -> tuple[SequenceLengths, str | None]:
+    """The lengths with a vision-language model's image tokens per prompt: `image_tokens` (`mat rlhf --image-tokens`)
+    or, when not given, the whole mean prompt -- an upper bound on the vision tower's work, as verl drops or refuses
+    prompts longer than data.max_prompt_length, image tokens included (data.filter_overlong_prompts / truncation).
+    Returns the lengths and a note naming an assumed count."""
+    if model.vision is None:
+        if image_tokens:
+            raise ConfigError("image_tokens", f"{model.name} has no vision encoder")
+        return lengths, None
+    prompt = lengths.prompt if lengths.prompt is not None else lengths.sequence
+    given = image_tokens is not None
+    count = image_tokens if given else int(prompt.mean_tokens)
+    if count > prompt.max_tokens:
+        raise ConfigError("image_tokens", f"{count} is longer than the longest prompt ({prompt.max_tokens} tokens)")
+    lengths = replace(lengths, image_tokens=count)
+    if given:
+        return lengths, None
+    patches = count * model.vision.patches_per_token
+    return lengths, (
+        f"image tokens per prompt assumed = the mean prompt, {count} ({patches} patches for the vision tower): an "
+        "upper bound on its work; give --image-tokens for the real count"
+    )
+
+
 def _batching(launch: VerlLaunch, phase: str) -> Batching:
     dynamic_name, budget_name, micro_name = PHASE_BATCH_KEYS[phase]
     if launch.flag(dynamic_name):
@@ -235,6 +261,7 @@ def launch_inputs(
     *,
     mean_prompt_len: float | None = None,
     mean_response_len: float | None = None,
+    image_tokens: int | None = None,
 ) -> LaunchInputs:
     """The step model's inputs from a launch. `lengths`: token lengths (`specs.lengths.SequenceLengths`; default
     `launch_lengths` of the launch's maxima and `mean_prompt_len` / `mean_response_len`); `num_gpus`: the GPUs
@@ -260,6 +287,9 @@ def launch_inputs(
         lengths, note = launch_lengths(launch, mean_prompt_len, mean_response_len)
         if note:
             notes.append(note)
+    lengths, note = _with_images(model, lengths, image_tokens)
+    if note:
+        notes.append(note)
     ddp = launch.pass_through("actor_ddp_overrides")
     otc = launch.pass_through("actor_transformer_overrides")
     unknown_ddp = sorted(k for k in ddp if k not in DDP_READ and k != "bucket_size")

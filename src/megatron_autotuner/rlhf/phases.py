@@ -86,10 +86,14 @@ def pass_workload(
                 "longest sequence (seqlen_balancing.py rearrange_micro_batches)",
             )
         return Workload(
-            lengths.max_tokens, 1, sequences, recompute, precision, mode, budget, fp8_recipe=recipe, lengths=lengths
-        )
+            lengths.max_tokens, 1, sequences, recompute, precision, mode, budget, fp8_recipe=recipe, lengths=lengths,
+            image_tokens_per_sequence=lengths.image_tokens,
+        )  # fmt: skip
     seq = lengths.max_tokens if for_memory else max(1, round(lengths.mean_tokens))
-    return Workload(seq, int(batching.micro_batch_size), sequences, recompute, precision, mode, fp8_recipe=recipe)
+    return Workload(
+        seq, int(batching.micro_batch_size), sequences, recompute, precision, mode, fp8_recipe=recipe,
+        image_tokens_per_sequence=lengths.image_tokens,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -470,7 +470,7 @@ def search_step(
         spec.model, gpu, spec.num_gpus, spec.lengths.max_tokens, spec.mini_batch_sequences,
         mode="train", options=options, memory_margin=options.memory_margin, explain_impossible=False,
         grad_reduce_in_fp32=user.parallel.grad_reduce_in_fp32, lengths=spec.lengths if dynamic else None,
-        progress=progress,
+        progress=progress, image_tokens=spec.lengths.image_tokens,
     )  # fmt: skip
     log_prob_dynamic = user.old_log_prob_batching.dynamic or user.ref_log_prob_batching.dynamic
     log_prob_budgets = token_budget_choices(spec.lengths.max_tokens) if log_prob_dynamic else None

@@ -247,6 +247,7 @@ def plan(
     cuda_graph: CudaGraphConfig | None = None,
     tp_comm_overlap: bool = False,
     progress: Progress = QUIET,
+    image_tokens: int = 0,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
@@ -259,6 +260,7 @@ def plan(
     rather than searched (fp8 parameters rule out layouts without the distributed optimizer). `tp_comm_overlap`:
     every sequence-parallel layout overlaps its TP collectives with TE userbuffers (--tp-comm-overlap; off by
     default, as in Megatron-LM). `progress` hears of each phase (screening, the full search, the estimates).
+    `image_tokens`: a vision-language model's image tokens per sequence (`Workload.image_tokens_per_sequence`).
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -282,6 +284,7 @@ def plan(
         fp8_param,
         lengths,
         cuda_graph or CudaGraphConfig(),
+        image_tokens_per_sequence=image_tokens,
     )
     graph_choices = space.cuda_graphs or (base.cuda_graph,)
     # screening times structures eagerly: per-layer graphs refuse full recompute, which screening probes
@@ -645,6 +648,7 @@ def _does_not_fit_message(
                 fp8_recipe=base.fp8_recipe,
                 fp8_param=base.fp8_param,
                 lengths=base.lengths,
+                image_tokens=base.image_tokens_per_sequence,
                 space=SearchSpace(
                     distributed_optimizer=(True,),
                     sequence_parallel=(True,),

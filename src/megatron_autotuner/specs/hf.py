@@ -1,8 +1,9 @@
 """Turn a Hugging Face `config.json` into a `ModelSpec`.
 
-Supported `model_type`s: llama, mistral, qwen2, qwen3, qwen2_moe, qwen3_moe, qwen3_next, mixtral, deepseek_v3
-(and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, nemotron_h, mimo. The mapping follows Megatron-Bridge's
-HF->Megatron converters (field meanings from each model's `configuration_*.py` in transformers).
+Supported `model_type`s: llama, mistral, qwen2, qwen2_5_vl (with its vision tower), qwen3, qwen2_moe, qwen3_moe,
+qwen3_next, mixtral, deepseek_v3 (and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, nemotron_h, mimo. The
+mapping follows Megatron-Bridge's HF->Megatron converters (field meanings from each model's `configuration_*.py` in
+transformers).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
 from .model import MAMBA_CONV_KERNEL, ModelSpec, check_num_layers
+from .vision import qwen2_5_vl_vision
 
 _ACTIVATION_BY_HF_NAME = {
     "silu": "silu",
@@ -93,6 +95,15 @@ def _mistral(cfg: dict[str, Any], name: str) -> ModelSpec:
 def _qwen2(cfg: dict[str, Any], name: str) -> ModelSpec:
     # Qwen2 / Qwen2.5 always carry q/k/v biases (no config flag for it).
     return _llama_like(cfg, name, "qwen2", add_qkv_bias=True)
+
+
+def _qwen2_5_vl(cfg: dict[str, Any], name: str) -> ModelSpec:
+    """Qwen2.5-VL: a Qwen2 language model (its fields at the top level, or under `text_config` as newer
+    transformers write them) and a vision tower (`specs.vision.qwen2_5_vl_vision`)."""
+    text = {**cfg, **cfg["text_config"]} if isinstance(cfg.get("text_config"), dict) else cfg
+    language = _llama_like(text, name, "qwen2_5_vl", add_qkv_bias=True)
+    vision = qwen2_5_vl_vision(_require(cfg, "vision_config", "qwen2_5_vl"), language.hidden_size)
+    return language.replace(vision=vision)
 
 
 def _mimo(cfg: dict[str, Any], name: str) -> ModelSpec:
@@ -474,6 +485,7 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "llama": _llama,
     "mistral": _mistral,
     "qwen2": _qwen2,
+    "qwen2_5_vl": _qwen2_5_vl,
     "qwen3": _qwen3,
     "qwen2_moe": _qwen_moe,
     "qwen3_moe": _qwen_moe,

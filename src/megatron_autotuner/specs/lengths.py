@@ -167,12 +167,15 @@ class LengthDistribution:
 
 @dataclass(frozen=True)
 class SequenceLengths:
-    """Lengths of the sequences of a batch: prompt + response, or whole sequences (`sequence`, a histogram)."""
+    """Lengths of the sequences of a batch: prompt + response, or whole sequences (`sequence`, a histogram).
+    `image_tokens`: a vision-language model's prompts each hold one image of that many tokens (part of the prompt's
+    length; `Workload.image_tokens_per_sequence`)."""
 
     prompt: LengthDistribution | None = None
     response: LengthDistribution | None = None
     sequence: LengthDistribution | None = None
     seed: int = 0
+    image_tokens: int = 0
 
     __hash__ = cached_hash
 
@@ -184,6 +187,9 @@ class SequenceLengths:
             raise ConfigError("lengths", "give prompt and response lengths or a whole-sequence histogram, not both")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ConfigError("lengths.seed", f"must be an integer, got {self.seed!r}")
+        images, prompt = self.image_tokens, self.prompt if self.prompt is not None else self.sequence
+        if isinstance(images, bool) or not isinstance(images, int) or not 0 <= images <= prompt.max_tokens:
+            raise ConfigError("image_tokens", f"must be an integer in 0..{prompt.max_tokens} (the longest prompt)")
 
     @classmethod
     def from_mean_max(cls, prompt: tuple[float, int], response: tuple[float, int], seed: int = 0) -> SequenceLengths:
@@ -225,6 +231,8 @@ class SequenceLengths:
                 out[name] = {"mean_tokens": d.mean_tokens, "max_tokens": d.max_tokens}
                 if d.values:
                     out[name]["histogram"] = [[v, c] for v, c in zip(d.values, d.counts, strict=True)]
+        if self.image_tokens:
+            out["image_tokens"] = self.image_tokens
         return out
 
 

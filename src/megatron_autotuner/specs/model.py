@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError, reject_unknown_fields
 from .hashing import cached_hash
+from .vision import VisionEncoder
 
 ACTIVATIONS = ("silu", "gelu", "relu", "squared_relu", "quick_gelu")
 # megatron-core hybrid layer pattern symbols: M Mamba-2, * attention, - MLP, E MoE (0.16.1
@@ -121,6 +122,11 @@ class ModelSpec:
     # a sigmoid gate on softmax attention's output (megatron-core attention_output_gate; Qwen3-Next): linear_qkv
     # also projects heads x head dim gate values (transformer/attention.py SelfAttention.linear_qkv_out_dim)
     attention_output_gate: bool = False
+    # False: every token attends to every other (a vision tower's blocks; megatron-core AttnMaskType.no_mask)
+    causal_attention: bool = True
+    # a vision-language model's vision tower (`specs.vision.VisionEncoder`), on the first pipeline stage; None for
+    # a language model
+    vision: VisionEncoder | None = None
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
@@ -136,6 +142,8 @@ class ModelSpec:
         object.__setattr__(self, "moe_layer_pattern", tuple(int(x) for x in self.moe_layer_pattern))
         object.__setattr__(self, "window_layer_pattern", tuple(int(x) for x in self.window_layer_pattern))
         object.__setattr__(self, "linear_attention_pattern", tuple(int(x) for x in self.linear_attention_pattern))
+        if isinstance(self.vision, dict):
+            object.__setattr__(self, "vision", VisionEncoder.from_dict(self.vision))
         self.validate()
 
     # ---- validation -------------------------------------------------------------------------
@@ -200,6 +208,11 @@ class ModelSpec:
         self._validate_attention_window()
         self._validate_linear_attention()
         self._validate_hybrid()
+        if self.vision is not None:
+            if not isinstance(self.vision, VisionEncoder):
+                raise ConfigError("vision", f"must be a VisionEncoder, got {type(self.vision).__name__}")
+            if self.vision.out_hidden_size != self.hidden_size:
+                raise ConfigError("vision.out_hidden_size", f"must be the model's hidden_size {self.hidden_size}")
 
     def _validate_hybrid(self) -> None:
         """megatron-core's hybrid pattern (one symbol of M, *, -, E per layer; MambaMixer: heads a multiple of
@@ -434,6 +447,7 @@ class ModelSpec:
         data["moe_layer_pattern"] = list(self.moe_layer_pattern)
         data["window_layer_pattern"] = list(self.window_layer_pattern)
         data["linear_attention_pattern"] = list(self.linear_attention_pattern)
+        data["vision"] = None if self.vision is None else self.vision.to_dict()
         return data
 
     @classmethod

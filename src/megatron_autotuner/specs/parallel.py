@@ -367,6 +367,8 @@ class Workload:
     `fp8_param` its `--fp8-param-gather` (megatron-core `TransformerConfig.fp8_param` + DDP `fp8_param_gather`): the TE
     linear weights are stored in fp8 and all-gathered in fp8 instead of bf16.
     `cuda_graph`: the run's CUDA graphs (`CudaGraphConfig`; none by default).
+    `image_tokens_per_sequence`: a vision-language model's data, one image per sequence of that many image tokens
+    (part of the sequence's length; `theory.vision`); 0: text only.
     """
 
     seq_length: int
@@ -381,6 +383,7 @@ class Workload:
     lengths: SequenceLengths | None = None
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
+    image_tokens_per_sequence: int = 0
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
@@ -389,6 +392,9 @@ class Workload:
             raise ConfigError("cuda_graph", f"must be a CudaGraphConfig, got {type(self.cuda_graph).__name__}")
         for name in ("seq_length", "micro_batch_size", "global_batch_size"):
             _positive(name, getattr(self, name))
+        images = self.image_tokens_per_sequence
+        if isinstance(images, bool) or not isinstance(images, int) or not 0 <= images <= self.seq_length:
+            raise ConfigError("image_tokens", f"must be an integer in 0..seq_length={self.seq_length}, got {images!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_recipe not in FP8_RECIPES:

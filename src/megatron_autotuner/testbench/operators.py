@@ -182,19 +182,28 @@ def layer_spec(spec: ModelSpec, use_te: bool, moe_layer: bool):
 
     num_experts = spec.num_moe_experts if moe_layer else None
     if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(
+        built = specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=num_experts,
             moe_grouped_gemm=moe_layer,
             qk_layernorm=spec.qk_layernorm,
             multi_latent_attention=spec.multi_latent_attention,
         )
-    return specs.get_gpt_layer_local_spec(
-        num_experts=num_experts,
-        moe_grouped_gemm=False,
-        qk_layernorm=spec.qk_layernorm,
-        multi_latent_attention=spec.multi_latent_attention,
-        normalization=spec.normalization,
-    )
+    else:
+        built = specs.get_gpt_layer_local_spec(
+            num_experts=num_experts,
+            moe_grouped_gemm=False,
+            qk_layernorm=spec.qk_layernorm,
+            multi_latent_attention=spec.multi_latent_attention,
+            normalization=spec.normalization,
+        )
+    if not spec.causal_attention:
+        # bidirectional attention (a vision tower's blocks): unmasked self-attention over each image or window, as
+        # megatron-core's get_vit_layer_with_transformer_engine_spec builds it for verl's Qwen2.5-VL tower
+        # (verl/models/mcore/model_initializer.py @ b178a3c)
+        from megatron.core.transformer.enums import AttnMaskType
+
+        built.submodules.self_attention.params["attn_mask_type"] = AttnMaskType.no_mask
+    return built
 
 
 def _build_mlp_submodule(mlp_spec: Any, config: Any, layer_number: int, moe: bool) -> Any:

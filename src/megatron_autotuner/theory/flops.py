@@ -35,6 +35,7 @@ from ..specs.parallel import (
     pipeline_layout_of,
 )
 from .scan_mixers import SCAN_MIXERS
+from .vision import check_images, patches_per_image
 
 FLOPS_CONVENTIONS = ("causal", "full")
 PHASES = ("fwd", "dgrad", "wgrad")
@@ -53,7 +54,10 @@ def attention_flops_per_token(
 
     A sliding-window layer (`windowed`, window w = `model.window_size` keys) longer than its window: query i sees
     min(i+1, w) keys, sum_i = s*w - w(w-1)/2, so 2*a*(d_qk + d_v) * (w - w(w-1)/(2s)) per token in either
-    convention (the mask is the model's, not a counting convention)."""
+    convention (the mask is the model's, not a counting convention).
+
+    Bidirectional attention (`model.causal_attention` False, a vision tower) is never halved; its windows are
+    disjoint blocks of w keys (Qwen2.5-VL's window attention), so a windowed query sees min(w, s) keys."""
     _check_convention(convention)
     a = model.num_attention_heads
     if model.multi_latent_attention:
@@ -61,6 +65,9 @@ def attention_flops_per_token(
     else:
         d_qk = d_v = model.kv_channels
     w = model.window_size
+    if not model.causal_attention:
+        keys = min(w, seq_length) if windowed and w else seq_length
+        return 2.0 * a * (d_qk + d_v) * keys
     if windowed and w and seq_length > w:
         return 2.0 * a * (d_qk + d_v) * (w - w * (w - 1) / (2.0 * seq_length))
     flops = 2.0 * seq_length * a * (d_qk + d_v)
@@ -304,6 +311,39 @@ def iteration_flops(
     return _iteration_flops(model, parallel, workload, tokens, seq, convention, padded_vocab_size)
 
 
+def vision_forward_flops(vision, image_tokens: float) -> dict[str, float]:
+    """Forward FLOPs of one image of T = `image_tokens` tokens (P = merge^2 x T patches) of a vision tower
+    (`specs.vision.VisionEncoder`), by operator: `patch_embed` 2 x patch_features x hidden x P; the tower's layer
+    FLOPs per patch x P under the language model's names (qkv, core_attention over windows or the whole image,
+    bidirectional; proj, fc1, fc2); `merger` 2 x (m^2 + m x out) x T, m = hidden x merge^2."""
+    patches = patches_per_image(vision, image_tokens)
+    tower = vision.tower_model()
+    ops: dict[str, float] = {"patch_embed": 2.0 * vision.patch_features * vision.hidden_size * patches}
+    for layer in range(vision.depth):
+        for op, per_patch in layer_forward_flops_per_token(tower, layer, patches).items():
+            ops[op] = ops.get(op, 0.0) + per_patch * patches
+    m = vision.merger_width
+    ops["merger"] = 2.0 * (m * m + m * vision.out_hidden_size) * image_tokens
+    return ops
+
+
+def vision_iteration_flops(model: ModelSpec, workload: Workload) -> dict[str, dict[str, float]]:
+    """The tower's FLOPs of one iteration by operator (`vision_` + name) and phase: one image per sequence of the
+    global batch. Empty for a language model or a workload without images."""
+    check_images(model, workload)
+    if model.vision is None or not workload.image_tokens_per_sequence:
+        return {}
+    images = workload.global_batch_size
+    phases = PHASES if workload.is_training else ("fwd",)
+    by_op: dict[str, dict[str, float]] = {}
+    for op, fwd in vision_forward_flops(model.vision, workload.image_tokens_per_sequence).items():
+        split = phase_flops(op, fwd * images)
+        if op == "patch_embed":
+            split["dgrad"] = 0.0  # the pixels need no gradient
+        by_op[f"vision_{op}"] = {p: split[p] for p in phases}
+    return by_op
+
+
 def effective_seq_length(lengths: list[int] | tuple[int, ...]) -> float:
     """sum s_i^2 / sum s_i: the length at which per-token attention FLOPs of equal sequences match those of
     sequences s_i (attention per token is linear in s)."""
@@ -346,6 +386,7 @@ def _iteration_flops(
                 )
     logits = logits_flops_per_token(model, padded_vocab_size)
     by_op["logits"] = {p: logits * tokens for p in phases}
+    by_op.update(vision_iteration_flops(model, workload))
     if model.mtp_num_layers:
         mtp = model.mtp_num_layers * mtp_forward_flops_per_token(model, seq, convention)
         by_op["mtp"] = {p: mtp * tokens for p in phases}

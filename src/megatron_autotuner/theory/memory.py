@@ -85,6 +85,7 @@ workspaces, NCCL buffers: measured, by the communicators a layout uses) and allo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -103,6 +104,7 @@ from .allocator import packed_logits_fragment_bytes
 from .flops import chunk_layer_kinds
 from .params import ParameterCounts, stage_layer_range, stage_parameters
 from .scan_mixers import SCAN_MIXERS
+from .vision import images_per_microbatch, patches_per_image
 
 GIB = 2**30
 BF16_BYTES = 2
@@ -864,6 +866,46 @@ def optimizer_step_bytes(counts: ParameterCounts, parallel: ParallelConfig, trai
     return FP32_BYTES * optimizer_shard_parameters(counts, parallel)
 
 
+def _tower_run(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> tuple[ParallelConfig, Workload]:
+    """The vision tower's blocks as a run of their own: the largest micro-batch's images as sequences of P patches,
+    split over the decoder's TP without sequence parallelism or CP (`costmodel.vision`), the run's recompute."""
+    vision = model.vision
+    images = max(1, math.ceil(images_per_microbatch(parallel, workload, largest=True)))
+    patches = max(1, round(patches_per_image(vision, workload.image_tokens_per_sequence)))
+    tower_parallel = ParallelConfig(num_gpus=parallel.tp, tp=parallel.tp)
+    return tower_parallel, Workload(patches, images, images, workload.recompute, workload.precision, workload.mode)
+
+
+def vision_activation_bytes(
+    model: ModelSpec, parallel: ParallelConfig, workload: Workload, options: ActivationOptions
+) -> dict[str, float]:
+    """Bytes the vision tower of the first stage keeps for backward, one micro-batch (training), or its largest
+    working set (forward only): its blocks as decoder layers (`layer_activation_bytes` of `tower_model`; with full
+    recompute their inputs only), the patch embedding's bf16 pixels (its wgrad's input) and the merger's norm input,
+    fc1 input, GELU input and fc2 input. Empty without a tower or images."""
+    if model.vision is None or not workload.image_tokens_per_sequence:
+        return {}
+    vision, tower = model.vision, model.vision.tower_model()
+    tower_parallel, tower_workload = _tower_run(model, parallel, workload)
+    e, tp = options.bytes_per_element, parallel.tp
+    patches = tower_workload.tokens_per_micro_batch
+    tokens = patches / vision.patches_per_token
+    if not workload.is_training:
+        fc1 = (2 if vision.gated_linear_unit else 1) * vision.ffn_hidden_size / tp
+        return {"vision_working_set": e * patches * (fc1 + vision.ffn_hidden_size / tp + vision.hidden_size)}
+    if workload.recompute.is_full:
+        blocks = (
+            vision.depth * layer_input_bytes(tower, tower_parallel, tower_workload, e) / workload.recompute.num_layers
+        )
+    else:
+        blocks = sum(
+            layer_activation_bytes(tower, tower_parallel, tower_workload, i, options) for i in range(vision.depth)
+        )
+    m = vision.merger_width
+    ends = e * patches * (vision.patch_features + vision.hidden_size) + e * tokens * m * (1 + 2 / tp)
+    return {"vision_blocks": blocks, "vision_embed_merger": ends}
+
+
 @dataclass(frozen=True)
 class _StageStatic:
     """What a stage's memory needs that does not depend on how many micro-batches it holds in flight: shared by
@@ -922,6 +964,9 @@ def _stage_static(
             elif mixer == "attention" and not model.has_mlp(layer):
                 working[-1] = e * tokens * (model.qkv_projection_size / t + h)  # qkv output beside the input
         detail["layer_working_set"] = max(working) if working else 0.0
+        if first:  # the vision tower's blocks run one after the other, before the decoder's
+            tower = vision_activation_bytes(model, parallel, workload, options).get("vision_working_set", 0.0)
+            detail["layer_working_set"] = max(detail["layer_working_set"], tower)
         if moe_working:
             detail["moe_layer_working_set"] = max(moe_working)  # informative: in `layer_working_set` already
         if last:
@@ -971,6 +1016,10 @@ def _stage_static(
     embedding = 0.0
     if first and model.hidden_dropout > 0:
         embedding = 1 * tokens * h / x  # the embedding's dropout mask, kept by the first model chunk
+    if first:
+        tower = vision_activation_bytes(model, parallel, workload, options)
+        embedding += sum(tower.values())  # kept with the first chunk's micro-batch, like the embedding's
+        detail.update({f"{k}_per_microbatch": v for k, v in tower.items()})
     detail["recompute_working_set"] = transient
     if last:
         # final norm input + output-layer input (bf16) and the fp32 softmax that

@@ -24,6 +24,7 @@ Layout (megatron-core `GPTModel` with the Transformer Engine layer spec, which u
 - attention sinks (`softmax_type` learnable, gpt-oss): `core_attention.softmax_offset` `[a/tp]` per layer;
 - gated-DeltaNet layers (Qwen3-Next) replace self-attention by `gated_delta_net_parameters`; an output gate on
   softmax attention widens `linear_qkv` by heads x head dim;
+- a vision-language model's vision tower on the first stage (`theory.vision.vision_parameters`);
 - hybrid models (megatron-core MambaModel): each layer is a Mamba-2 mixer, self-attention, an MLP or a MoE block
   with its own input norm (`ModelSpec.hybrid_layer_pattern`); the final norm and output layer as above.
 """
@@ -35,6 +36,7 @@ from functools import lru_cache
 
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig, pipeline_layout_of
+from ..specs.vision import VisionEncoder
 from . import mamba
 
 
@@ -53,10 +55,11 @@ class ParameterCounts:
     output_layer: int = 0
     mtp_dense: int = 0
     mtp_expert: int = 0
+    vision: int = 0  # a vision-language model's vision tower (first stage)
 
     @property
     def dense(self) -> int:
-        return self.embedding + self.decoder_dense + self.final_norm + self.output_layer + self.mtp_dense
+        return self.embedding + self.decoder_dense + self.final_norm + self.output_layer + self.mtp_dense + self.vision
 
     @property
     def experts(self) -> int:
@@ -70,7 +73,9 @@ class ParameterCounts:
         return ParameterCounts(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
 
     def to_dict(self) -> dict[str, int]:
-        return {**asdict(self), "dense": self.dense, "experts": self.experts, "total": self.total}
+        """Every component (`vision` only for a vision-language model's first stage), with the sums."""
+        parts = {k: v for k, v in asdict(self).items() if k != "vision" or v}
+        return {**parts, "dense": self.dense, "experts": self.experts, "total": self.total}
 
 
 @dataclass(frozen=True)
@@ -240,6 +245,18 @@ def mtp_layer_parameters(model: ModelSpec, tp: int = 1, ep: int = 1, etp: int | 
     return dense, expert
 
 
+def vision_parameters(vision: VisionEncoder, tp: int = 1) -> int:
+    """A vision tower's parameters on one TP rank (verl's megatron-core build, verl/models/mcore/qwen2_5_vl @
+    b178a3c): the patch embedding Conv3d (patch_features x hidden, no bias) is not split; the blocks are megatron-core
+    layers split over TP like a decoder layer (of `VisionEncoder.tower_model`); the merger is a norm (replicated)
+    and a column- then row-parallel MLP with biases (m = hidden x merge^2: m x m, then m x out)."""
+    tower = vision.tower_model()
+    blocks = sum(decoder_layer_parameters(tower, i, tp)[0] for i in range(vision.depth))
+    m, out = vision.merger_width, vision.out_hidden_size
+    merger = norm_parameters(tower, vision.hidden_size) + m * m // tp + m // tp + m * out // tp + out
+    return vision.patch_features * vision.hidden_size + blocks + merger
+
+
 def stage_layer_range(model: ModelSpec, parallel: ParallelConfig, stage: int) -> list[int]:
     """Global indices of the decoder layers on pipeline rank `stage` (all its virtual chunks).
 
@@ -284,6 +301,7 @@ def stage_parameters(
         output_layer=output_layer,
         mtp_dense=mtp_dense,
         mtp_expert=mtp_expert,
+        vision=vision_parameters(model.vision, tp) if model.vision is not None and stage == 0 else 0,
     )
 
 

@@ -347,6 +347,10 @@ class Layout:
             raise ConfigError(
                 "model", f"{spec.name} is a {what} model: mat validate runs GPT models of softmax attention only"
             )
+        if spec.vision is not None:
+            raise ConfigError(
+                "model", f"{spec.name} has a vision tower: mat validate runs GPT language models (no images) only"
+            )
         validate_layout(spec, self.parallel(), self.workload())
 
     @property
