@@ -95,7 +95,7 @@ def _key(case: dict[str, Any]) -> tuple[int, int]:
 
 def compare(lease: Path = LEASE) -> list[dict[str, Any]]:
     """Per case and phase: the testbench's median CUDA-event time against the prediction written before the lease,
-    from an empty queue (as the testbench times it) and the GPU's work alone."""
+    from an empty queue (as the testbench times it) and the GPU's work alone, and against today's model."""
     written = {_key(c): c for c in json.loads((lease / "predicted.json").read_text())["cases"]}
     rows = []
     for line in (lease / "collect/rank_0.jsonl").read_text().splitlines():
@@ -103,6 +103,7 @@ def compare(lease: Path = LEASE) -> list[dict[str, Any]]:
         if rec.get("status") != "ok":
             continue
         pre = written[_key(rec["case"])]
+        now = dict(zip(("fwd", "bwd"), predict_empty_queue_ms(*_case_args(rec["case"])), strict=True))
         for phase in ("fwd", "bwd"):
             measured = rec["real"][f"{phase}_ms"]["median"]
             rows.append(
@@ -117,6 +118,8 @@ def compare(lease: Path = LEASE) -> list[dict[str, Any]]:
                     "error": pre["empty_queue_ms"][phase] / measured - 1.0,
                     "gpu_only_ms": pre["gpu_only_ms"][phase],
                     "gpu_only_error": pre["gpu_only_ms"][phase] / measured - 1.0,
+                    "now_ms": now[phase],  # today's model, as the testbench times it
+                    "now_error": now[phase] / measured - 1.0,
                 }
             )
     return rows
@@ -138,7 +141,8 @@ def report() -> None:
         print(
             f"{r['block']:>15} s{r['seq_length']:<5} b{r['micro_batch_size']:<4} {r['phase']}: measured "
             f"{r['measured_ms']:7.2f} ms, predicted {r['predicted_ms']:7.2f} ({r['error']:+.1%}), GPU alone "
-            f"{r['gpu_only_ms']:7.2f} ({r['gpu_only_error']:+.1%})"
+            f"{r['gpu_only_ms']:7.2f} ({r['gpu_only_error']:+.1%}); today's model {r['now_ms']:7.2f} "
+            f"({r['now_error']:+.1%})"
         )
 
 
