@@ -738,6 +738,26 @@ def rank_wait(root: Path) -> str:
     return out.rstrip("\n") + "\n"
 
 
+def vision_tower(root: Path) -> str:
+    """Qwen2.5-VL-7B's vision tower blocks on one H200 (vision_tower_comparison.json) and the GEMM alignment probe
+    (gemm_alignment_h200/summary.json)."""
+    doc = load(root, "vision_tower_comparison.json")
+    out = source("vision_tower_comparison.json", "vision_tower_h200/predicted.json")
+    rows = [[r["block"], f"{r['micro_batch_size']} x {r['seq_length']}", r["phase"], f"{r['measured_ms']:.2f}",
+             f"{r['predicted_ms']:.2f}", pct(r["error"]), f"{r['now_ms']:.2f}", pct(r["now_error"])]
+            for r in doc["rows"]]  # fmt: skip
+    head = ["block", "sequences x patches", "phase", "meas ms", "pred before ms", "err before", "model now ms",
+            "err now"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    gemm = load(root, "gemm_alignment_h200/summary.json")
+    out += source("gemm_alignment_h200/summary.json", "gemm_alignment_h200/predicted.json")
+    rows = [[f"{r['m']} x {r['n']} x {r['k']}", f"{r['ms']:.3f}", pct(r["fraction_of_peak"], False),
+             f"{r['aligned_ms']:.3f}", pct(r["aligned_fraction_of_peak"], False), f"{r['predicted_before_ms']:.3f}"]
+            for r in gemm["rows"]]  # fmt: skip
+    head = ["m x n x k (bf16)", "unaligned ms", "of peak", "aligned twin ms", "of peak", "pred before ms"]
+    return out + table(head, rows)
+
+
 def real_launches(root: Path) -> str:
     """The public launches read as they are (real_launches.json): predicted per group, and each refusal."""
     doc = load(root, "real_launches.json")
@@ -1198,6 +1218,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,
+    "vision_tower": vision_tower,
     "real_launches": real_launches,
     "memory_blind": memory_blind,
     "nccl_sweep": nccl_sweep,

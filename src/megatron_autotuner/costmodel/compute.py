@@ -37,7 +37,8 @@ def gemm_time_s(
     Calibrated: t = F / (eff_cal(op, phase, F) * peak), F = 2*m*n*k*groups.
     Default (roofline with a fill rule):
         t = max(F / (peak * eff * fill), bytes / (hbm * HBM_EFFICIENCY)) + KERNEL_OVERHEAD_S
-    eff = GEMM_EFFICIENCY[precision]; fill = min(1, units / SMs) where units = groups * ceil(m/128) *
+    eff = `gemm_efficiency` (GEMM_EFFICIENCY[precision]; lower for rows not 16-byte aligned on Hopper);
+    fill = min(1, units / SMs) where units = groups * ceil(m/128) *
     ceil(n/128) * ksplit, ksplit = min(SMs // tiles, k // 512) when the tiles alone cannot fill the
     GPU (split-K); bytes = (e*(m*k + k*n) + o*m*n)*groups with e = 1 for fp8 operands, else 2, and
     o = 2 * main_grad_bytes for wgrad (read + write of the main grad it accumulates into: 8 fp32, 4 bf16),
@@ -58,12 +59,26 @@ def gemm_time_s(
     if tiles < sms:
         units = tiles * max(1, min(sms // max(tiles, 1), int(k // d.GEMM_MIN_K_SPLIT)))
     fill = min(1.0, units / sms)
-    compute = flops / (peak * d.GEMM_EFFICIENCY[precision] * fill * sm_fraction)
+    # the layer's widths: n and k forward and dgrad; m and n in wgrad (k there is the token count)
+    widths = (m, n) if phase == "wgrad" else (n, k)
+    compute = flops / (peak * gemm_efficiency(*widths, gpu, precision) * fill * sm_fraction)
     operand = 1 if precision == "fp8" else 2
     # wgrad accumulates into the main-grad buffer (gradient_accumulation_fusion): read + write it
     out_bytes = 2 * main_grad_bytes if phase == "wgrad" else 2
     memory = (operand * (m * k + k * n) + out_bytes * m * n) * groups / (gpu.hbm_gbps * 1e9 * d.HBM_EFFICIENCY)
     return max(compute, memory) + d.KERNEL_OVERHEAD_S
+
+
+def gemm_efficiency(width_a: float, width_b: float, gpu: GPUSpec, precision: str) -> float:
+    """Sustained fraction of the peak of a large GEMM of a linear layer whose input and output widths (its
+    operands' and result's row lengths) are `width_a` and `width_b`: `defaults.GEMM_EFFICIENCY`, or on Hopper
+    `defaults.UNALIGNED_GEMM_EFFICIENCY` for a bf16 one with a width not a multiple of 16 bytes (no TMA kernel can
+    load its rows)."""
+    align = d.GEMM_ALIGNMENT_ELEMENTS
+    unaligned = width_a % align or width_b % align
+    if precision != "fp8" and gpu.name in d.UNALIGNED_GEMM_GPUS and unaligned:
+        return d.UNALIGNED_GEMM_EFFICIENCY
+    return d.GEMM_EFFICIENCY[precision]
 
 
 def _interp_log2(points: tuple[tuple[int, float], ...], s: float) -> float:

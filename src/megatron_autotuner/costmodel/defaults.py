@@ -37,6 +37,17 @@ from __future__ import annotations
 # (0.78-0.81 [M1]) before clocks settle. fp8 0.62: the fp8 sweep median of [M3]
 # (torch._scaled_mm, per-tensor scales), ~1.9x the bf16 rate, not 2x.
 GEMM_EFFICIENCY = {"bf16": 0.70, "fp8": 0.62}
+# A bf16 GEMM whose rows are not a multiple of 16 bytes (k or n not a multiple of 8 elements) cannot use Hopper's
+# TMA-fed kernels (cuTensorMapEncodeTiled: every global stride a multiple of 16 bytes): cuBLAS runs sm80
+# `cutlass_80_tensorop_*_align2` kernels instead. Measured on one H200 (torch 2.11.0+cu130,
+# benchmarks/results/gemm_alignment_h200): 18.9-27.1% of the bf16 peak over 10 shapes, median 0.23, where their
+# aligned twins (n, k rounded up to a multiple of 8) ran sm90 `nvjet` kernels at 0.56-0.76. Qwen2.5-VL's
+# 3420-wide vision MLP is the case met (its fc2 in the tower's trace, benchmarks/results/vision_tower_h200).
+# Applied on the GPUs of that architecture (sm90); unmeasured elsewhere (A100's own fast kernels need no TMA, and
+# Blackwell's fallback rate is unknown).
+UNALIGNED_GEMM_EFFICIENCY = 0.23
+UNALIGNED_GEMM_GPUS = ("H100-SXM", "H200")
+GEMM_ALIGNMENT_ELEMENTS = 8  # 16 bytes of bf16
 # Output tile of a Hopper cuBLAS kernel (the nvjet kernels of [M2] use 128x256, 256x128, 192x192;
 # split-K / stream-K fill the machine once there are as many 128x128 tiles as SMs). A GEMM with
 # fewer tiles (after splitting k into chunks of at least GEMM_MIN_K_SPLIT) runs on that share of
