@@ -91,6 +91,7 @@ from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calib
 from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
+from .moe_overlap import a2a_overlap_saving_s
 from .queued_frees import QueuedFreeInputs, queued_free_bytes
 from .vision import vision_cost
 
@@ -622,6 +623,17 @@ def stage_time(
             host_fwd_issue_s += count * kind_host[key][0]
             host_bwd_issue_s += count * kind_host[key][1]
             layers_fwd_gpu_s += count * sum(kind_cost[key][0].values())
+
+    if parallel.moe_a2a_overlap and training:
+        saved = a2a_overlap_saving_s(
+            model, parallel, stage, num_microbatches(parallel, workload), ctx, scale, kind_cost, per_chunk_kinds
+        )
+        # what the combined steps hide is EP time (they never overlap two computations): taken off the exposed ep,
+        # the backward's first
+        from_bwd = min(sum(saved), bwd.get("ep", 0.0))
+        _merge(bwd, {"ep": -from_bwd})
+        _merge(fwd, {"ep": from_bwd - sum(saved)})
+        chunk_s = [t - s for t, s in zip(chunk_s, saved, strict=True)]
 
     h = model.hidden_size
     e = E_BF16

@@ -191,7 +191,7 @@ def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[s
     return shapes
 
 
-def _gemm_phase_time(op: str, shape: tuple[float, float, float, int], phase: str, ctx: LayerContext, sm=1.0) -> float:
+def gemm_phase_time(op: str, shape: tuple[float, float, float, int], phase: str, ctx: LayerContext, sm=1.0) -> float:
     m, n, k, groups = shape
     precision = "bf16" if op == "router" else ctx.precision
     gpu = ctx.cluster.gpu
@@ -523,9 +523,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     rec: dict[str, float] = {}
-    gemm = {
-        op: {ph: _gemm_phase_time(op, sh, ph, ctx) for ph in ("fwd", "dgrad", "wgrad")} for op, sh in shapes.items()
-    }
+    gemm = {op: {ph: gemm_phase_time(op, sh, ph, ctx) for ph in ("fwd", "dgrad", "wgrad")} for op, sh in shapes.items()}
     for times in gemm.values():
         _add(fwd, "gemm", times["fwd"])
         if ctx.training:
@@ -742,7 +740,7 @@ def forward_issue_groups_s(model: ModelSpec, layer_index: int, ctx: LayerContext
         raise ConfigError("layer", "the issue order is measured for dense layers only")
     gpu = ctx.cluster.gpu
     lc = layer_cost(model, layer_index, ctx)
-    gemm = {op: _gemm_phase_time(op, sh, "fwd", ctx) for op, sh in gemm_shapes(model, layer_index, ctx).items()}
+    gemm = {op: gemm_phase_time(op, sh, "fwd", ctx) for op, sh in gemm_shapes(model, layer_index, ctx).items()}
     mem = {
         name: memory_bound_time_s(fb, gpu, kn if fb else 0, eff)
         for name, (fb, _, kn, eff) in _memory_bound_bytes(model, layer_index, ctx).items()
@@ -844,6 +842,6 @@ def _pair_exposed(gemm, shapes, op, phase, c, method, ctx: LayerContext, c_ub: f
         chunks = 4
         sm = 1.0 / _sm_slowdown(ctx.cluster.gpu, method)
     chunk_shape = (m / chunks, n, k, groups)
-    g_chunked = chunks * _gemm_phase_time(op, chunk_shape, phase, ctx, sm)
+    g_chunked = chunks * gemm_phase_time(op, chunk_shape, phase, ctx, sm)
     overlapped = _overlapped_pair(g, g_chunked, c_ub, method, ctx.tp)
     return max(0.0, min(g + c, overlapped) - g)

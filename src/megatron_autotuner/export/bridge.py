@@ -64,6 +64,8 @@ MOE_OPTIONAL_KEYS = (
     "moe_router_score_function",
     "moe_router_pre_softmax",
     "moe_flex_dispatcher_backend",
+    "overlap_moe_expert_parallel_comm",
+    "delay_wgrad_compute",
 )
 
 _TORCH_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}

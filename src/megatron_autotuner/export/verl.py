@@ -136,6 +136,8 @@ def _transformer_overrides(a: MegatronArgs, training: bool) -> dict[str, Any]:
         "moe_router_fusion",
         "moe_router_dtype",
         "moe_flex_dispatcher_backend",
+        "overlap_moe_expert_parallel_comm",
+        "delay_wgrad_compute",
     ):
         if key in moe:
             otc[key] = moe[key]

@@ -215,6 +215,16 @@ def _pipeline(launch: VerlLaunch, role: str, model: ModelSpec, pp: int, vpp: int
     return None
 
 
+def _a2a_overlap(launch: VerlLaunch, role: str) -> dict[str, bool]:
+    """The EP all-to-all overlap a role's override_transformer_config turns on (TransformerConfig fields)."""
+    name = f"{role}_transformer_overrides"
+    otc = launch.pass_through(name) if name in VERL_KEYS else {}
+    return {
+        "moe_a2a_overlap": bool(otc.get("overlap_moe_expert_parallel_comm")),
+        "delay_wgrad_compute": bool(otc.get("delay_wgrad_compute")),
+    }
+
+
 def _parallel(
     launch: VerlLaunch, role: str, num_gpus: int, dist_opt: bool, fp32_grads: bool, model: ModelSpec
 ) -> ParallelConfig:
@@ -245,6 +255,7 @@ def _parallel(
             fp32_grads,
             False,  # verl does not turn TE userbuffers TP overlap on
             pipeline_layout=layout,
+            **_a2a_overlap(launch, role),
         )
     except ConfigError as exc:
         raise ConfigError(f"{VERL_KEYS[role + '_megatron']} ({exc.field})", exc.rule) from None

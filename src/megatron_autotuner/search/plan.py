@@ -54,6 +54,7 @@ from .progress import QUIET, Progress
 from .space import (
     RECOMPUTE_CHOICES,
     SearchSpace,
+    a2a_overlap_choices,
     cp_choices,
     cuda_graph_choices,
     iter_model_parallel,
@@ -216,6 +217,8 @@ def layout_label(p: ParallelConfig, w: Workload) -> str:
     parts += [f"cp{p.cp}", f"dp{p.dp}"]
     if p.ep > 1 or p.etp != p.tp:
         parts += [f"ep{p.ep}", f"etp{p.etp}"]
+    if p.moe_a2a_overlap:
+        parts.append("a2a-overlap" + ("+delay-wgrad" if p.delay_wgrad_compute else ""))
     parts.append("sp" if p.sequence_parallel else "nosp")
     parts.append(f"mbs{w.micro_batch_size}" if w.max_token_len is None else f"tok{w.max_token_len}")
     parts.append(f"rc-{w.recompute.granularity}")
@@ -338,16 +341,18 @@ def plan(
             layouts_by_pp[pp] = layout_choices(model, pp, space, seq_length)
         for vpp, pipeline_layout in layouts_by_pp[pp]:
             for sp in sps:
-                structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, mbs_list))
+                for a2a_overlap in a2a_overlap_choices(model, ep, pp, vpp):
+                    structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a_overlap, mbs_list))
 
     def config(
         st: tuple, dist: bool, rc_name: str, mbs: int, graphs: CudaGraphConfig | None = None
     ) -> tuple[ParallelConfig, Workload]:
-        tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, _ = st
+        tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a_overlap, _ = st
         work = base if graphs is None else base.replace(cuda_graph=graphs)
         parallel = ParallelConfig(
             num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, tp_comm_overlap and sp and tp > 1,
             pipeline_layout=pipeline_layout, cp_comm_type=cp_comm_type_for(model, cp),
+            moe_a2a_overlap=a2a_overlap, delay_wgrad_compute=a2a_overlap,
         )  # fmt: skip
         if budgets is not None:
             return parallel, work.replace(max_token_len=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
@@ -375,13 +380,19 @@ def plan(
     # recompute that fits; a structure that fits with none of them is rejected whole, and only structures within
     # `space.screen_slack` of the fastest (or the `space.screen_keep` fastest) are searched in full.
     lightest_first = [r for r in ("none", "selective", "full") if r in recomputes]
+
+    def recomputes_of(st: tuple, names: list[str]) -> list[str]:
+        # megatron-core refuses full recompute beside the EP all-to-all overlap (`specs.check_moe_a2a_overlap`)
+        return [r for r in names if not (st[8] and r == "full")] or names
+
     dist_probe = True in dist_opts
     screened: list[tuple[float, tuple]] = []
     progress.start("screening layouts", len(structures))
     for st in structures:  # counted as considered when rejected here; a kept one counts each of its variants
         progress.advance()
+        lightest = recomputes_of(st, lightest_first)
         try:
-            parallel, workload = config(st, dist_probe, lightest_first[-1], st[-1][0], eager)
+            parallel, workload = config(st, dist_probe, lightest[-1], st[-1][0], eager)
             validate_layout(model, parallel, workload)
         except ConfigError as exc:
             considered += 1
@@ -392,7 +403,7 @@ def plan(
         ok, peak, _ = fits(parallel, workload)
         found = None
         if ok:
-            for rc_name in lightest_first:
+            for rc_name in lightest:
                 parallel, workload = config(st, dist_probe, rc_name, st[-1][0], eager)
                 ok, _, _ = fits(parallel, workload)
                 if ok:
@@ -403,7 +414,7 @@ def plan(
             rejections.append(
                 Rejection(
                     layout_label(parallel, workload),
-                    f"{too_large(peak)} with {lightest_first[-1]} recompute at the smallest micro-batch",
+                    f"{too_large(peak)} with {lightest[-1]} recompute at the smallest micro-batch",
                     peak / GIB,
                 )
             )
@@ -437,7 +448,7 @@ def plan(
         for dist in sorted(dist_opts, reverse=True):
             if not dist and True in dist_opts and not sharded:
                 continue  # one optimizer shard: without the distributed optimizer it is the same layout
-            for rc_name in recomputes:
+            for rc_name in recomputes_of(st, list(recomputes)):
                 too_big = not dist and True in dist_opts and not any_fit
                 for mbs in mbs_list:
                     considered += 1

@@ -73,6 +73,15 @@ def cuda_graph_choices(model: ModelSpec) -> tuple[CudaGraphConfig, ...]:
     return (CudaGraphConfig(), CudaGraphConfig("transformer_engine", scope))
 
 
+def a2a_overlap_choices(model: ModelSpec, ep: int, pp: int, vpp: int | None) -> tuple[bool, ...]:
+    """Whether to try Megatron's EP all-to-all overlap (with delayed expert wgrad, as NVIDIA's MoE recipes set them):
+    on a MoE layout with expert parallelism and, with a pipeline, virtual stages (`specs.ParallelConfig`); which
+    one is faster is the cost model's `costmodel.moe_overlap`."""
+    if model.is_moe and ep > 1 and (pp == 1 or vpp):
+        return (False, True)
+    return (False,)
+
+
 def powers_of_two(limit: int) -> list[int]:
     out, v = [], 1
     while v <= limit:

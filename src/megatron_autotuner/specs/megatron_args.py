@@ -184,6 +184,8 @@ FLAG_TABLE: dict[str, str] = {
     "use_distributed_optimizer": "parallel.use_distributed_optimizer",
     "grad_reduce_in_bf16": "parallel.grad_reduce_in_fp32 (inverted)",
     "tp_comm_overlap": "parallel.tp_comm_overlap",
+    "overlap_moe_expert_parallel_comm": "parallel.moe_a2a_overlap",
+    "delay_wgrad_compute": "parallel.delay_wgrad_compute",
     "cp_comm_type": "parallel.cp_comm_type",
     # workload (Workload)
     "seq_length": "workload.seq_length",
@@ -326,8 +328,6 @@ _NOT_MODELLED_NOTES = {
     "use_megatron_fsdp": "FSDP is not modelled (predicted as DDP + distributed optimizer)",
     "use_torch_fsdp2": "FSDP is not modelled (predicted as DDP + distributed optimizer)",
     "fp4": "fp4 is not modelled",
-    "overlap_moe_expert_parallel_comm": "the overlapped EP all-to-all is not modelled (predicted exposed)",
-    "delay_wgrad_compute": "delayed wgrad is not modelled",
     "moe_shared_expert_overlap": "the shared-expert overlap is not modelled",
     "moe_flex_dispatcher_backend": "flex dispatchers (DeepEP / HybridEP) are not modelled",
     "delta_offload_bytes_across_pp_ranks": "the per-pipeline-rank offload delta is not modelled (predicted as 0)",
@@ -1419,6 +1419,8 @@ def launch_to_specs(
         tp_comm_overlap=bool(launch.value("tp_comm_overlap")) and tp > 1,
         cp_comm_type=cp_type if cp_type in ("p2p", "a2a", "allgather") else "p2p",
         pipeline_layout=layout,
+        moe_a2a_overlap=bool(launch.value("overlap_moe_expert_parallel_comm")),
+        delay_wgrad_compute=bool(launch.value("delay_wgrad_compute")),
     )
     mbs = _int(launch, "micro_batch_size") or 1
     gbs = _int(launch, "global_batch_size") or mbs * parallel.dp
@@ -1691,6 +1693,8 @@ def specs_to_megatron_args(
     )
     if model.is_moe:
         args.update(expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
+    if p.moe_a2a_overlap:
+        args.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=p.delay_wgrad_compute)
     if p.cp > 1:
         args["cp_comm_type"] = [p.cp_comm_type]
     if p.tp_comm_overlap and tp_comm_overlap_cfg:

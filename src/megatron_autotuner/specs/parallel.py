@@ -66,6 +66,9 @@ class ParallelConfig:
     `pipeline_layout`: how the layers split over the pp x vpp virtual stages when not evenly
     (`specs.pipeline.PipelineLayout`); None is Megatron's even split (`pipeline_layout_of` resolves it). A layout
     fixes vpp: it is taken from the layout when not given and must agree when given.
+    `moe_a2a_overlap` / `delay_wgrad_compute`: Megatron-LM's --overlap-moe-expert-parallel-comm (the forward of one
+    micro-batch and the backward of another run combined, each one's EP all-to-all beside the other's computation:
+    `costmodel.moe_overlap`) and --delay-wgrad-compute (the experts' weight gradients after the backward dispatch).
     """
 
     num_gpus: int
@@ -81,6 +84,8 @@ class ParallelConfig:
     tp_comm_overlap: bool = False
     cp_comm_type: str = "p2p"  # p2p (ring) | a2a (Ulysses) | allgather
     pipeline_layout: PipelineLayout | None = None
+    moe_a2a_overlap: bool = False
+    delay_wgrad_compute: bool = False
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
@@ -115,9 +120,12 @@ class ParallelConfig:
         if self.tp == 1 and self.sequence_parallel:
             # Megatron-LM turns sequence parallelism off when tp == 1 (nothing to split).
             object.__setattr__(self, "sequence_parallel", False)
-        for name in ("sequence_parallel", "use_distributed_optimizer", "grad_reduce_in_fp32", "tp_comm_overlap"):
+        flags = ("sequence_parallel", "use_distributed_optimizer", "grad_reduce_in_fp32", "tp_comm_overlap",
+                 "moe_a2a_overlap", "delay_wgrad_compute")  # fmt: skip
+        for name in flags:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
+        self._check_moe_a2a_overlap()
         if self.cp_comm_type not in ("p2p", "a2a", "allgather"):
             raise ConfigError("cp_comm_type", f"must be p2p, a2a or allgather, got {self.cp_comm_type!r}")
         model_parallel = self.tp * self.pp * self.cp
@@ -134,6 +142,16 @@ class ParallelConfig:
                 "ep",
                 f"num_gpus={self.num_gpus} must be divisible by etp*ep*pp = {self.etp}*{self.ep}*{self.pp}",
             )
+
+    def _check_moe_a2a_overlap(self) -> None:
+        """megatron-core TransformerConfig.__post_init__ (Megatron-LM d98e8a6): the EP all-to-all overlap needs
+        expert parallelism and, with a pipeline, virtual stages; delayed wgrad needs the overlap."""
+        if self.delay_wgrad_compute and not self.moe_a2a_overlap:
+            raise ConfigError("delay_wgrad_compute", "needs moe_a2a_overlap (--overlap-moe-expert-parallel-comm)")
+        if self.moe_a2a_overlap and self.ep < 2:
+            raise ConfigError("moe_a2a_overlap", "needs expert parallelism (ep > 1)")
+        if self.moe_a2a_overlap and self.pp > 1 and self.vpp is None:
+            raise ConfigError("moe_a2a_overlap", "needs virtual pipeline stages (vpp) when pp > 1")
 
     @property
     def dp(self) -> int:
@@ -575,6 +593,19 @@ def layers_per_stage(model: ModelSpec, parallel: ParallelConfig) -> list[int]:
     return [len(layout.rank_layers(r)) for r in range(parallel.pp)]
 
 
+def check_moe_a2a_overlap(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> None:
+    """What megatron-core asserts of the EP all-to-all overlap beyond the layout (TransformerConfig.__post_init__,
+    Megatron-LM d98e8a6): no full recompute and no recomputed MoE block, at most one MTP layer (a MoE model: the
+    expert parallelism it needs is checked with the layout)."""
+    if not parallel.moe_a2a_overlap:
+        return
+    rc = workload.recompute
+    if workload.is_training and (rc.is_full or (rc.granularity == "selective" and "moe" in rc.modules)):
+        raise ConfigError("moe_a2a_overlap", "is refused with full recompute or the moe module recomputed")
+    if model.mtp_num_layers > 1:
+        raise ConfigError("moe_a2a_overlap", "supports at most one MTP layer")
+
+
 def check_tp_comm_overlap(parallel: ParallelConfig) -> None:
     """TE userbuffers overlap the sequence-parallel collectives: `tp_comm_overlap` needs sequence parallelism."""
     if parallel.tp_comm_overlap and not parallel.sequence_parallel:
@@ -674,6 +705,7 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
             "seq_length", f"seq_length/cp = {seq // cp} must be divisible by tp={tp} with sequence parallel"
         )
     check_tp_comm_overlap(parallel)
+    check_moe_a2a_overlap(model, parallel, workload)
     if workload.fp8_param and workload.is_training and not parallel.use_distributed_optimizer:
         # Megatron-LM validate_args: --fp8-param-gather needs the distributed optimizer (or FSDP) when training.
         raise ConfigError("fp8_param", "needs the distributed optimizer when training (Megatron-LM --fp8-param-gather)")

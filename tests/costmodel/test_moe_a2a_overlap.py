@@ -1,0 +1,110 @@
+"""Megatron's batch-level EP all-to-all overlap (`costmodel.moe_overlap`): the combined forward / backward step of one
+MoE layer on two streams, in the order TransformerLayerSchedulePlan.run issues it, by hand and as properties; the
+flags read from a launch and written back; the search trying it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from megatron_autotuner.cli import main
+from megatron_autotuner.costmodel.estimate import estimate
+from megatron_autotuner.costmodel.moe_overlap import MoeLayerPieces, overlapped_pair_s, warmup_chunks
+from megatron_autotuner.errors import ConfigError
+from megatron_autotuner.export import megatron_args
+from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+from megatron_autotuner.specs.megatron_args import launch_to_specs, read_launch_file
+from megatron_autotuner.specs.parallel import ParallelConfig, RecomputeConfig, Workload, validate_layout
+
+LAUNCHES = Path(__file__).resolve().parents[1] / "fixtures/launches"
+H100 = get_gpu_spec("H100-SXM")
+
+
+def pieces(pre_f, e_f, pre_b, e_d, e_w, a2a) -> MoeLayerPieces:
+    return MoeLayerPieces(pre_f, e_f, pre_b, e_d, e_w, a2a)
+
+
+@pytest.mark.parametrize(
+    "p,delay,expected",
+    [
+        # compute-bound: every all-to-all hides; 19 s serial -> the 15 s of computation
+        (pieces(2, 3, 4, 3, 3, 1), False, 15.0),
+        (pieces(2, 3, 4, 3, 3, 1), True, 15.0),
+        # communication-bound: the four all-to-alls back to back (the computation hides)
+        (pieces(1, 1, 1, 1, 1, 5), False, 20.0),
+        # the experts' long weight gradient holds the backward dispatch back unless delayed:
+        # combine_bwd 0-3, dispatch_fwd 3-6, dgrad 3-4, wgrad 4-7; dispatch_bwd 7-10 (6-9 delayed), experts_fwd 7-8,
+        # combine_fwd 10-13 (9-12), pre_dispatch_bwd 10-11 (9-10)
+        (pieces(1, 1, 1, 1, 3, 3), False, 13.0),
+        (pieces(1, 1, 1, 1, 3, 3), True, 12.0),
+        # no communication: the computation, serial
+        (pieces(2, 3, 4, 3, 3, 0), False, 15.0),
+    ],
+)
+def test_combined_step_by_hand(p, delay, expected):
+    assert overlapped_pair_s(p, delay) == pytest.approx(expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.0, 10.0), min_size=6, max_size=6))
+def test_combined_step_is_between_its_two_streams_and_the_serial_step(values):
+    p = pieces(*values)
+    compute = p.pre_dispatch_fwd + p.experts_fwd + p.pre_dispatch_bwd + p.experts_bwd_dgrad + p.experts_bwd_wgrad
+    for delay in (False, True):
+        pair = overlapped_pair_s(p, delay)
+        assert max(compute, 4 * p.all_to_all) - 1e-9 <= pair <= p.serial_s + 1e-9
+    assert overlapped_pair_s(p, True) <= overlapped_pair_s(p, False) + 1e-9
+
+
+def test_warmup_forwards_as_megatron_core_counts_them():
+    assert warmup_chunks(1, 1, 0) == 1
+    # schedules.get_pp_rank_microbatches: (pp - rank - 1) * 2 + (vpp - 1) * pp, plus one with the overlap
+    assert warmup_chunks(4, 2, 0) == 3 * 2 + 1 * 4 + 1
+    assert warmup_chunks(4, 2, 3) == 0 + 4 + 1
+
+
+def test_megatron_core_s_conditions_are_one_line_errors():
+    with pytest.raises(ConfigError, match="delay_wgrad_compute"):
+        ParallelConfig(num_gpus=8, ep=8, delay_wgrad_compute=True)
+    with pytest.raises(ConfigError, match="ep > 1"):
+        ParallelConfig(num_gpus=8, moe_a2a_overlap=True)
+    with pytest.raises(ConfigError, match="vpp"):
+        ParallelConfig(num_gpus=8, pp=2, ep=4, moe_a2a_overlap=True)
+    moe = load_model_spec("Qwen3-30B-A3B")
+    full = Workload(4096, 1, 64, recompute=RecomputeConfig("full", "uniform", 1))
+    with pytest.raises(ConfigError, match="full recompute"):
+        validate_layout(moe, ParallelConfig(num_gpus=8, ep=8, moe_a2a_overlap=True), full)
+
+
+def test_the_overlap_hides_all_to_all_where_the_gpu_sets_the_pace_only():
+    moe = load_model_spec("Qwen3-30B-A3B")
+    gpu_bound, host_bound = Workload(8192, 4, 256), Workload(4096, 1, 256)
+    for work, saves in ((gpu_bound, True), (host_bound, False)):
+        serial, combined = (
+            estimate(moe, ParallelConfig(num_gpus=32, ep=32, moe_a2a_overlap=ov, delay_wgrad_compute=ov), work, H100)
+            for ov in (False, True)
+        )
+        ep = [e.to_dict()["time_breakdown_s"]["exposed_comm"]["ep"] for e in (serial, combined)]
+        if saves:
+            assert combined.step_time_s < serial.step_time_s and ep[1] < ep[0]
+        else:  # eager MoE layers paced by their host: the host issues both passes either way
+            assert combined.step_time_s == pytest.approx(serial.step_time_s)
+
+
+def test_a_recipe_s_flags_are_read_and_written_back():
+    launch = launch_to_specs(read_launch_file(str(LAUNCHES / "qwen3_235b_a22b_h100_256gpu_fp8cs.sh")))
+    assert launch.parallel.moe_a2a_overlap and launch.parallel.delay_wgrad_compute
+    assert not any("overlap-moe-expert-parallel-comm" in n or "delay-wgrad" in n for n in launch.not_modelled)
+    args = megatron_args(launch.model, launch.parallel, launch.workload)
+    assert args["overlap_moe_expert_parallel_comm"] is True and args["delay_wgrad_compute"] is True
+
+
+def test_mat_plan_tries_the_overlap_for_a_moe_model(capsys, tmp_path):
+    argv = ["plan", "--model", "Qwen3-30B-A3B", "--gpu", "H100-SXM", "--num-gpus", "32", "--seq-len", "8192",
+            "--global-batch-size", "256", "--top", "100", "--json", "--output-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "a2a-overlap+delay-wgrad" in out
