@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..argspec.argtypes import non_empty_path, positive_int
 from ..argspec.common import (
@@ -13,7 +13,7 @@ from ..argspec.common import (
     launch_variables,
 )
 from ..errors import ConfigError
-from ..specs import ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
+from ..specs import MoeRouting, ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
 from ..specs.hardware import GPUSpec
 from ..specs.lengths import SequenceLengths, parse_mean_max, read_length_histogram
 from ..specs.megatron_args import ImportedLaunch, launch_to_specs, read_launch_file
@@ -122,6 +122,26 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     add_precision_arguments(g)
     add_mode_arguments(g)
     add_flops_convention_argument(g)
+    add_moe_routing_argument(g)
+
+
+def add_moe_routing_argument(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """`--moe-load-imbalance`: what no launch says (how the router spreads the tokens)."""
+    g.add_argument(
+        "--moe-load-imbalance",
+        type=float,
+        default=None,
+        metavar="MAX/MEAN",
+        help="MoE: the busiest expert-parallel rank's routed tokens over the mean; its experts and all-to-all set the "
+        "pace (default 1.0: balanced, as NVIDIA's benchmarks force it with --moe-router-force-load-balancing)",
+    )
+
+
+def moe_routing_from_args(args: argparse.Namespace, launch: MoeRouting | None = None) -> MoeRouting:
+    """The launch's capacity settings (or none) with --moe-load-imbalance."""
+    base = launch or MoeRouting()
+    imbalance = getattr(args, "moe_load_imbalance", None)
+    return base if imbalance is None else replace(base, load_imbalance=imbalance)
 
 
 def add_flops_convention_argument(g: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -263,6 +283,7 @@ def workload_from_args(args: argparse.Namespace, parallel: ParallelConfig) -> Wo
         max_token_len=args.max_token_len,
         fp8_recipe=args.fp8_recipe or "delayed",
         fp8_param=bool(args.fp8_param_gather),
+        moe_routing=moe_routing_from_args(args),
     )
 
 
@@ -339,6 +360,7 @@ def specs_from_args(args: argparse.Namespace) -> ResolvedSpecs:
         imported = import_launch(args)
         model = imported.model
         parallel, workload = imported.parallel, imported.workload
+        workload = workload.replace(moe_routing=moe_routing_from_args(args, workload.moe_routing))
         if getattr(args, "num_layers", None) is not None:
             raise ConfigError(
                 "num_layers", "goes in the Megatron-LM launch (--num-layers) when --megatron-args is given"

@@ -34,10 +34,12 @@ from .layout_args import (
     add_length_arguments,
     add_mode_arguments,
     add_model_arguments,
+    add_moe_routing_argument,
     gpu_from_args,
     import_launch,
     lengths_from_args,
     model_from_args,
+    moe_routing_from_args,
 )
 from .output import console, make_table, print_json
 from .progress_bar import progress_bar
@@ -79,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="sequences per optimizer step (required without --megatron-args; with it, taken from the launch)",
     )
     add_mode_arguments(p)
+    add_moe_routing_argument(p)
     add_length_arguments(p)
     add_precision_arguments(p)
     add_flops_convention_argument(p)
@@ -155,6 +158,7 @@ class PlanInputs:
     current: Any = None
     # why Megatron-LM would refuse the launch's own layout, and the launch as read: planned all the same
     refused: tuple[str, Any] | None = None
+    moe_routing: Any = None  # `specs.parallel.MoeRouting`: the launch's capacity with --moe-load-imbalance
 
 
 def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
@@ -186,7 +190,7 @@ def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
             model, options, mine.tp_comm_overlap, mine.num_gpus, work.seq_length, work.global_batch_size,
             work.precision, work.fp8_recipe, work.fp8_param, mine.grad_reduce_in_fp32,
             work.cuda_graph,  # the launch's CUDA graphs, kept for every candidate
-            lengths, current, refused,
+            lengths, current, refused, moe_routing_from_args(args, work.moe_routing),
         )  # fmt: skip
     else:
         model = model_from_args(args)
@@ -197,6 +201,7 @@ def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
             model, cost_options_from_args(args), bool(args.tp_comm_overlap), args.num_gpus, args.seq_len,
             args.global_batch_size, args.precision or "bf16", args.fp8_recipe or "delayed",
             bool(args.fp8_param_gather), not args.grad_reduce_in_bf16, None, lengths,
+            moe_routing=moe_routing_from_args(args),
         )  # fmt: skip
     for name, value in (("num_gpus", inputs.num_gpus), ("seq_len", inputs.seq), ("global_batch_size", inputs.gbs)):
         if value < 1:
@@ -231,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
             precision=inputs.precision, max_token_len=args.max_token_len, memory_margin=args.memory_margin,
             options=options, grad_reduce_in_fp32=inputs.grad_fp32, fp8_recipe=inputs.recipe,
             fp8_param=inputs.fp8_param, lengths=inputs.lengths, cuda_graph=inputs.graphs,
-            tp_comm_overlap=inputs.tp_overlap, progress=progress,
+            tp_comm_overlap=inputs.tp_overlap, progress=progress, moe_routing=inputs.moe_routing,
         )  # fmt: skip
     if runner_note:
         result = replace(result, notes=(*result.notes, runner_note))

@@ -576,6 +576,7 @@ def stage_time(
         main_grad_bytes=parallel.main_grad_bytes,
         cuda_graph_impl=workload.cuda_graph.impl,
         cuda_graph_scope=workload.cuda_graph.scope,
+        expert_load=workload.expert_load,
     )
     mg = parallel.main_grad_bytes
     bf16_grads = not parallel.grad_reduce_in_fp32

@@ -105,6 +105,8 @@ class LayerContext:
     # megatron-core normalises them; an empty scope with local / transformer_engine captures the whole layer
     cuda_graph_impl: str = "none"
     cuda_graph_scope: tuple[str, ...] = ()
+    # the busiest expert-parallel rank's routed tokens over the mean (`Workload.expert_load`)
+    expert_load: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def gemm_shapes(model: ModelSpec, layer_index: int, ctx: LayerContext) -> dict[s
     if model.is_moe_layer(layer_index):
         shapes["router"] = (t / x, model.num_moe_experts, h, 1)
         groups = max(1, model.num_moe_experts // ctx.ep)
-        routed = t * model.moe_router_topk * ctx.etp / tp
+        routed = model.routed_tokens(t, tp, ctx.etp, ctx.expert_load)
         f = model.moe_ffn_hidden_size / ctx.etp
         shapes["experts_fc1"] = (routed / groups, gate * f, h, groups)
         shapes["experts_fc2"] = (routed / groups, h, f, groups)
@@ -362,7 +364,7 @@ def _mlp_memory_bound(model: ModelSpec, layer_index: int, ctx: LayerContext) -> 
         dense_fwd, dense_bwd = 5 * e, 13 * e
     if model.is_moe_layer(layer_index):
         experts = model.num_moe_experts
-        routed = t * model.moe_router_topk * ctx.etp / tp
+        routed = model.routed_tokens(t, tp, ctx.etp, ctx.expert_load)
         out["router"] = (10.0 * experts * tt, 10.0 * experts * tt, 4, None)
         out.update(moe_dispatch_work(model, ctx, tt, routed))
         out["activation"] = (act_fwd * model.moe_ffn_hidden_size / ctx.etp * routed, 0.0, 1, None)
@@ -497,7 +499,7 @@ def expert_tp_comm_s(model: ModelSpec, ctx: LayerContext) -> float:
     (benchmarks/results/plan_regret_h200_x4_r4/etp_trace, tests/costmodel/test_expert_tp_comm.py)."""
     if ctx.etp <= 1:
         return 0.0
-    rows = ctx.tokens * model.moe_router_topk * ctx.etp / ctx.tp
+    rows = model.routed_tokens(ctx.tokens, ctx.tp, ctx.etp, ctx.expert_load)
     message = E_BF16 * rows * model.hidden_size
     return collective_time_s("all_gather", ctx.etp, message, ctx.cluster, 1) + collective_time_s(
         "reduce_scatter", ctx.etp, message, ctx.cluster, 1
@@ -658,7 +660,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     # ---- expert parallel communication ----
     a2a = 0.0
     if is_moe and ctx.ep > 1:
-        routed = ctx.tokens * model.moe_router_topk * ctx.etp / tp
+        routed = model.routed_tokens(ctx.tokens, tp, ctx.etp, ctx.expert_load)
         a2a = collective_time_s("all_to_all", ctx.ep, E_BF16 * routed * model.hidden_size, cluster, ctx.etp)
     # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
     # reduce-scatter of the routed tokens

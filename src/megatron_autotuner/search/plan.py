@@ -42,6 +42,7 @@ from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import (
     CudaGraphConfig,
+    MoeRouting,
     ParallelConfig,
     RecomputeConfig,
     Workload,
@@ -251,6 +252,7 @@ def plan(
     tp_comm_overlap: bool = False,
     progress: Progress = QUIET,
     image_tokens: int = 0,
+    moe_routing: MoeRouting | None = None,
 ) -> PlanResult:
     """Rank every valid layout of `model` on `num_gpus` x `gpu` by predicted step time.
 
@@ -263,7 +265,8 @@ def plan(
     rather than searched (fp8 parameters rule out layouts without the distributed optimizer). `tp_comm_overlap`:
     every sequence-parallel layout overlaps its TP collectives with TE userbuffers (--tp-comm-overlap; off by
     default, as in Megatron-LM). `progress` hears of each phase (screening, the full search, the estimates).
-    `image_tokens`: a vision-language model's image tokens per sequence (`Workload.image_tokens_per_sequence`).
+    `image_tokens`: a vision-language model's image tokens per sequence (`Workload.image_tokens_per_sequence`);
+    `moe_routing`: how the router spreads a MoE model's tokens (`Workload.moe_routing`; balanced by default).
 
     Raises `ConfigError` with the nearest workable alternative when no layout divides the GPU
     count or none fits in memory.
@@ -288,6 +291,7 @@ def plan(
         lengths,
         cuda_graph or CudaGraphConfig(),
         image_tokens_per_sequence=image_tokens,
+        moe_routing=moe_routing or MoeRouting(),
     )
     graph_choices = space.cuda_graphs or (base.cuda_graph,)
     # screening times structures eagerly: per-layer graphs refuse full recompute, which screening probes
@@ -660,6 +664,7 @@ def _does_not_fit_message(
                 fp8_param=base.fp8_param,
                 lengths=base.lengths,
                 image_tokens=base.image_tokens_per_sequence,
+                moe_routing=base.moe_routing,
                 space=SearchSpace(
                     distributed_optimizer=(True,),
                     sequence_parallel=(True,),

@@ -6,6 +6,7 @@ from .loader import find_in_hf_cache, load_model_spec, load_model_spec_file, pre
 from .model import ModelSpec
 from .parallel import (
     CudaGraphConfig,
+    MoeRouting,
     ParallelConfig,
     RecomputeConfig,
     Workload,
@@ -22,6 +23,7 @@ __all__ = [
     "ModelSpec",
     "ParallelConfig",
     "RecomputeConfig",
+    "MoeRouting",
     "Workload",
     "find_in_hf_cache",
     "get_gpu_spec",

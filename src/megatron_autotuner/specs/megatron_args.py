@@ -36,6 +36,7 @@ from .parallel import (
     OFFLOAD_MODULES,
     ActivationOffloadConfig,
     CudaGraphConfig,
+    MoeRouting,
     ParallelConfig,
     RecomputeConfig,
     Workload,
@@ -199,6 +200,8 @@ FLAG_TABLE: dict[str, str] = {
     "fp8": "workload.precision fp8 (--fp8-format e4m3 | hybrid)",
     "fp8_recipe": "workload.fp8_recipe",
     "fp8_param_gather": "workload.fp8_param",
+    "moe_expert_capacity_factor": "workload.moe_routing.capacity_factor",
+    "moe_pad_expert_input_to_capacity": "workload.moe_routing.pad_to_capacity",
     "cuda_graph_impl": "workload.cuda_graph.impl",
     "cuda_graph_modules": "workload.cuda_graph.scope (empty: the whole layer)",
     "cuda_graph_scope_deprecated": "workload.cuda_graph.scope (deprecated --cuda-graph-scope; full_iteration there: "
@@ -1452,6 +1455,10 @@ def launch_to_specs(
         fp8_recipe=recipe if fp8 else "delayed",
         fp8_param=bool(launch.value("fp8_param_gather")) and bool(fp8),
         cuda_graph=graphs,
+        moe_routing=MoeRouting(
+            capacity_factor=_float(launch, "moe_expert_capacity_factor") if model.is_moe else None,
+            pad_to_capacity=bool(launch.value("moe_pad_expert_input_to_capacity")) and model.is_moe,
+        ),
     )
     if mode != "train" and granularity != "none":
         notes.append("recompute: ignored for a forward-only pass")
@@ -1712,6 +1719,12 @@ def specs_to_megatron_args(
         args.update(recompute_granularity="selective", recompute_modules=list(rc.modules))
     if w.precision == "fp8":
         args.update(fp8="hybrid", fp8_recipe=w.fp8_recipe, fp8_param_gather=w.fp8_param)
+    routing = w.moe_routing
+    if model.is_moe and routing.capacity_factor is not None:
+        args.update(
+            moe_expert_capacity_factor=routing.capacity_factor,
+            moe_pad_expert_input_to_capacity=routing.pad_to_capacity,
+        )
     graphs = w.cuda_graph
     if graphs.enabled:
         args["cuda_graph_impl"] = graphs.impl

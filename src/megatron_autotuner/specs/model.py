@@ -355,6 +355,12 @@ class ModelSpec:
             self.has_mlp(layer_index),
         )
 
+    def routed_tokens(self, tokens: float, tp: int, etp: int, load: float) -> float:
+        """Token rows the routed experts of one rank take in one MoE layer: T x top-k x etp / tp (T the local tokens
+        of the micro-batch; an expert-TP group gathers its ranks' rows) x `load`, the busiest rank's share over the
+        mean (`Workload.expert_load`: imbalance and capacity)."""
+        return tokens * self.moe_router_topk * etp / tp * load
+
     @property
     def num_moe_layers(self) -> int:
         return sum(self.is_moe_layer(i) for i in range(self.num_layers))

@@ -371,6 +371,41 @@ class ActivationOffloadConfig:
 
 
 @dataclass(frozen=True)
+class MoeRouting:
+    """How a MoE model's routed tokens spread over the expert-parallel ranks.
+
+    `load_imbalance`: the busiest rank's routed tokens over the mean (1.0: balanced, as NVIDIA's MoE benchmarks force
+    it with --moe-router-force-load-balancing). `capacity_factor` / `pad_to_capacity`: Megatron-LM's
+    --moe-expert-capacity-factor / --moe-pad-expert-input-to-capacity (tokens past an expert's capacity are dropped;
+    padded, every expert computes its whole capacity)."""
+
+    load_imbalance: float = 1.0
+    capacity_factor: float | None = None
+    pad_to_capacity: bool = False
+
+    def __post_init__(self) -> None:
+        r, c = self.load_imbalance, self.capacity_factor
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 1.0 <= r < math.inf:
+            raise ConfigError("moe_load_imbalance", f"must be a number >= 1 (busiest rank / mean), got {r!r}")
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < math.inf):
+            raise ConfigError("moe_expert_capacity_factor", f"must be a number > 0, got {c!r}")
+        if self.pad_to_capacity and c is None:
+            # megatron-core TransformerConfig: padding to capacity needs a capacity factor
+            raise ConfigError("moe_pad_expert_input_to_capacity", "needs --moe-expert-capacity-factor")
+
+    @property
+    def expert_load(self) -> float:
+        """The busiest expert-parallel rank's routed tokens over the balanced mean: padded to capacity, the capacity
+        factor c (every expert computes c x its mean share: megatron-core moe_utils.get_capacity); dropping, min
+        (imbalance, c); dropless, the imbalance. It scales that rank's expert GEMMs, all-to-all and expert activations
+        (an assumption: a rank's imbalance bounded by its experts' capacity)."""
+        c = self.capacity_factor
+        if c is not None and self.pad_to_capacity:
+            return float(c)
+        return float(min(self.load_imbalance, c) if c is not None else self.load_imbalance)
+
+
+@dataclass(frozen=True)
 class Workload:
     """What one training (or forward-only) iteration processes.
 
@@ -387,6 +422,7 @@ class Workload:
     `cuda_graph`: the run's CUDA graphs (`CudaGraphConfig`; none by default).
     `image_tokens_per_sequence`: a vision-language model's data, one image per sequence of that many image tokens
     (part of the sequence's length; `theory.vision`); 0: text only.
+    `moe_routing`: how a MoE model's tokens spread over the experts (`MoeRouting`; balanced and dropless by default).
     """
 
     seq_length: int
@@ -402,6 +438,7 @@ class Workload:
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
     image_tokens_per_sequence: int = 0
+    moe_routing: MoeRouting = field(default_factory=lambda: MoeRouting())
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
@@ -410,6 +447,8 @@ class Workload:
             raise ConfigError("cuda_graph", f"must be a CudaGraphConfig, got {type(self.cuda_graph).__name__}")
         for name in ("seq_length", "micro_batch_size", "global_batch_size"):
             _positive(name, getattr(self, name))
+        if not isinstance(self.moe_routing, MoeRouting):
+            raise ConfigError("moe_routing", f"must be a MoeRouting, got {type(self.moe_routing).__name__}")
         images = self.image_tokens_per_sequence
         if isinstance(images, bool) or not isinstance(images, int) or not 0 <= images <= self.seq_length:
             raise ConfigError("image_tokens", f"must be an integer in 0..seq_length={self.seq_length}, got {images!r}")
@@ -480,6 +519,11 @@ class Workload:
                 )
 
     @property
+    def expert_load(self) -> float:
+        """The busiest expert-parallel rank's routed tokens over the balanced mean (`MoeRouting.expert_load`)."""
+        return self.moe_routing.expert_load
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         """Tokens in one micro-batch (on one data-parallel rank, before CP/TP splitting)."""
         if self.max_token_len is not None:
@@ -500,12 +544,14 @@ class Workload:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        skip = ("lengths", "activation_offload")
+        skip = ("lengths", "activation_offload", "moe_routing")
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip}
         data["recompute"] = dataclasses.asdict(self.recompute)
         data["cuda_graph"] = self.cuda_graph.to_dict()
         if self.activation_offload.enabled:
             data["activation_offload"] = dataclasses.asdict(self.activation_offload)
+        if self.moe_routing != MoeRouting():
+            data["moe_routing"] = {**dataclasses.asdict(self.moe_routing), "expert_load": self.expert_load}
         if self.lengths is not None:
             data["lengths"] = self.lengths.to_dict()
         return data

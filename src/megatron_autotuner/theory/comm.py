@@ -128,7 +128,7 @@ def stage_comm_volumes(
             out.append(CommVolume("tp", coll, tp, hidden_msg, m, "fwd"))
 
     if moe_layers and ep > 1:
-        routed = tokens * model.moe_router_topk * etp / tp
+        routed = model.routed_tokens(tokens, tp, etp, workload.expert_load)
         per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
         out.append(CommVolume("ep", "all_to_all", ep, e * routed * h, m * calls))
