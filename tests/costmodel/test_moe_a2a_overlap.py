@@ -108,3 +108,38 @@ def test_mat_plan_tries_the_overlap_for_a_moe_model(capsys, tmp_path):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "a2a-overlap+delay-wgrad" in out
+
+
+def test_flex_dispatchers_send_a_token_to_each_other_node_once():
+    """Qwen3-30B-A3B's 128 experts top-8 over 2 nodes: the alltoall dispatcher sends 4 of a token's 8 copies across
+    on average; DeepEP / HybridEP send it once to a node holding any of its experts (1 - C(64, 8) / C(128, 8) of
+    the time); inside one node both move the same bytes."""
+    from math import comb
+
+    from megatron_autotuner.costmodel.collectives import collective_time_s, dispatch_time_s, remote_nodes_per_token
+    from megatron_autotuner.specs import ClusterSpec
+
+    assert remote_nodes_per_token(128, 8, 2) == pytest.approx(1 - comb(64, 8) / comb(128, 8))
+    assert remote_nodes_per_token(128, 8, 1) == 0.0
+    # a token with more experts than a node holds reaches every other node
+    assert remote_nodes_per_token(16, 8, 4) == pytest.approx(3 * (1 - comb(12, 8) / comb(16, 8)))
+    routed = 2 * 8192 * 8 * 2048.0
+    two_nodes, one_node = ClusterSpec(H100, 16), ClusterSpec(H100, 8)
+    flex = dispatch_time_s(routed, 16, two_nodes, 1, 128, 8, True)
+    assert flex < 0.5 * dispatch_time_s(routed, 16, two_nodes, 1, 128, 8, False)
+    assert dispatch_time_s(routed, 16, two_nodes, 1, 128, 8, False) == collective_time_s(
+        "all_to_all", 16, routed, two_nodes, 1
+    )
+    assert dispatch_time_s(routed, 8, one_node, 1, 128, 8, True) == dispatch_time_s(
+        routed, 8, one_node, 1, 128, 8, False
+    )
+
+
+def test_a_flex_launch_is_read_and_written_back():
+    launch = launch_to_specs(read_launch_file(str(LAUNCHES / "deepseek_v3_h100_1024gpu.sh")))
+    assert launch.parallel.moe_dispatcher == "hybridep"
+    assert not any("dispatcher" in n for n in launch.not_modelled)
+    args = megatron_args(launch.model, launch.parallel, launch.workload)
+    assert args["moe_token_dispatcher_type"] == "flex" and args["moe_flex_dispatcher_backend"] == "hybridep"
+    with pytest.raises(ConfigError, match="moe_dispatcher"):
+        ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="allgather")

@@ -53,7 +53,8 @@ def test_deepseek_v3_recipe_reads_its_layout_string_and_notes_what_is_not_modell
     assert m.moe_layer_pattern[:4] == (0, 0, 0, 1) and m.mtp_num_layers == 1 and m.multi_latent_attention
     assert imp.workload.recompute.modules == ("mla_up_proj", "mlp")
     assert imp.options["overlap_grad_reduce"] is False  # the recipe turns it off; Megatron's default is off
-    assert any(n.startswith("--moe-token-dispatcher-type flex") for n in imp.not_modelled)
+    # the flex dispatcher over HybridEP is modelled (`collectives.dispatch_time_s`); the SMs it takes are not
+    assert p.moe_dispatcher == "hybridep" and "--moe-hybridep-num-sms" in imp.not_modelled
 
 
 def test_a_launch_without_the_vocabulary_takes_it_from_model_and_says_the_flags_win():

@@ -67,6 +67,44 @@ def hidden_collective_cost_s(
     return d.NCCL_OVERLAP_COST[collective] * hidden_s
 
 
+def remote_nodes_per_token(num_experts: int, topk: int, nodes: int) -> float:
+    """Expected other nodes a token's top-k experts sit on, experts spread evenly over `nodes` nodes and picked
+    without repeats: (nodes - 1) x (1 - C(E - E/nodes, k) / C(E, k)), no group-limited routing assumed."""
+    if nodes <= 1:
+        return 0.0
+    per_node = num_experts / nodes
+    none_there = 1.0
+    for i in range(topk):
+        none_there *= max(0.0, num_experts - per_node - i) / (num_experts - i)
+    return (nodes - 1) * (1.0 - none_there)
+
+
+@lru_cache(maxsize=65536)
+def dispatch_time_s(
+    routed_bytes: float, ep: int, cluster: ClusterSpec, stride: int, num_experts: int, topk: int, dedup: bool
+) -> float:
+    """One MoE dispatch (or combine) of `routed_bytes` (the rank's top-k copies of its tokens) over `ep` ranks.
+
+    The alltoall dispatcher sends every copy: `collective_time_s("all_to_all")`. A deduplicating one (the flex
+    dispatcher over DeepEP or HybridEP: "removes redundant tokens during cross-node communication, fuses intra/
+    inter-node communication into a single kernel", megatron/core/transformer/moe/README.md @ Megatron-LM d98e8a6;
+    DeepEP's normal kernels forward from the RDMA domain to NVLink, deepseek-ai/DeepEP README) sends a token to each
+    other node once (`remote_nodes_per_token` of the k copies) and fans it out over NVLink there: per token
+    k (g - 1) / n copies to this node's other GPUs plus k (N - 1) / N x (g - 1) / g forwarded on arrival, g GPUs of
+    the group per node, N nodes, n = ep. Inside one node both move the same bytes."""
+    link = _link(cluster, ep, stride)
+    if not dedup or link == "nvlink" or ep <= 1 or routed_bytes <= 0:
+        return collective_time_s("all_to_all", ep, routed_bytes, cluster, stride)
+    per_node = max(1, min(ep, cluster.gpu.gpus_per_node // max(stride, 1)))
+    nodes = max(1, ep // per_node)
+    inter = routed_bytes * remote_nodes_per_token(num_experts, topk, nodes) / topk
+    intra = routed_bytes * ((per_node - 1) / ep + (nodes - 1) / nodes * (per_node - 1) / per_node)
+    alpha = d.COLLECTIVE_BASE_LATENCY_S + (ep - 1) * d.HOP_LATENCY_S["scale_out"]
+    nvlink = cluster.gpu.nvlink_gbps * 1e9 * d.LINK_EFFICIENCY["nvlink"]
+    scale_out = cluster.gpu.scale_out_gbps * 1e9 * d.LINK_EFFICIENCY["scale_out"]
+    return alpha + max(inter / scale_out, intra / nvlink)
+
+
 def p2p_time_s(message_bytes: float, cluster: ClusterSpec, stride: int) -> float:
     """One pipeline send/recv of `message_bytes` between ranks `stride` apart."""
     return collective_time_s("send_recv", 2, message_bytes, cluster, stride)

@@ -577,6 +577,7 @@ def stage_time(
         cuda_graph_impl=workload.cuda_graph.impl,
         cuda_graph_scope=workload.cuda_graph.scope,
         expert_load=workload.expert_load,
+        moe_dispatcher=parallel.moe_dispatcher,
     )
     mg = parallel.main_grad_bytes
     bf16_grads = not parallel.grad_reduce_in_fp32

@@ -64,7 +64,7 @@ from ..theory.flops import attention_flops_per_token
 from ..theory.scan_mixers import SCAN_MIXERS
 from . import defaults as d
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
-from .collectives import collective_time_s, hidden_collective_cost_s, userbuffers_time_s
+from .collectives import collective_time_s, dispatch_time_s, hidden_collective_cost_s, userbuffers_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
 E_BF16 = 2
@@ -107,6 +107,7 @@ class LayerContext:
     cuda_graph_scope: tuple[str, ...] = ()
     # the busiest expert-parallel rank's routed tokens over the mean (`Workload.expert_load`)
     expert_load: float = 1.0
+    moe_dispatcher: str = "alltoall"  # `ParallelConfig.moe_dispatcher`
 
 
 @dataclass(frozen=True)
@@ -661,7 +662,10 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     a2a = 0.0
     if is_moe and ctx.ep > 1:
         routed = model.routed_tokens(ctx.tokens, tp, ctx.etp, ctx.expert_load)
-        a2a = collective_time_s("all_to_all", ctx.ep, E_BF16 * routed * model.hidden_size, cluster, ctx.etp)
+        a2a = dispatch_time_s(
+            E_BF16 * routed * model.hidden_size, ctx.ep, cluster, ctx.etp, model.num_moe_experts,
+            model.moe_router_topk, ctx.moe_dispatcher != "alltoall",
+        )  # fmt: skip
     # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
     # reduce-scatter of the routed tokens
     tokens_moved = 2 * a2a + (expert_tp_comm_s(model, ctx) if is_moe else 0.0)

@@ -218,6 +218,8 @@ def layout_label(p: ParallelConfig, w: Workload) -> str:
     parts += [f"cp{p.cp}", f"dp{p.dp}"]
     if p.ep > 1 or p.etp != p.tp:
         parts += [f"ep{p.ep}", f"etp{p.etp}"]
+    if p.moe_dispatcher != "alltoall":
+        parts.append(f"flex-{p.moe_dispatcher}")
     if p.moe_a2a_overlap:
         parts.append("a2a-overlap" + ("+delay-wgrad" if p.delay_wgrad_compute else ""))
     parts.append("sp" if p.sequence_parallel else "nosp")

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from .model import ModelSpec, check_num_layers
 from .parallel import (
     CUDA_GRAPH_MODULES,
+    MOE_DISPATCHERS,
     OFFLOAD_MODULES,
     ActivationOffloadConfig,
     CudaGraphConfig,
@@ -185,6 +186,7 @@ FLAG_TABLE: dict[str, str] = {
     "use_distributed_optimizer": "parallel.use_distributed_optimizer",
     "grad_reduce_in_bf16": "parallel.grad_reduce_in_fp32 (inverted)",
     "tp_comm_overlap": "parallel.tp_comm_overlap",
+    "moe_flex_dispatcher_backend": "parallel.moe_dispatcher (deepep | hybridep; ncclep: predicted as alltoall)",
     "overlap_moe_expert_parallel_comm": "parallel.moe_a2a_overlap",
     "delay_wgrad_compute": "parallel.delay_wgrad_compute",
     "cp_comm_type": "parallel.cp_comm_type",
@@ -332,7 +334,6 @@ _NOT_MODELLED_NOTES = {
     "use_torch_fsdp2": "FSDP is not modelled (predicted as DDP + distributed optimizer)",
     "fp4": "fp4 is not modelled",
     "moe_shared_expert_overlap": "the shared-expert overlap is not modelled",
-    "moe_flex_dispatcher_backend": "flex dispatchers (DeepEP / HybridEP) are not modelled",
     "delta_offload_bytes_across_pp_ranks": "the per-pipeline-rank offload delta is not modelled (predicted as 0)",
     "delay_offload_until_cuda_graph": "CUDA graphs are not modelled yet",
     "fine_grained_offloading_max_inflight_offloads": "the in-flight offload cap is not modelled (predicted as none)",
@@ -871,6 +872,23 @@ def _spread_over_mamba(layers: list[str], symbol: str, gap: float) -> None:
             x -= 1
 
 
+def _modelled_dispatcher(launch: Launch, model: ModelSpec) -> str:
+    """`ParallelConfig.moe_dispatcher` of a launch: its own where modelled, else alltoall (said as not modelled)."""
+    dispatcher = launch_dispatcher(launch)
+    return dispatcher if model.is_moe and dispatcher in MOE_DISPATCHERS else "alltoall"
+
+
+def launch_dispatcher(launch: Launch) -> str:
+    """The launch's MoE dispatcher as `ParallelConfig.moe_dispatcher` names it: alltoall, deepep or hybridep (flex
+    with that backend; --moe-enable-deepep is flex over DeepEP), else Megatron-LM's own name (allgather, ncclep)."""
+    kind = _str(launch, "moe_token_dispatcher_type") or "allgather"
+    if launch.value("moe_enable_deepep"):
+        return "deepep"
+    if kind == "flex":
+        return _str(launch, "moe_flex_dispatcher_backend") or "deepep"
+    return kind
+
+
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:
     """A hybrid pattern's layer count, which wins over --num-layers (Megatron-LM d98e8a6 validate_args)."""
     if not text.replace("|", ""):
@@ -1356,8 +1374,8 @@ def launch_to_specs(
     options["fused_bias_activation"] = bool(launch.value("bias_swiglu_fusion" if gated else "bias_gelu_fusion"))
     graphs = launch_cuda_graphs(launch, model)
     if model is not None and model.is_moe:
-        dispatcher = _str(launch, "moe_token_dispatcher_type")
-        if dispatcher != "alltoall":
+        dispatcher = launch_dispatcher(launch)
+        if dispatcher not in MOE_DISPATCHERS:
             not_modelled.append(f"--moe-token-dispatcher-type {dispatcher} (predicted as alltoall)")
         if not launch.value("moe_grouped_gemm"):
             not_modelled.append("--moe-grouped-gemm off: one GEMM per expert (predicted as grouped GEMMs)")
@@ -1424,6 +1442,7 @@ def launch_to_specs(
         pipeline_layout=layout,
         moe_a2a_overlap=bool(launch.value("overlap_moe_expert_parallel_comm")),
         delay_wgrad_compute=bool(launch.value("delay_wgrad_compute")),
+        moe_dispatcher=_modelled_dispatcher(launch, model),
     )
     mbs = _int(launch, "micro_batch_size") or 1
     gbs = _int(launch, "global_batch_size") or mbs * parallel.dp
@@ -1664,8 +1683,8 @@ def specs_to_megatron_args(
             moe_router_topk=model.moe_router_topk,
             moe_ffn_hidden_size=model.moe_ffn_hidden_size,
             moe_layer_freq=_pattern_expression(model.moe_layer_pattern) if model.moe_layer_pattern else 1,
-            # what the cost model assumes of MoE execution: the alltoall dispatcher with grouped GEMMs
-            moe_token_dispatcher_type="alltoall",
+            # what the cost model assumes of MoE execution: the planned dispatcher with grouped GEMMs
+            moe_token_dispatcher_type="alltoall" if p.moe_dispatcher == "alltoall" else "flex",
             moe_grouped_gemm=True,
             moe_permute_fusion=not (options is not None and options.moe_host_bound),
         )
@@ -1702,6 +1721,8 @@ def specs_to_megatron_args(
         args.update(expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
     if p.moe_a2a_overlap:
         args.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=p.delay_wgrad_compute)
+    if model.is_moe and p.moe_dispatcher != "alltoall":
+        args["moe_flex_dispatcher_backend"] = p.moe_dispatcher
     if p.cp > 1:
         args["cp_comm_type"] = [p.cp_comm_type]
     if p.tp_comm_overlap and tp_comm_overlap_cfg:

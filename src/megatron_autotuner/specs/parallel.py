@@ -54,6 +54,9 @@ def _positive(name: str, value: Any) -> None:
         raise ConfigError(name, f"must be a positive integer, got {value!r}")
 
 
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """How a model is split over `num_gpus` GPUs. dp is derived: num_gpus / (tp * pp * cp).
@@ -86,6 +89,9 @@ class ParallelConfig:
     pipeline_layout: PipelineLayout | None = None
     moe_a2a_overlap: bool = False
     delay_wgrad_compute: bool = False
+    # Megatron-LM's MoE token dispatcher: alltoall, or the flex dispatcher over DeepEP / HybridEP (--moe-token-
+    # dispatcher-type flex --moe-flex-dispatcher-backend deepep | hybridep), which send a token to each other node once
+    moe_dispatcher: str = "alltoall"
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 
@@ -126,6 +132,9 @@ class ParallelConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
         self._check_moe_a2a_overlap()
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            allowed = ", ".join(MOE_DISPATCHERS)
+            raise ConfigError("moe_dispatcher", f"must be one of {allowed}, got {self.moe_dispatcher!r}")
         if self.cp_comm_type not in ("p2p", "a2a", "allgather"):
             raise ConfigError("cp_comm_type", f"must be p2p, a2a or allgather, got {self.cp_comm_type!r}")
         model_parallel = self.tp * self.pp * self.cp
