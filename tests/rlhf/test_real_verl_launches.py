@@ -169,3 +169,21 @@ def test_verl_s_qwen2_5_vl_example_prices_its_images_on_the_vision_tower(verl_tr
     assert main(["rlhf", "--verl-args", qwen2, "--gpu", "H100-SXM", "--image-tokens", "64"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mat: error: image_tokens: ") and "no vision encoder" in err and "\n" not in err
+
+
+def test_verl_s_deepep_overrides_set_the_planned_dispatcher(verl_tree):
+    """verl's Qwen3-235B example turns DeepEP on in override_transformer_config (moe_token_dispatcher_type=flex,
+    moe_enable_deepep=True): its actor is priced with the deduplicating dispatcher, a launch without them with
+    verl's default alltoall."""
+    from megatron_autotuner.costmodel import DEFAULT_MEMORY_MARGIN
+    from megatron_autotuner.rlhf import read_verl_file
+    from megatron_autotuner.rlhf.launch import launch_inputs, model_from_launch
+
+    def dispatcher(name: str) -> str:
+        launch = read_verl_file(str(verl_tree[name]))
+        model = model_from_launch(launch, None)[0]
+        inputs = launch_inputs(launch, model, None, None, None, None, DEFAULT_MEMORY_MARGIN)
+        return inputs.choice.parallel.moe_dispatcher
+
+    assert dispatcher("volcengine__verl__examples__grpo_trainer__run_qwen3-235b_megatron_96gb.sh") == "deepep"
+    assert dispatcher("volcengine__verl__examples__ppo_trainer__run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh") == "alltoall"

@@ -13,7 +13,7 @@ from ..export.verl import VERL_KEYS
 from ..specs.lengths import SequenceLengths
 from ..specs.loader import load_model_spec
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, RecomputeConfig
+from ..specs.parallel import MOE_DISPATCHERS, ParallelConfig, RecomputeConfig
 from ..specs.pipeline import PipelineLayout, even_layout
 from ..specs.tokenizers import preset_named_by
 from .phases import Batching
@@ -215,13 +215,21 @@ def _pipeline(launch: VerlLaunch, role: str, model: ModelSpec, pp: int, vpp: int
     return None
 
 
-def _a2a_overlap(launch: VerlLaunch, role: str) -> dict[str, bool]:
-    """The EP all-to-all overlap a role's override_transformer_config turns on (TransformerConfig fields)."""
+def _moe_options(launch: VerlLaunch, role: str, model: ModelSpec) -> dict[str, Any]:
+    """The EP all-to-all overlap and the token dispatcher a role's override_transformer_config sets
+    (TransformerConfig fields; verl's own default dispatcher is alltoall: transformer_impl.py @ b178a3c sets it
+    before the overrides). flex runs DeepEP unless moe_flex_dispatcher_backend says hybridep (moe_enable_deepep: the
+    older spelling of flex over DeepEP); another backend is predicted as alltoall."""
     name = f"{role}_transformer_overrides"
     otc = launch.pass_through(name) if name in VERL_KEYS else {}
+    dispatcher = "alltoall"
+    if model.is_moe and (otc.get("moe_enable_deepep") or otc.get("moe_token_dispatcher_type") == "flex"):
+        backend = "deepep" if otc.get("moe_enable_deepep") else str(otc.get("moe_flex_dispatcher_backend") or "deepep")
+        dispatcher = backend if backend in MOE_DISPATCHERS else "alltoall"
     return {
         "moe_a2a_overlap": bool(otc.get("overlap_moe_expert_parallel_comm")),
         "delay_wgrad_compute": bool(otc.get("delay_wgrad_compute")),
+        "moe_dispatcher": dispatcher,
     }
 
 
@@ -255,7 +263,7 @@ def _parallel(
             fp32_grads,
             False,  # verl does not turn TE userbuffers TP overlap on
             pipeline_layout=layout,
-            **_a2a_overlap(launch, role),
+            **_moe_options(launch, role, model),
         )
     except ConfigError as exc:
         raise ConfigError(f"{VERL_KEYS[role + '_megatron']} ({exc.field})", exc.rule) from None

@@ -90,7 +90,8 @@ LAYOUT_DEFAULTS: dict[str, Any] = {
 }
 # keys of verl's override_transformer_config / override_ddp_config the step model reads
 TRANSFORMER_READ = ("recompute_granularity", "recompute_method", "recompute_num_layers", "recompute_modules",
-                    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute")  # fmt: skip
+                    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "moe_token_dispatcher_type",
+                    "moe_flex_dispatcher_backend", "moe_enable_deepep")  # fmt: skip
 DDP_READ = ("grad_reduce_in_fp32", "overlap_grad_reduce")
 # override_transformer_config keys the cost model does not cover: refused rather than silently mispredicted (fp8
 # parameters change what the weight sync to the rollout moves)
