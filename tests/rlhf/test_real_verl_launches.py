@@ -165,6 +165,9 @@ def test_verl_s_qwen2_5_vl_example_prices_its_images_on_the_vision_tower(verl_tr
         return next(p["time_s"] for p in report["launch"]["phases"] if p["name"] == name)
 
     assert phase_s(given, "old log-prob") < phase_s(assumed, "old log-prob")
+    assert main([*argv, "--image-tokens", "5000"]) == 2  # more than the longest prompt (data.max_prompt_length)
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mat: error: image_tokens: ") and "1024" in err and "\n" not in err
     qwen2 = str(verl_tree["volcengine__verl__examples__grpo_trainer__run_qwen2-7b_math_megatron.sh"])
     assert main(["rlhf", "--verl-args", qwen2, "--gpu", "H100-SXM", "--image-tokens", "64"]) == 2
     err = capsys.readouterr().err.strip()

@@ -47,13 +47,24 @@ def collective_time_s(
     steps = {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(collective, n - 1)
     alpha = d.COLLECTIVE_BASE_LATENCY_S + steps * d.HOP_LATENCY_S[link]
     if collective == "all_to_all" and link == "scale_out":
-        per_node = max(1, min(n, cluster.gpu.gpus_per_node // max(stride, 1)))
+        per_node = _group_ranks_per_node(cluster, n, stride)
         inter = message_bytes * (n - per_node) / n
         intra = message_bytes * (per_node - 1) / n
-        nvlink = cluster.gpu.nvlink_gbps * 1e9 * d.LINK_EFFICIENCY["nvlink"]
-        scale_out = cluster.gpu.scale_out_gbps * 1e9 * d.LINK_EFFICIENCY["scale_out"]
-        return alpha + max(inter / scale_out, intra / nvlink)
+        return alpha + _two_level_s(inter, intra, cluster)
     return alpha + message_bytes * wire_factor(collective, n) / bw
+
+
+def _group_ranks_per_node(cluster: ClusterSpec, group_size: int, stride: int) -> int:
+    """Ranks of a group spaced `stride` apart that share one node."""
+    return max(1, min(group_size, cluster.gpu.gpus_per_node // max(stride, 1)))
+
+
+def _two_level_s(inter_bytes: float, intra_bytes: float, cluster: ClusterSpec) -> float:
+    """An exchange whose bytes leaving the node go over scale-out while the rest go over NVLink at the same time:
+    the slower of the two."""
+    nvlink = cluster.gpu.nvlink_gbps * 1e9 * d.LINK_EFFICIENCY["nvlink"]
+    scale_out = cluster.gpu.scale_out_gbps * 1e9 * d.LINK_EFFICIENCY["scale_out"]
+    return max(inter_bytes / scale_out, intra_bytes / nvlink)
 
 
 def hidden_collective_cost_s(
@@ -95,14 +106,12 @@ def dispatch_time_s(
     link = _link(cluster, ep, stride)
     if not dedup or link == "nvlink" or ep <= 1 or routed_bytes <= 0:
         return collective_time_s("all_to_all", ep, routed_bytes, cluster, stride)
-    per_node = max(1, min(ep, cluster.gpu.gpus_per_node // max(stride, 1)))
+    per_node = _group_ranks_per_node(cluster, ep, stride)
     nodes = max(1, ep // per_node)
     inter = routed_bytes * remote_nodes_per_token(num_experts, topk, nodes) / topk
     intra = routed_bytes * ((per_node - 1) / ep + (nodes - 1) / nodes * (per_node - 1) / per_node)
-    alpha = d.COLLECTIVE_BASE_LATENCY_S + (ep - 1) * d.HOP_LATENCY_S["scale_out"]
-    nvlink = cluster.gpu.nvlink_gbps * 1e9 * d.LINK_EFFICIENCY["nvlink"]
-    scale_out = cluster.gpu.scale_out_gbps * 1e9 * d.LINK_EFFICIENCY["scale_out"]
-    return alpha + max(inter / scale_out, intra / nvlink)
+    alpha = d.COLLECTIVE_BASE_LATENCY_S + (ep - 1) * d.HOP_LATENCY_S["scale_out"]  # as the all_to_all's
+    return alpha + _two_level_s(inter, intra, cluster)
 
 
 def p2p_time_s(message_bytes: float, cluster: ClusterSpec, stride: int) -> float:

@@ -90,7 +90,7 @@ from .activation_offload import (
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
-from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost
+from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost, merge_parts
 from .moe_overlap import a2a_overlap_saving_s
 from .queued_frees import QueuedFreeInputs, queued_free_bytes
 from .vision import vision_cost
@@ -463,16 +463,6 @@ def cached_iteration_flops(
     return _iteration_flops_cached(model, p.pp, p.vpp, p.pipeline_layout, p.dp, workload, convention, padded, *tp_cp)
 
 
-def _merge(target: dict[str, float], parts: dict[str, float], factor: float = 1.0, rename=None) -> None:
-    for k, v in parts.items():
-        key = rename(k) if rename else k
-        target[key] = target.get(key, 0.0) + v * factor
-
-
-def _compute_to_recompute(key: str) -> str:
-    return "recompute" if key in ("gemm", "attention", "memory_bound") else key
-
-
 def layer_calibration_scale(model: ModelSpec, ctx: LayerContext, workload: Workload) -> tuple[float, str | None]:
     """measured / predicted time of one layer when the calibration holds a layer of this shape."""
     cal = ctx.calibration
@@ -600,20 +590,15 @@ def stage_time(
             lc: LayerCost = layer_cost(model, i, lctx)
             if scale != 1.0:
                 lc = lc.scaled(scale)
-            f: dict[str, float] = {}
-            b: dict[str, float] = {}
-            _merge(f, lc.fwd.parts)
-            _merge(b, lc.bwd.parts)
-            _merge(b, lc.recompute.parts, 1.0, _compute_to_recompute)
-            kind_cost[key] = (f, b)
+            kind_cost[key] = lc.pass_parts()
             kind_host[key] = (lc.host_fwd_s, lc.host_bwd_s)
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     chunk_s = [0.0] * v  # one micro-batch of each model chunk, forward + backward
 
     def add(chunk: int, f: dict[str, float], b: dict[str, float], count: float = 1.0) -> None:
-        _merge(fwd, f, count)
-        _merge(bwd, b, count)
+        merge_parts(fwd, f, count)
+        merge_parts(bwd, b, count)
         chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
 
     host_fwd_issue_s = host_bwd_issue_s = 0.0  # the host's issue time of the stage's layers, one micro-batch
@@ -633,8 +618,8 @@ def stage_time(
         # what the combined steps hide is EP time (they never overlap two computations): taken off the exposed ep,
         # the backward's first
         from_bwd = min(sum(saved), bwd.get("ep", 0.0))
-        _merge(bwd, {"ep": -from_bwd})
-        _merge(fwd, {"ep": from_bwd - sum(saved)})
+        merge_parts(bwd, {"ep": -from_bwd})
+        merge_parts(fwd, {"ep": from_bwd - sum(saved)})
         chunk_s = [t - s for t, s in zip(chunk_s, saved, strict=True)]
 
     h = model.hidden_size
@@ -706,11 +691,11 @@ def stage_time(
             2 * h, h / tp, tokens, gpu, prec, 1, "eh_proj", "wgrad", cal, 1.0, mg
         )
         f = dict(lc.fwd.parts)
-        _merge(f, {"gemm": eh_f, "memory_bound": 2 * norm_f})
+        merge_parts(f, {"gemm": eh_f, "memory_bound": 2 * norm_f})
         b: dict[str, float] = {}
         if training:
             b = dict(lc.bwd.parts)
-            _merge(b, {"gemm": eh_b, "memory_bound": 2 * norm_b})
+            merge_parts(b, {"gemm": eh_b, "memory_bound": 2 * norm_b})
         add(mtp_chunk, f, b, mtp_layers)
         add(mtp_chunk, *output_head(), mtp_layers)  # each MTP layer has its own logits and loss
 
@@ -722,7 +707,7 @@ def stage_time(
             8 * len(layers) + 3,  # ~8 weight tensors per layer, plus embedding, final norm, output layer
             d.GRAD_ACCUMULATION_HBM_EFFICIENCY,
         )
-        _merge(bwd, {"memory_bound": accumulate})
+        merge_parts(bwd, {"memory_bound": accumulate})
         for c in range(v):  # spread over the chunks by their share of the rank's layers
             chunk_s[c] += accumulate * len(layout.chunk_layers(stage, c)) / max(len(layers), 1)
 
@@ -740,8 +725,8 @@ def stage_time(
         )
         host_fwd_issue_s += off_groups * d.FINE_GRAINED_OFFLOAD_HOST_FWD_S_PER_GROUP
         host_bwd_issue_s += off_groups * d.FINE_GRAINED_OFFLOAD_HOST_BWD_S_PER_GROUP
-        _merge(fwd, {"offload": off_f})
-        _merge(bwd, {"offload": off_b})
+        merge_parts(fwd, {"offload": off_f})
+        merge_parts(bwd, {"offload": off_b})
         chunk_s = [t + o for t, o in zip(chunk_s, off_chunks, strict=True)]
     host_outside_s = host_step_s = 0.0
     if options.host_floor:
@@ -756,7 +741,7 @@ def stage_time(
     host_issue_s = host_fwd_issue_s + host_bwd_issue_s + host_outside_s
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)
     if host_issue_s > gpu_s:
-        _merge(fwd, {"host": host_issue_s - gpu_s})
+        merge_parts(fwd, {"host": host_issue_s - gpu_s})
         for c in range(v):
             chunk_s[c] = max(chunk_s[c], host_issue_s * len(layout.chunk_layers(stage, c)) / max(len(layers), 1))
 

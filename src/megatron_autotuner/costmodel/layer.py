@@ -146,6 +146,27 @@ class LayerCost:
             self, fwd=self.fwd.scaled(factor), bwd=self.bwd.scaled(factor), recompute=self.recompute.scaled(factor)
         )
 
+    def pass_parts(self) -> tuple[dict[str, float], dict[str, float]]:
+        """(forward, backward) seconds by class as a stage adds them up: the forward work redone in backward goes
+        into the backward under "recompute" (its computation) or its own class (its communication)."""
+        fwd: dict[str, float] = {}
+        bwd: dict[str, float] = {}
+        merge_parts(fwd, self.fwd.parts)
+        merge_parts(bwd, self.bwd.parts)
+        merge_parts(bwd, self.recompute.parts, rename=_compute_to_recompute)
+        return fwd, bwd
+
+
+def _compute_to_recompute(key: str) -> str:
+    return "recompute" if key in CLASSES else key
+
+
+def merge_parts(target: dict[str, float], parts: dict[str, float], factor: float = 1.0, rename=None) -> None:
+    """Add seconds by class `parts` (x `factor`, keys through `rename`) into `target`."""
+    for k, v in parts.items():
+        key = rename(k) if rename else k
+        target[key] = target.get(key, 0.0) + v * factor
+
 
 def _add(parts: dict[str, float], key: str, value: float) -> None:
     if value:

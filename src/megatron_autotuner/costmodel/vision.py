@@ -19,7 +19,7 @@ from ..specs.parallel import ParallelConfig, Workload
 from ..theory.vision import images_per_microbatch, patches_per_image
 from .collectives import collective_time_s
 from .compute import gemm_time_s, memory_bound_time_s
-from .layer import E_BF16, LayerContext, layer_cost
+from .layer import E_BF16, LayerContext, LayerCost, layer_cost, merge_parts
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,6 @@ class VisionCost:
     bwd: dict[str, float]
     host_fwd_s: float
     host_bwd_s: float
-
-
-def _merge(target: dict[str, float], parts: dict[str, float], factor: float = 1.0) -> None:
-    for key, value in parts.items():
-        target[key] = target.get(key, 0.0) + value * factor
 
 
 def vision_cost(
@@ -59,20 +54,20 @@ def vision_cost(
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     host_fwd = host_bwd = 0.0
-    kinds: dict[bool, object] = {}
+    kinds: dict[bool, LayerCost] = {}
     for layer in range(vision.depth):
         windowed = tower.is_window_layer(layer)
         if windowed not in kinds:
             kinds[windowed] = layer_cost(tower, layer, tctx).scaled(scale)
         lc = kinds[windowed]
-        _merge(fwd, lc.fwd.parts)
-        _merge(bwd, lc.bwd.parts)
-        _merge(bwd, lc.recompute.parts)
+        f, b = lc.pass_parts()
+        merge_parts(fwd, f)
+        merge_parts(bwd, b)
         host_fwd += lc.host_fwd_s
         host_bwd += lc.host_bwd_s
     ends_f, ends_b = _embed_and_merger(vision, ctx, images * patches, images * image_tokens)
-    _merge(fwd, ends_f, scale)
-    _merge(bwd, ends_b, scale)
+    merge_parts(fwd, ends_f, scale)
+    merge_parts(bwd, ends_b, scale)
     return VisionCost(fwd, bwd, host_fwd, host_bwd)
 
 

@@ -162,9 +162,7 @@ def _with_images(
     prompt = lengths.prompt if lengths.prompt is not None else lengths.sequence
     given = image_tokens is not None
     count = image_tokens if given else int(prompt.mean_tokens)
-    if count > prompt.max_tokens:
-        raise ConfigError("image_tokens", f"{count} is longer than the longest prompt ({prompt.max_tokens} tokens)")
-    lengths = replace(lengths, image_tokens=count)
+    lengths = replace(lengths, image_tokens=count)  # SequenceLengths refuses more than its longest prompt
     if given:
         return lengths, None
     patches = count * model.vision.patches_per_token

@@ -447,7 +447,7 @@ class Workload:
     cuda_graph: CudaGraphConfig = field(default_factory=CudaGraphConfig)
     activation_offload: ActivationOffloadConfig = field(default_factory=ActivationOffloadConfig)
     image_tokens_per_sequence: int = 0
-    moe_routing: MoeRouting = field(default_factory=lambda: MoeRouting())
+    moe_routing: MoeRouting = field(default_factory=MoeRouting)
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
 

@@ -23,7 +23,7 @@ def patches_per_image(vision: VisionEncoder, image_tokens: float) -> float:
 
 
 def check_images(model: ModelSpec, workload: Workload) -> None:
-    """A workload with images needs a vision tower, and its images fit in its sequences."""
+    """A workload with images needs a vision tower (that they fit in its sequences, `Workload` checks)."""
     tokens = workload.image_tokens_per_sequence
     if tokens and model.vision is None:
         raise ConfigError("image_tokens", f"{model.name} has no vision encoder")
