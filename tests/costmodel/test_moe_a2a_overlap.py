@@ -143,3 +143,25 @@ def test_a_flex_launch_is_read_and_written_back():
     assert args["moe_token_dispatcher_type"] == "flex" and args["moe_flex_dispatcher_backend"] == "hybridep"
     with pytest.raises(ConfigError, match="moe_dispatcher"):
         ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="allgather")
+
+
+def test_what_the_validate_runner_does_not_run_is_neither_planned_for_it_nor_run_as_something_else():
+    """`mat plan --validate` plans with the overlap off (`SearchSpace.moe_a2a_overlap`); a layout predicted with the
+    overlap, a flex dispatcher or a set routing is refused by the runner's layout in one line, not run without it."""
+    from megatron_autotuner.search.plan import plan
+    from megatron_autotuner.search.space import SearchSpace
+    from megatron_autotuner.specs.parallel import MoeRouting
+    from megatron_autotuner.validate.layout import Layout
+
+    moe = load_model_spec("Qwen3-30B-A3B")
+    result = plan(moe, H100, 32, 8192, 256, space=SearchSpace(moe_a2a_overlap=False))
+    assert not any(c.estimate.parallel.moe_a2a_overlap for c in result.candidates)
+    work = Workload(4096, 1, 64)
+    for parallel, workload, field in (
+        (ParallelConfig(num_gpus=8, ep=8, moe_a2a_overlap=True), work, "moe_a2a_overlap"),
+        (ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="deepep"), work, "moe_dispatcher"),
+        (ParallelConfig(num_gpus=8, ep=8), work.replace(moe_routing=MoeRouting(1.3)), "moe_routing"),
+    ):
+        with pytest.raises(ConfigError) as exc:
+            Layout.from_configs("Qwen3-30B-A3B", parallel, workload)
+        assert exc.value.field == field and "not run by mat validate" in exc.value.rule

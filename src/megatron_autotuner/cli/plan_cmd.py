@@ -17,7 +17,7 @@ from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, r
 from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded, write_text_atomic
 from ..report import output_dir_for, write_plan_report
-from ..search import GRAPH_MODES, plan_with_graphs
+from ..search import GRAPH_MODES, SearchSpace, plan_with_graphs
 from ..search.current import CurrentRun, FlagChange, compare_with_best, refused_launch
 from ..validate.command import add_stand_in_argument
 from .estimate_cmd import (
@@ -230,13 +230,15 @@ def run(args: argparse.Namespace) -> int:
     if tuned is not None and not inputs.tp_overlap:
         raise ConfigError("tp_comm_overlap_cfg", "goes with --tp-comm-overlap (the yaml configures TE userbuffers)")
     options, runner_note = options_the_runner_executes(inputs.options, args.validate is not None)
+    # the validate runner does not run the EP all-to-all overlap: with --validate the plan does not rank it
+    space = SearchSpace(moe_a2a_overlap=args.validate is None)
     with progress_bar() as progress:
         result = plan_with_graphs(
             inputs.model, gpu, inputs.num_gpus, inputs.seq, inputs.gbs, cuda_graphs=args.cuda_graphs, mode=args.mode,
             precision=inputs.precision, max_token_len=args.max_token_len, memory_margin=args.memory_margin,
             options=options, grad_reduce_in_fp32=inputs.grad_fp32, fp8_recipe=inputs.recipe,
             fp8_param=inputs.fp8_param, lengths=inputs.lengths, cuda_graph=inputs.graphs,
-            tp_comm_overlap=inputs.tp_overlap, progress=progress, moe_routing=inputs.moe_routing,
+            tp_comm_overlap=inputs.tp_overlap, progress=progress, moe_routing=inputs.moe_routing, space=space,
         )  # fmt: skip
     if runner_note:
         result = replace(result, notes=(*result.notes, runner_note))

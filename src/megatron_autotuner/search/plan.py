@@ -347,7 +347,7 @@ def plan(
             layouts_by_pp[pp] = layout_choices(model, pp, space, seq_length)
         for vpp, pipeline_layout in layouts_by_pp[pp]:
             for sp in sps:
-                for a2a_overlap in a2a_overlap_choices(model, ep, pp, vpp):
+                for a2a_overlap in a2a_overlap_choices(model, ep, pp, vpp, space):
                     structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a_overlap, mbs_list))
 
     def config(

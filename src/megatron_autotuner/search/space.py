@@ -62,6 +62,9 @@ class SearchSpace:
     # None: the planned workload's own graphs only (eager unless the launch has them). `cuda_graph_choices(model)`
     # tries eager and per-layer graphs. Which one is faster is the cost model's host-time term.
     cuda_graphs: tuple[CudaGraphConfig, ...] | None = None
+    # Megatron's EP all-to-all overlap (`a2a_overlap_choices`) tried where megatron-core allows it; False: never
+    # (`mat plan --validate`: the validate runner does not run it)
+    moe_a2a_overlap: bool = True
 
 
 def cuda_graph_choices(model: ModelSpec) -> tuple[CudaGraphConfig, ...]:
@@ -73,11 +76,11 @@ def cuda_graph_choices(model: ModelSpec) -> tuple[CudaGraphConfig, ...]:
     return (CudaGraphConfig(), CudaGraphConfig("transformer_engine", scope))
 
 
-def a2a_overlap_choices(model: ModelSpec, ep: int, pp: int, vpp: int | None) -> tuple[bool, ...]:
+def a2a_overlap_choices(model: ModelSpec, ep: int, pp: int, vpp: int | None, space: SearchSpace) -> tuple[bool, ...]:
     """Whether to try Megatron's EP all-to-all overlap (with delayed expert wgrad, as NVIDIA's MoE recipes set them):
-    on a MoE layout with expert parallelism and, with a pipeline, virtual stages (`specs.ParallelConfig`); which
-    one is faster is the cost model's `costmodel.moe_overlap`."""
-    if model.is_moe and ep > 1 and (pp == 1 or vpp):
+    on a MoE layout with expert parallelism and, with a pipeline, virtual stages (`specs.ParallelConfig`), unless
+    `space.moe_a2a_overlap` is off; which one is faster is the cost model's `costmodel.moe_overlap`."""
+    if space.moe_a2a_overlap and model.is_moe and ep > 1 and (pp == 1 or vpp):
         return (False, True)
     return (False,)
 

@@ -24,7 +24,7 @@ from ..specs import (
     load_model_spec,
     validate_layout,
 )
-from ..specs.parallel import ActivationOffloadConfig, check_tp_comm_overlap
+from ..specs.parallel import ActivationOffloadConfig, MoeRouting, check_tp_comm_overlap
 from ..specs.pipeline import PipelineLayout
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
 
@@ -484,6 +484,7 @@ class Layout:
         token budget (`max_token_len`) and the prompt / response lengths with their seed, so that validating a
         packed plan runs it packed. Whole-sequence histograms have no [mean, max] form: ConfigError. `options`: the
         plan's `CostOptions`, whose run settings (overlaps, fusions, allocator) the layout then carries."""
+        _check_runner_runs_moe(parallel, workload)
         rc = workload.recompute
         lengths = workload.lengths
         packing: dict[str, Any] = {"max_token_len": workload.max_token_len}
@@ -530,6 +531,17 @@ class Layout:
             tp_comm_overlap=parallel.tp_comm_overlap,
             **{**packing, **run_settings(options), **extra},
         )
+
+
+def _check_runner_runs_moe(parallel: ParallelConfig, workload: Workload) -> None:
+    """The runner's MoE layers use the alltoall dispatcher, no all-to-all overlap, and whatever routing the data gives:
+    a layout predicted with another is refused rather than run as something else."""
+    if parallel.moe_a2a_overlap:
+        raise ConfigError("moe_a2a_overlap", "the EP all-to-all overlap is not run by mat validate")
+    if parallel.moe_dispatcher != "alltoall":
+        raise ConfigError("moe_dispatcher", f"the {parallel.moe_dispatcher} dispatcher is not run by mat validate")
+    if workload.moe_routing != MoeRouting():
+        raise ConfigError("moe_routing", "a set routing imbalance or expert capacity is not run by mat validate")
 
 
 def run_settings(options: Any) -> dict[str, Any]:
