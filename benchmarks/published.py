@@ -153,8 +153,8 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
         overlap_p2p_comm=not narayanan,
         p2p_scatter_gather=narayanan,
         expandable_segments=nemo2_perf_scripts and row["gpu"] != "B200",
-        # NVIDIA's MoE recipes fuse the permute (--moe-permute-fusion): their MoE blocks are not host-bound
-        moe_host_bound=False,
+        # NVIDIA's MoE recipes fuse the permute (--moe-permute-fusion): its kernels and its host floor
+        moe_permute_fusion=True,
     )
     out = []
     for vpp in vpps:

@@ -39,10 +39,10 @@ def test_host_floor_constants_are_the_testbench_moe_block():
     assert floor["fwd_s"] == pytest.approx(d.MOE_HOST_FLOOR_FWD_S, rel=0.02)
     assert floor["bwd_s"] == pytest.approx(d.MOE_HOST_FLOOR_BWD_S, rel=0.02)
     assert floor["bwd_per_local_expert_s"] == pytest.approx(d.MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S, rel=0.02)
-    # measured 4-6x the modelled GPU time of the whole layer (dispatcher kernels at their measured rates, the EP 2
-    # all-to-all included): the host, not the GPU, sets the pace
+    # measured 3.5-5.5x the modelled GPU time of the whole layer (the unfused dispatcher kernels the block ran, at
+    # their measured rates, the EP 2 all-to-all included): the host, not the GPU, sets the pace
     assert all(
-        p["fwd_ms"] > 4 * p["layer_gpu_fwd_ms"] and p["bwd_ms"] > 4 * p["layer_gpu_bwd_ms"] for p in floor["cases"]
+        p["fwd_ms"] > 3.5 * p["layer_gpu_fwd_ms"] and p["bwd_ms"] > 3.5 * p["layer_gpu_bwd_ms"] for p in floor["cases"]
     )
 
 
@@ -128,7 +128,7 @@ def test_host_floor_bounds_moe_layers_only(ep, seq):
     w = Workload(seq, 1, 16)
     # the MoE floor alone: no dense floor, no host work outside the layers (`host_floor`)
     eager = _step(MOE, p, w, moe_host_bound=True, host_floor=False)
-    tuned = _step(MOE, p, w, moe_host_bound=False, host_floor=False)
+    tuned = _step(MOE, p, w, moe_host_bound=False, moe_permute_fusion=True, host_floor=False)
     assert eager.step_time_s >= tuned.step_time_s
     assert tuned.time.breakdown["host_bound"] == 0.0
     # the step grows by the reported host-bound time and the unfused dispatcher's extra kernels (the eager block runs

@@ -187,6 +187,12 @@ class MoeHostFloor:
     precision: str = "bf16"
     fwd_per_local_expert_s: float = d.MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S
     fp8_recipe: str | None = None  # fp8: the recipe measured (tensorwise adds an amax pass per tensor)
+    # the token permute the block ran: TE's fused kernels (--moe-permute-fusion) or megatron-core's unfused path
+    permute_fusion: bool = False
+    # shares of the forward's host time spent in the router (and shared experts) and in the dispatcher's preprocess:
+    # what CUDA graphs of scope moe_router / moe_preprocess take off the host
+    router_share: float = d.MOE_HOST_ROUTER_SHARE
+    preprocess_share: float = d.MOE_HOST_PREPROCESS_SHARE
 
     def forward_s(self, local_experts: int) -> float:
         return self.fwd_s + local_experts * self.fwd_per_local_expert_s
@@ -200,10 +206,22 @@ class MoeHostFloor:
             "fwd_per_local_expert_s": self.fwd_per_local_expert_s,
             "bwd_s": self.bwd_s,
             "bwd_per_local_expert_s": self.bwd_per_local_expert_s,
+            "permute_fusion": self.permute_fusion,
+            "router_share": self.router_share,
+            "preprocess_share": self.preprocess_share,
         }
 
 
 DEFAULT_MOE_HOST_FLOOR = MoeHostFloor()
+DEFAULT_FUSED_MOE_HOST_FLOOR = MoeHostFloor(
+    fwd_s=d.FUSED_MOE_HOST_FLOOR_FWD_S,
+    fwd_per_local_expert_s=d.FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S,
+    bwd_s=d.FUSED_MOE_HOST_FLOOR_BWD_S,
+    bwd_per_local_expert_s=d.FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S,
+    permute_fusion=True,
+    router_share=d.FUSED_MOE_HOST_ROUTER_SHARE,
+    preprocess_share=d.FUSED_MOE_HOST_PREPROCESS_SHARE,
+)
 
 
 def _tp_collectives_per_layer(tp: int, sequence_parallel: bool) -> tuple[int, int]:
@@ -376,10 +394,13 @@ class Calibration:
                     return block.allowance
         return None
 
-    def moe_host_floor(self, precision: str, fp8_recipe: str = "delayed") -> MoeHostFloor | None:
-        """The MoE host floor measured for `precision` (and fp8 recipe), else another fp8 recipe's, else the bf16
-        one (same host), else None."""
-        found = _floors_for(self.moe_host_floors, precision, fp8_recipe)
+    def moe_host_floor(
+        self, precision: str, fp8_recipe: str = "delayed", permute_fusion: bool = False
+    ) -> MoeHostFloor | None:
+        """The MoE host floor measured for the permute path and `precision` (and fp8 recipe), else another fp8
+        recipe's, else the bf16 one (same host), else None: one path's floor says nothing of the other's."""
+        same_path = tuple(f for f in self.moe_host_floors if f.permute_fusion == permute_fusion)
+        found = _floors_for(same_path, precision, fp8_recipe)
         return found[0] if found else None
 
     def dense_host_floor(self, precision: str, fp8_recipe: str, tp: int) -> DenseHostFloor | None:
@@ -443,6 +464,19 @@ def _number(where: str, value: Any, positive: bool = True, allow_zero: bool = Fa
     if positive and (value < 0 or (value == 0 and not allow_zero)):
         raise ConfigError(where, f"must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
     return float(value)
+
+
+def _bool(where: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(where, f"must be true or false, got {value!r}")
+    return value
+
+
+def _share(where: str, value: Any) -> float:
+    share = _number(where, value, allow_zero=True)
+    if share > 1.0:
+        raise ConfigError(where, f"must be a share in [0, 1], got {value!r}")
+    return share
 
 
 def _integer(where: str, value: Any, minimum: int = 1) -> int:
@@ -588,11 +622,18 @@ def _parse_moe_host_floors(source: str, raw: Any) -> tuple[MoeHostFloor, ...]:
                 ),
                 precision=_precision(f"{where}.precision", row.get("precision", "bf16")),
                 fp8_recipe=_fp8_recipe(f"{where}.fp8_recipe", row),
+                permute_fusion=_bool(f"{where}.permute_fusion", row.get("permute_fusion", False)),
+                router_share=_share(f"{where}.router_share", row.get("router_share", d.MOE_HOST_ROUTER_SHARE)),
+                preprocess_share=_share(
+                    f"{where}.preprocess_share", row.get("preprocess_share", d.MOE_HOST_PREPROCESS_SHARE)
+                ),
             )
         )
-    precisions = [(f.precision, f.fp8_recipe) for f in floors]
-    if len(set(precisions)) != len(precisions):
-        raise ConfigError(f"{source}: moe_host_floor", "has two entries for the same precision and fp8 recipe")
+    keys = [(f.precision, f.fp8_recipe, f.permute_fusion) for f in floors]
+    if len(set(keys)) != len(keys):
+        raise ConfigError(
+            f"{source}: moe_host_floor", "has two entries for the same precision, fp8 recipe and permute path"
+        )
     return tuple(floors)
 
 

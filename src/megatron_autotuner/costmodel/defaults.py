@@ -220,6 +220,18 @@ MOE_HOST_FLOOR_FWD_S = 9.2e-3
 MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 0.0  # flat on that host; a line on 1x H100's (a calibration says so)
 MOE_HOST_FLOOR_BWD_S = 9.6e-3
 MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
+# Shares of that forward's host time spent in the router (with the shared experts) and in the dispatcher's
+# preprocess: what CUDA graphs of scope moe_router / moe_preprocess take off the host. Not measured yet.
+MOE_HOST_ROUTER_SHARE = 0.0
+MOE_HOST_PREPROCESS_SHARE = 0.0
+# The same block with TE's fused permute (--moe-permute-fusion, NVIDIA's MoE recipes). Not measured yet: priced at
+# its GPU time alone, as the cost model has done so far.
+FUSED_MOE_HOST_FLOOR_FWD_S = 0.0
+FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 0.0
+FUSED_MOE_HOST_FLOOR_BWD_S = 0.0
+FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 0.0
+FUSED_MOE_HOST_ROUTER_SHARE = 0.0
+FUSED_MOE_HOST_PREPROCESS_SHARE = 0.0
 
 # ---- host-bound dense layers ---------------------------------------------------------------------
 # An eager megatron-core TE layer costs the host a roughly fixed time to issue, whatever its size: Python of

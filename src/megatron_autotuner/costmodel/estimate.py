@@ -123,10 +123,11 @@ class CostOptions:
     `gradient_accumulation_fusion`: wgrad GEMMs accumulate straight into the fp32 main_grad
     (Megatron-LM's default; needs APEX for megatron-core's output layer); off adds a cast-add over
     every local parameter per micro-batch (`defaults.GRAD_ACCUMULATION_BYTES_PER_PARAM`);
-    `moe_host_bound`: MoE layers run eagerly (megatron-core's alltoall dispatcher without permute
-    fusion or CUDA graphs, as the `validate` runner and the testbench do): each MoE block takes at
-    least the host time measured by the testbench (`defaults.MOE_HOST_FLOOR_*`); on by default, as Megatron-LM
-    runs MoE without --moe-permute-fusion; tuned recipes (fused permute, graphs over the block) are not bound;
+    `moe_host_bound`: MoE blocks run eagerly (no CUDA graph over the block, as the `validate` runner and the
+    testbench run them): each takes at least the host time measured by the testbench for its permute path
+    (`layer.moe_block_host_s`: `defaults.MOE_HOST_FLOOR_*`, `FUSED_MOE_HOST_FLOOR_*`, or the calibration's);
+    `moe_permute_fusion`: --moe-permute-fusion, TE's fused token permute (NVIDIA's MoE recipes turn it on; off by
+    default, as in Megatron-LM): its kernels and its host floor;
     `host_floor`: a micro-batch takes at least its dense layers' host issue time (eager megatron-core: the
     calibration's `dense_host_floor`, else `defaults.DENSE_HOST_FLOOR_*`; CUDA graphs take the captured share off);
     off gives the GPU's time alone;
@@ -151,6 +152,7 @@ class CostOptions:
     fused_cross_entropy: bool = False
     gradient_accumulation_fusion: bool = True
     moe_host_bound: bool = True
+    moe_permute_fusion: bool = False
     host_floor: bool = True
     calibration: Calibration | None = None
     allowance: MemoryAllowance | None = None
@@ -342,6 +344,7 @@ class Estimate:
                 "overlap_p2p_comm": self.options.overlap_p2p_comm,
                 "fused_cross_entropy": self.options.fused_cross_entropy,
                 "moe_host_bound": self.options.moe_host_bound,
+                "moe_permute_fusion": self.options.moe_permute_fusion,
                 "host_floor": self.options.host_floor,
                 "expandable_segments": self.options.expandable_segments,
                 "overlap_param_gather": self.options.overlap_param_gather and self.parallel.use_distributed_optimizer,
@@ -561,6 +564,7 @@ def stage_time(
         fused_bias_activation=options.fused_bias_activation,
         # a graph over the whole MoE block replays it without the host (router-only graphs leave it eager)
         moe_host_bound=options.moe_host_bound and not workload.cuda_graph.captures("moe", moe_layer=True),
+        moe_permute_fusion=options.moe_permute_fusion,
         host_floor=options.host_floor,
         calibration=options.calibration,
         main_grad_bytes=parallel.main_grad_bytes,

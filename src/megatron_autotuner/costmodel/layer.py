@@ -63,7 +63,14 @@ from ..specs.model import ModelSpec
 from ..theory.flops import attention_flops_per_token
 from ..theory.scan_mixers import SCAN_MIXERS
 from . import defaults as d
-from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration, DenseHostFloor
+from .calibration import (
+    DEFAULT_DENSE_HOST_FLOOR,
+    DEFAULT_FUSED_MOE_HOST_FLOOR,
+    DEFAULT_MOE_HOST_FLOOR,
+    Calibration,
+    DenseHostFloor,
+    MoeHostFloor,
+)
 from .collectives import collective_time_s, dispatch_time_s, hidden_collective_cost_s, userbuffers_time_s
 from .compute import flash_attention_time_s, gemm_time_s, memory_bound_time_s
 
@@ -98,6 +105,7 @@ class LayerContext:
     flash_attention: bool = True
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
     moe_host_bound: bool = False  # eager MoE block: never faster than its host floor (see the module doc)
+    moe_permute_fusion: bool = False  # TE's fused token permute (--moe-permute-fusion): its kernels and host floor
     host_floor: bool = True  # a dense layer's phase never faster than its host's issue time (see the module doc)
     calibration: Calibration | None = None
     main_grad_bytes: int = 4  # fp32 main grads (2: --grad-reduce-in-bf16); wgrad GEMMs accumulate into them
@@ -135,6 +143,9 @@ class LayerCost:
     recompute: Phases
     host_fwd_s: float = 0.0
     host_bwd_s: float = 0.0
+    # a MoE layer's block alone (router, dispatcher, experts), forward and backward GPU seconds; 0 for other layers
+    moe_gpu_fwd_s: float = 0.0
+    moe_gpu_bwd_s: float = 0.0
 
     @property
     def total(self) -> float:
@@ -455,7 +466,7 @@ def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed
     T = `tokens` local rows of h bf16 elements, P = T x top-k permuted rows and R = `routed` rows after the
     all-to-all (R = P without tensor parallelism), by the bytes each step moves and the rate measured for its kernels
     (`benchmarks/moe_permute.py` on H200, `defaults.MOE_*`):
-    - unfused (megatron-core's default, an eager block: `ctx.moe_host_bound`): permute = `index_select` gather
+    - unfused (megatron-core's default, `ctx.moe_permute_fusion` off): permute = `index_select` gather
       (2 accesses per permuted element) forward, an atomic `index_add_` backward; unpermute = atomic `scatter_add_`
       forward, a gather backward; the permute walks the T x E routing map forward (`masked_select`);
     - TE's fused kernels (`--moe-permute-fusion`): permute and unpermute each read one side and write the other
@@ -468,7 +479,7 @@ def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed
     if model.num_moe_experts // max(1, ctx.ep) > 1:
         out["moe_sort_chunks"] = (2 * e * h * routed, 2 * e * h * routed, 1, None)
     map_entries = tokens * model.num_moe_experts  # one byte each (bool)
-    if ctx.moe_host_bound:
+    if not ctx.moe_permute_fusion:
         out["moe_permute"] = (2 * permuted, 0.0, 1, None)
         out["moe_permute_atomic"] = (0.0, 2 * permuted, 2, d.MOE_INDEX_ADD_HBM_EFFICIENCY)
         out["moe_unpermute"] = (0.0, 2 * permuted, 1, None)
@@ -696,21 +707,12 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
             _add(bwd, "ep", tokens_moved)
 
     # ---- host-bound MoE block ----
+    moe_gpu = _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved, ctx.training) if is_moe else (0.0, 0.0)
     if is_moe and ctx.moe_host_bound:
-        moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
-        moe_mem = ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
-        moe_mem += MOE_DISPATCH_WORK
-        gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + tokens_moved
-        cal = ctx.calibration
-        floor = cal.moe_host_floor(ctx.precision, ctx.fp8_recipe) if cal is not None else None
-        floor = floor or DEFAULT_MOE_HOST_FLOOR
-        local_experts = max(1, model.num_moe_experts // ctx.ep)
-        _add(fwd, "host", max(0.0, floor.forward_s(local_experts) - gpu_fwd))
+        host_fwd_s, host_bwd_s = moe_block_host_s(model, ctx)
+        _add(fwd, "host", max(0.0, host_fwd_s - moe_gpu[0]))
         if ctx.training:
-            floor_bwd = floor.backward_s(local_experts)
-            gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
-            gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + tokens_moved
-            _add(bwd, "host", max(0.0, floor_bwd - gpu_bwd))
+            _add(bwd, "host", max(0.0, host_bwd_s - moe_gpu[1]))
 
     # ---- host-bound dense layer: the host's issue time, compared per micro-batch by the stage ----
     host_fwd = host_bwd = 0.0
@@ -750,7 +752,45 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 _add(rec, "memory_bound", mem_fwd.get("norm", 0.0))
             if "mla_up_proj" in mods:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("q_up", "kv_up") if o in gemm))
-    return LayerCost(Phases(fwd), Phases(bwd), Phases(rec), host_fwd, host_bwd)
+    return LayerCost(Phases(fwd), Phases(bwd), Phases(rec), host_fwd, host_bwd, *moe_gpu)
+
+
+def _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved: float, training: bool) -> tuple[float, float]:
+    """(forward, backward) GPU seconds of a MoE block alone: router, dispatcher (token movement and all-to-all),
+    routed and shared experts; what its host floor is compared with."""
+    moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
+    moe_mem = ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
+    moe_mem += MOE_DISPATCH_WORK
+    gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + tokens_moved
+    if not training:
+        return gpu_fwd, 0.0
+    gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
+    gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + tokens_moved
+    return gpu_fwd, gpu_bwd
+
+
+def moe_host_floor_of(ctx: LayerContext) -> MoeHostFloor:
+    """The eager MoE block's host floor of the context: measured on the machine (`Calibration.moe_host_floor`, for
+    its permute path) or the default of that path."""
+    cal = ctx.calibration
+    floor = cal.moe_host_floor(ctx.precision, ctx.fp8_recipe, ctx.moe_permute_fusion) if cal is not None else None
+    if floor is not None:
+        return floor
+    return DEFAULT_FUSED_MOE_HOST_FLOOR if ctx.moe_permute_fusion else DEFAULT_MOE_HOST_FLOOR
+
+
+def moe_block_host_s(model: ModelSpec, ctx: LayerContext) -> tuple[float, float]:
+    """(forward, backward) seconds the host needs to issue one eager MoE block for one micro-batch at its local
+    experts (`moe_host_floor_of`), less what CUDA graphs over the router (`moe_router`: router and shared experts)
+    and the dispatcher's preprocess (`moe_preprocess`) take off the forward: their measured shares of it
+    (`MoeHostFloor.router_share` / `preprocess_share`), replaced by one graph replay."""
+    floor = moe_host_floor_of(ctx)
+    local_experts = max(1, model.num_moe_experts // ctx.ep)
+    fwd, bwd = floor.forward_s(local_experts), floor.backward_s(local_experts)
+    if ctx.cuda_graph_impl != "none" and "moe_router" in ctx.cuda_graph_scope:
+        captured = floor.router_share + (floor.preprocess_share if "moe_preprocess" in ctx.cuda_graph_scope else 0.0)
+        fwd = (1.0 - captured) * fwd + d.CUDA_GRAPH_REPLAY_HOST_FWD_S
+    return fwd, bwd
 
 
 ATTENTION_OUT_GEMMS = ("proj",)

@@ -376,6 +376,8 @@ def launch_inputs(
         overlap_param_gather=False,
         fused_cross_entropy=True,
         moe_host_bound=False,
+        # TE's fused token permute only where the actor's overrides ask for it (megatron-core's default is off)
+        moe_permute_fusion=bool(otc.get("moe_permute_fusion")),
         calibration=calibration,
         memory_margin=memory_margin,
     )

@@ -229,7 +229,7 @@ FLAG_TABLE: dict[str, str] = {
     "Adam's)",
     "moe_token_dispatcher_type": "alltoall is modelled (allgather / flex: not modelled, predicted as alltoall)",
     "moe_grouped_gemm": "grouped expert GEMMs are modelled (off: not modelled)",
-    "moe_permute_fusion": "options.moe_host_bound (eager MoE block: no permute fusion, not under a CUDA graph)",
+    "moe_permute_fusion": "options.moe_permute_fusion (TE's fused token permute: its kernels and host floor)",
     "tp_comm_overlap_cfg": "the TE userbuffers yaml (its per-GEMM settings are not read)",
 }
 
@@ -1379,9 +1379,10 @@ def launch_to_specs(
             not_modelled.append(f"--moe-token-dispatcher-type {dispatcher} (predicted as alltoall)")
         if not launch.value("moe_grouped_gemm"):
             not_modelled.append("--moe-grouped-gemm off: one GEMM per expert (predicted as grouped GEMMs)")
-        # the host floor is the eager MoE block's; a graph over the whole block replays it without the host
-        # (moe_router / moe_preprocess graphs leave the dispatch and experts eager)
-        options["moe_host_bound"] = not launch.value("moe_permute_fusion") and not graphs.captures("moe", True)
+        # the host floor is the eager MoE block's, of its permute path; a graph over the whole block replays it
+        # without the host (moe_router / moe_preprocess graphs take their share off: `layer.moe_block_host_s`)
+        options["moe_permute_fusion"] = bool(launch.value("moe_permute_fusion"))
+        options["moe_host_bound"] = not graphs.captures("moe", True)
     if model is None:
         return ImportedLaunch(None, None, None, options, tuple(notes), _said_once(not_modelled), launch)
 
@@ -1686,7 +1687,7 @@ def specs_to_megatron_args(
             # what the cost model assumes of MoE execution: the planned dispatcher with grouped GEMMs
             moe_token_dispatcher_type="alltoall" if p.moe_dispatcher == "alltoall" else "flex",
             moe_grouped_gemm=True,
-            moe_permute_fusion=not (options is not None and options.moe_host_bound),
+            moe_permute_fusion=options is not None and options.moe_permute_fusion,
         )
         if model.moe_shared_expert_intermediate_size:
             args["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size

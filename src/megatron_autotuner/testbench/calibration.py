@@ -32,8 +32,8 @@ from ..specs import ClusterSpec, get_gpu_spec, load_model_spec
 from .results import all_records, latest_by_case
 
 LINEAR_OPS = ("column_linear", "row_linear")
-# A `moe` case counts as host-bound when both phases took at least this many times the cost model's GPU time
-# of its whole decoder layer (attention included: an upper bound on the MoE block's own GPU work).
+# A `moe` case counts as host-bound when both phases took at least this many times the cost model's GPU time of the
+# MoE block it ran (router, its permute path's dispatcher kernels, experts: `LayerCost.moe_gpu_*_s`).
 HOST_BOUND_RATIO = 1.5
 
 
@@ -55,6 +55,7 @@ def layer_context_of(rec: dict[str, Any]):
         precision=case.get("dtype", "bf16"),
         fp8_recipe=case.get("fp8_recipe", "delayed"),
         fused_bias_activation=rec.get("bias_activation_fusion", True),
+        moe_permute_fusion=bool(case.get("moe_permute_fusion", False)),
     )
 
 
@@ -92,17 +93,38 @@ def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
     ctx = layer_context_of(rec)
     layer = next(i for i in range(spec.num_layers) if spec.is_moe_layer(i))
     gpu = layer_cost(spec, layer, ctx)
-    fwd_ms, bwd_ms = rec["real"]["fwd_ms"]["median"], rec["real"]["bwd_ms"]["median"]
+    real = rec["real"]
+    fwd_ms, bwd_ms = real["fwd_ms"]["median"], real["bwd_ms"]["median"]
+    steps = real.get("host_fwd_steps_ms") or {}
+    host_fwd = (real.get("host_fwd_ms") or {}).get("median")
     return {
         "case_id": rec["case_id"],
         "local_experts": spec.num_moe_experts // case["ep"],
         "fwd_ms": fwd_ms,
         "bwd_ms": bwd_ms,
+        # shares of the forward's host time in the steps CUDA-graph scopes capture (None: steps not timed)
+        "router_share": _step_share(steps, MOE_ROUTER_STEPS, host_fwd),
+        "preprocess_share": _step_share(steps, MOE_PREPROCESS_STEPS, host_fwd),
         "layer_gpu_fwd_ms": gpu.fwd.total * 1e3,
         "layer_gpu_bwd_ms": gpu.bwd.total * 1e3,
-        "host_bound": fwd_ms >= HOST_BOUND_RATIO * gpu.fwd.total * 1e3
-        and bwd_ms >= HOST_BOUND_RATIO * gpu.bwd.total * 1e3,
+        "block_gpu_fwd_ms": gpu.moe_gpu_fwd_s * 1e3,
+        "block_gpu_bwd_ms": gpu.moe_gpu_bwd_s * 1e3,
+        "host_bound": fwd_ms >= HOST_BOUND_RATIO * gpu.moe_gpu_fwd_s * 1e3
+        and bwd_ms >= HOST_BOUND_RATIO * gpu.moe_gpu_bwd_s * 1e3,
     }
+
+
+# the MoE forward steps (`testbench.operators.MOE_FORWARD_STEPS`) under --cuda-graph-modules moe_router (the router and
+# the shared experts) and, added to it, moe_preprocess (megatron-core transformer_layer.py `_get_submodules_under_
+# cudagraphs`, moe_layer.py: a partial capture returns after `preprocess`)
+MOE_ROUTER_STEPS = ("shared_experts_compute", "route")
+MOE_PREPROCESS_STEPS = ("preprocess",)
+
+
+def _step_share(steps: dict[str, float], names: tuple[str, ...], host_fwd_ms: float | None) -> float | None:
+    if not steps or not host_fwd_ms:
+        return None
+    return min(1.0, sum(steps.get(name, 0.0) for name in names) / host_fwd_ms)
 
 
 def _host_line(experts: list[int], seconds: list[float], default_line) -> tuple[float, float, str]:
@@ -117,6 +139,8 @@ def _host_line(experts: list[int], seconds: list[float], default_line) -> tuple[
             return 0.0, slope, "least squares in local experts, through the origin"
         return intercept, slope, "least squares in local experts"
     intercept, slope = default_line
+    if intercept + slope * experts[0] <= 0:
+        return statistics.median(seconds), 0.0, "flat: one expert count measured, no default line"
     scale = statistics.median(seconds) / (intercept + slope * experts[0])
     return intercept * scale, slope * scale, "default line scaled to the one expert count measured"
 
@@ -127,34 +151,50 @@ def _precision_key(case: dict[str, Any]) -> tuple[str, str | None]:
     return (dtype, case.get("fp8_recipe", "delayed") if dtype == "fp8" else None)
 
 
+def _shares(points: list[dict[str, Any]]) -> dict[str, float]:
+    """The median router and preprocess shares of the host-bound points that timed their steps; none: the
+    defaults (`MoeHostFloor`)."""
+    out = {}
+    for key in ("router_share", "preprocess_share"):
+        values = [p[key] for p in points if p.get(key) is not None]
+        if values:
+            out[key] = statistics.median(values)
+    return out
+
+
 def moe_host_floors_from_records(ok: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The eager MoE block's host floor per precision from host-bound `moe` cases (`costmodel.MoeHostFloor`):
     forward and backward each a line in the local experts (each local expert adds its own kernels), fitted by
     least squares when the cases hold two or more expert counts, else the default line scaled to the one count
     measured. Cases that are not host-bound (GPU work near the measured time) say nothing about the host and
     are left out."""
+    from ..costmodel.calibration import DEFAULT_FUSED_MOE_HOST_FLOOR
     from ..costmodel.calibration import DEFAULT_MOE_HOST_FLOOR as default
 
-    points: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
+    points: dict[tuple[str, str | None, bool], list[dict[str, Any]]] = {}
     for rec in ok:
         case = rec["case"]
         if case["op"] == "moe":
-            points.setdefault(_precision_key(case), []).append(_moe_point(rec))
+            key = (*_precision_key(case), bool(case.get("moe_permute_fusion", False)))
+            points.setdefault(key, []).append(_moe_point(rec))
     floors = []
-    for (precision, recipe), pts in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+    for (precision, recipe, fused), pts in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", kv[0][2])):
         used = [p for p in pts if p["host_bound"]]
         if not used:
             continue
+        line = DEFAULT_FUSED_MOE_HOST_FLOOR if fused else default
         experts = [p["local_experts"] for p in used]
-        fwd = _host_line(experts, [p["fwd_ms"] * 1e-3 for p in used], (default.fwd_s, default.fwd_per_local_expert_s))
-        bwd = _host_line(experts, [p["bwd_ms"] * 1e-3 for p in used], (default.bwd_s, default.bwd_per_local_expert_s))
+        fwd = _host_line(experts, [p["fwd_ms"] * 1e-3 for p in used], (line.fwd_s, line.fwd_per_local_expert_s))
+        bwd = _host_line(experts, [p["bwd_ms"] * 1e-3 for p in used], (line.bwd_s, line.bwd_per_local_expert_s))
         floors.append(
             {
                 **precision_fields(precision, recipe),
+                "permute_fusion": fused,
                 "fwd_s": fwd[0],
                 "fwd_per_local_expert_s": fwd[1],
                 "bwd_s": bwd[0],
                 "bwd_per_local_expert_s": bwd[1],
+                **_shares(used),
                 "fit": {"fwd": fwd[2], "bwd": bwd[2]},
                 "cases": pts,
             }

@@ -60,6 +60,9 @@ class Case:
     prompt_length: tuple[float, int] | None = None
     response_length: tuple[float, int] | None = None
     length_seed: int = 0
+    # moe: TE's fused token permute / unpermute (Megatron-LM --moe-permute-fusion, what NVIDIA's MoE recipes run);
+    # off: megatron-core's default index_select / scatter_add path
+    moe_permute_fusion: bool = False
 
     PACKED_OPS = ("decoder", "gpt_chunk")
 
@@ -86,6 +89,8 @@ class Case:
             raise ConfigError("seq_length", f"{self.seq_length} must be divisible by 2*cp={2 * self.cp}")
         if self.sequence_parallel and (self.seq_length // self.cp) % self.tp:
             raise ConfigError("seq_length", f"seq_length/cp must be divisible by tp={self.tp} with sequence parallel")
+        if self.moe_permute_fusion and not self.model_spec().is_moe:
+            raise ConfigError("moe_permute_fusion", f"{self.model} has no MoE layers to permute tokens for")
         if self.max_token_len is not None:
             if self.op not in self.PACKED_OPS:
                 raise ConfigError("max_token_len", f"packed input is built for ops {', '.join(self.PACKED_OPS)} only")
@@ -115,7 +120,7 @@ class Case:
             del data["fp8_recipe"]
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
         # fields added later: the ids of older cases stay
-        for key in ("max_token_len", "prompt_length", "response_length", "length_seed"):
+        for key in ("max_token_len", "prompt_length", "response_length", "length_seed", "moe_permute_fusion"):
             if data[key] == defaults[key]:
                 del data[key]
         fields = json.dumps(data, sort_keys=True)

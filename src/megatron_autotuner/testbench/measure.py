@@ -90,8 +90,11 @@ def measure_operator(
     bwd_ms: list[float] = []
     host_fwd_ms: list[float] = []
     host_bwd_ms: list[float] = []
+    steps_ms: dict[str, list[float]] = {name: [] for name in (op.host_steps_s or {})}
     for _ in range(repeats):
         _clear_grads(op.module)
+        for name in steps_ms:
+            op.host_steps_s[name] = 0.0
         if cuda:
             start, mid, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
             torch.cuda.synchronize()
@@ -116,6 +119,8 @@ def measure_operator(
             t2 = time.perf_counter()
             fwd_ms.append((t1 - t0) * 1e3)
             bwd_ms.append((t2 - t1) * 1e3)
+        for name, values in steps_ms.items():
+            values.append(op.host_steps_s[name] * 1e3)
         del out
     fwd_no_grad_ms, host_fwd_no_grad_ms = _time_forward_no_grad(op, repeats, cuda)
     total = [f + b for f, b in zip(fwd_ms, bwd_ms, strict=True)]
@@ -127,6 +132,9 @@ def measure_operator(
         real["host_fwd_ms"] = _stats(host_fwd_ms)
         real["host_bwd_ms"] = _stats(host_bwd_ms)
         real["host_fwd_no_grad_ms"] = _stats(host_fwd_no_grad_ms)
+    if steps_ms:
+        # host time inside each forward step (a MoE block's router, dispatcher, experts ...), median per step
+        real["host_fwd_steps_ms"] = {name: statistics.median(values) for name, values in steps_ms.items()}
     return real
 
 

@@ -73,6 +73,7 @@ def transformer_config_kwargs(spec: ModelSpec, case: Case) -> dict[str, Any]:
             moe_router_load_balancing_type="none",
             moe_aux_loss_coeff=0.0,
             moe_router_pre_softmax=spec.moe_router_topk == 1,
+            moe_permute_fusion=case.moe_permute_fusion,
         )
     if spec.window_size:
         # megatron-core's window_attn_skip_freq None: every layer slides
@@ -238,6 +239,42 @@ class Operator:
     output_bytes: Callable[[Any], int]
     layer_spec: str  # "te" or "local"
     description: str
+    # host seconds spent in each named step of the last forward (a MoE block's `MOE_FORWARD_STEPS`); None: not timed
+    host_steps_s: dict[str, float] | None = None
+
+
+# megatron-core MoELayer's forward steps (megatron/core/transformer/moe/moe_layer.py @ core_r0.19: route ->
+# preprocess -> dispatch -> experts -> combine -> postprocess; shared experts beside the router). CUDA graphs with
+# --cuda-graph-modules moe_router capture the router (and shared experts), moe_preprocess the dispatcher's preprocess
+# as well (transformer_layer.py `_get_submodules_under_cudagraphs`), so their host time is what those scopes save.
+MOE_FORWARD_STEPS = (
+    "shared_experts_compute", "route", "preprocess", "dispatch", "routed_experts_compute", "combine", "postprocess",
+)  # fmt: skip
+
+
+def time_host_steps(module: Any, steps: tuple[str, ...]) -> dict[str, float]:
+    """Wrap each of `module`'s methods named in `steps` (those it has) so that the host seconds of its calls add up
+    in the returned dict (keys: the wrapped steps; the caller zeroes it before a timed pass)."""
+    import time
+
+    spent: dict[str, float] = {}
+
+    def timed(name: str, method: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t0
+
+        return call
+
+    for name in steps:
+        method = getattr(module, name, None)
+        if callable(method):
+            spent[name] = 0.0
+            setattr(module, name, timed(name, method))
+    return spent
 
 
 def _rope_base(spec_name: str) -> float:
@@ -388,9 +425,11 @@ def _build_operator(case: Case, device: str, config: Any, use_te: bool) -> Opera
                 grad = torch.randn_like(out)
             backward_from(out, grad)
 
+        steps = time_host_steps(mlp, MOE_FORWARD_STEPS) if op == "moe" else None
         return Operator(
-            module, forward, backward, tensor_bytes(x), tensor_bytes, kind, f"{op} of {spec.name} layer {layer_index}"
-        )
+            module, forward, backward, tensor_bytes(x), tensor_bytes, kind, f"{op} of {spec.name} layer {layer_index}",
+            steps,
+        )  # fmt: skip
 
     if op in ("column_linear", "row_linear"):
         gate = 2 if spec.gated_linear_unit else 1

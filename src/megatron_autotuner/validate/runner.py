@@ -77,6 +77,7 @@ class _Split:
     cp_comm_type: str
     dtype: str  # bf16 | fp8 (hybrid format)
     fp8_recipe: str = "delayed"  # with fp8: delayed | tensorwise | blockwise
+    moe_permute_fusion: bool = False  # eager MoE blocks run megatron-core's unfused permute, as the cost model prices
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:

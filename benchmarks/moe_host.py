@@ -1,0 +1,167 @@
+"""The eager MoE block's host time with and without TE's fused token permute, and where in the block it goes.
+
+NVIDIA's MoE recipes run `--moe-permute-fusion` without a CUDA graph over the MoE block (the published Megatron-Bridge
+GPT-OSS, Qwen3 and DeepSeek-V3 runs; `tests/fixtures/published_runs_modern.csv`). Until this measurement the cost
+model held only megatron-core's unfused block to a host floor and priced a fused block at its GPU time alone. Both
+paths still issue the router, the dispatcher's preprocess (with its device-to-host wait for the token counts), the
+permute, the grouped expert GEMMs and the unpermute from Python, one MoE layer at a time.
+
+The testbench's `moe` operator (`mat profile`, router + dispatcher + experts of one layer on one GPU, EP 1: the local
+experts of an EP rank are stood in for by a copy of the model with that many experts; the host work grows per local
+expert, the GPU work does not) runs the cases of `testbench/h200_x1_moe_host_cases.json`: Qwen3-30B-A3B shapes at 128 /
+32 / 16 / 8 experts and gpt-oss-120b shapes at 128 / 16 / 4 experts, 1024 and 4096 tokens, fused; three unfused cases
+beside them; fp8 (tensorwise) fused at two expert counts. Each case records its forward's host time per MoELayer step
+(`testbench.operators.MOE_FORWARD_STEPS`): what CUDA graphs of scope moe_router / moe_preprocess take off the host.
+
+    python benchmarks/moe_host.py predict      # before the run: results/moe_host_h200/predicted.json
+    bash benchmarks/testbench/h200_x1_moe_host.sh   # on the GPU machine ($OUT/evidence -> results/moe_host_h200)
+    python benchmarks/moe_host.py              # comparison and fitted floors: results/moe_host_h200/summary.json
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+CASES = ROOT / "testbench/h200_x1_moe_host_cases.json"
+LEASE = ROOT / "results/moe_host_h200"
+GPU = "H200"
+
+
+def _cases() -> list[dict[str, Any]]:
+    return json.loads(CASES.read_text())
+
+
+def block_prediction(case: dict[str, Any]) -> dict[str, Any]:
+    """The cost model's MoE block of a testbench `moe` case on one H200: its GPU time and the time it predicts for the
+    block (the longer of GPU time and the host floor of its permute path)."""
+    from megatron_autotuner.costmodel.layer import layer_cost, moe_block_host_s
+    from megatron_autotuner.testbench.calibration import layer_context_of
+    from megatron_autotuner.testbench.cases import Case
+
+    built = Case.from_dict(case)
+    rec = {"case": built.to_dict(), "gpu_preset": GPU, "world_size": built.world_size}
+    ctx = layer_context_of(rec)
+    spec = built.model_spec()
+    cost = layer_cost(spec, built.layer_index(spec), ctx)
+    host_fwd, host_bwd = moe_block_host_s(spec, ctx)
+    return {
+        "case_id": built.case_id,
+        "local_experts": spec.num_moe_experts // built.ep,
+        "block_gpu_fwd_ms": cost.moe_gpu_fwd_s * 1e3,
+        "block_gpu_bwd_ms": cost.moe_gpu_bwd_s * 1e3,
+        "host_floor_fwd_ms": host_fwd * 1e3,
+        "host_floor_bwd_ms": host_bwd * 1e3,
+        "predicted_fwd_ms": max(cost.moe_gpu_fwd_s, host_fwd) * 1e3,
+        "predicted_bwd_ms": max(cost.moe_gpu_bwd_s, host_bwd) * 1e3,
+    }
+
+
+def predict() -> None:
+    from megatron_autotuner import __version__
+
+    rows = [{"case": c, **block_prediction(c)} for c in _cases()]
+    LEASE.mkdir(parents=True, exist_ok=True)
+    doc = {"gpu": GPU, "tool_version": __version__, "date": dt.datetime.now(dt.UTC).isoformat(), "rows": rows}
+    (LEASE / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")
+    for r in rows:
+        print(f"{r['case_id']:<58} gpu {r['block_gpu_fwd_ms']:6.2f} / {r['block_gpu_bwd_ms']:6.2f} ms"
+              f"  predicted {r['predicted_fwd_ms']:6.2f} / {r['predicted_bwd_ms']:6.2f} ms")  # fmt: skip
+
+
+def _measured() -> dict[str, dict[str, Any]]:
+    from megatron_autotuner.testbench.results import all_records, latest_by_case
+
+    records = all_records(LEASE / "testbench")
+    return {r["case_id"]: r for r in latest_by_case(records, 0).values() if r["status"] == "ok"}
+
+
+def _row(pred: dict[str, Any], rec: dict[str, Any]) -> dict[str, Any]:
+    real = rec["real"]
+    steps = real.get("host_fwd_steps_ms") or {}
+    host_fwd = real["host_fwd_ms"]["median"]
+    return {
+        "case_id": pred["case_id"],
+        "model": Path(pred["case"]["model"]).name.removesuffix(".json"),
+        "tokens": pred["case"]["seq_length"],
+        "precision": pred["case"].get("dtype", "bf16"),
+        "permute_fusion": bool(pred["case"].get("moe_permute_fusion", False)),
+        "local_experts": pred["local_experts"],
+        "measured_fwd_ms": real["fwd_ms"]["median"],
+        "measured_bwd_ms": real["bwd_ms"]["median"],
+        "host_fwd_ms": host_fwd,
+        "host_bwd_ms": real["host_bwd_ms"]["median"],
+        "host_fwd_steps_ms": steps,
+        "predicted_fwd_ms": pred["predicted_fwd_ms"],
+        "predicted_bwd_ms": pred["predicted_bwd_ms"],
+        "block_gpu_fwd_ms": pred["block_gpu_fwd_ms"],
+        "block_gpu_bwd_ms": pred["block_gpu_bwd_ms"],
+        "error_fwd": pred["predicted_fwd_ms"] / real["fwd_ms"]["median"] - 1,
+        "error_bwd": pred["predicted_bwd_ms"] / real["bwd_ms"]["median"] - 1,
+    }
+
+
+def _median_errors(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Median |error| of the predictions made before the run, forward and backward, per permute path."""
+    out = {}
+    for path, fused in (("fused", True), ("unfused", False)):
+        errors = [abs(r[k]) for r in rows if r["permute_fusion"] == fused for k in ("error_fwd", "error_bwd")]
+        if errors:
+            out[path] = statistics.median(errors)
+    return out
+
+
+def report() -> dict[str, Any]:
+    from megatron_autotuner.testbench.calibration import moe_host_floors_from_records
+
+    predicted = json.loads((LEASE / "predicted.json").read_text())
+    measured = _measured()
+    rows = [_row(p, measured[p["case_id"]]) for p in predicted["rows"] if p["case_id"] in measured]
+    floors = moe_host_floors_from_records(list(measured.values()))
+    env = next(iter(measured.values()))["env"] if measured else {}
+    summary = {
+        "gpu": GPU,
+        "env": env,
+        "predicted_at": predicted["date"],
+        "cases": len(predicted["rows"]),
+        "measured": len(rows),
+        "rows": rows,
+        "fitted_floors": [{k: v for k, v in f.items() if k != "cases"} for f in floors],
+        "median_abs_error_before": _median_errors(rows),
+    }
+    (LEASE / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def print_report(summary: dict[str, Any]) -> None:
+    print(f"{'case':<44} {'path':<8} {'E':>4} {'fwd ms':>7} {'pred':>7} {'host':>6} {'bwd ms':>7} {'pred':>7}"
+          f" {'router':>6} {'prep':>6}")  # fmt: skip
+    for r in summary["rows"]:
+        steps = r["host_fwd_steps_ms"]
+        router = steps.get("route", 0.0) + steps.get("shared_experts_compute", 0.0)
+        path = ("fused" if r["permute_fusion"] else "unfused") + ("/fp8" if r["precision"] == "fp8" else "")
+        print(
+            f"{r['model'] + ' s' + str(r['tokens']):<44} {path:<8} {r['local_experts']:>4} {r['measured_fwd_ms']:7.2f}"
+            f" {r['predicted_fwd_ms']:7.2f} {r['host_fwd_ms']:6.2f} {r['measured_bwd_ms']:7.2f}"
+            f" {r['predicted_bwd_ms']:7.2f} {router:6.2f} {steps.get('preprocess', 0.0):6.2f}"
+        )
+    for f in summary["fitted_floors"]:
+        print(json.dumps(f))
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["predict"]:
+        predict()
+        return 0
+    print_report(report())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
