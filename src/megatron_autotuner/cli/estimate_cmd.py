@@ -78,6 +78,12 @@ def add_assumption_arguments(p: argparse.ArgumentParser | argparse._ArgumentGrou
         help="fused cross-entropy loss (Megatron-LM's --cross-entropy-loss-fusion; default off, as there)",
     )
     p.add_argument(
+        "--moe-permute-fusion",
+        action="store_true",
+        help="TE's fused MoE token permute (Megatron-LM's --moe-permute-fusion; default off, as there): its kernels "
+        "and its eager host floor",
+    )
+    p.add_argument(
         "--no-gradient-accumulation-fusion",
         dest="gradient_accumulation_fusion",
         action="store_false",
@@ -91,6 +97,7 @@ def reject_assumptions_with_launch(args: argparse.Namespace) -> None:
     given = {
         "tp_comm_overlap": args.tp_comm_overlap is not None,
         "cross_entropy_fusion": args.cross_entropy_fusion,
+        "moe_permute_fusion": args.moe_permute_fusion,
         "gradient_accumulation_fusion": not args.gradient_accumulation_fusion,
     }
     for name, set_here in given.items():
@@ -134,6 +141,7 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
     if launch_options is None:
         fields: dict = {
             "fused_cross_entropy": getattr(args, "cross_entropy_fusion", False),
+            "moe_permute_fusion": getattr(args, "moe_permute_fusion", False),
             "gradient_accumulation_fusion": getattr(args, "gradient_accumulation_fusion", True),
         }
     else:

@@ -167,6 +167,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cross-entropy-fusion", action="store_true", help="fused cross-entropy loss (--cross-entropy-loss-fusion)"
     )
     p.add_argument(
+        "--moe-permute-fusion", action="store_true", help="TE's fused MoE token permute (--moe-permute-fusion)"
+    )
+    p.add_argument(
         "--gradient-accumulation-fusion",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -283,6 +286,7 @@ def _layouts(args: argparse.Namespace, out: Path):
             tp_comm_overlap=args.tp_comm_overlap, tp_comm_overlap_cfg=args.tp_comm_overlap_cfg,
             cross_entropy_fusion=args.cross_entropy_fusion,
             gradient_accumulation_fusion=args.gradient_accumulation_fusion,
+            moe_permute_fusion=args.moe_permute_fusion,
         )  # fmt: skip
         if edge:
             gpu = args.gpu or extra.get("gpu")
@@ -324,6 +328,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
         overlap_grad_reduce=options["overlap_grad_reduce"], overlap_param_gather=options["overlap_param_gather"],
         expandable_segments=options["expandable_segments"], warmup_steps=args.warmup_steps, steps=args.steps,
         profile=bool(args.profile), use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
+        moe_permute_fusion=options.get("moe_permute_fusion", False),
     )  # fmt: skip
 
 

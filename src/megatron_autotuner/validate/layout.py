@@ -78,6 +78,7 @@ class Layout:
         "tp_comm_overlap_cfg",
         "cross_entropy_fusion",
         "gradient_accumulation_fusion",
+        "moe_permute_fusion",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -163,6 +164,7 @@ class Layout:
     tp_comm_overlap_cfg: str | None = None
     cross_entropy_fusion: bool = False
     gradient_accumulation_fusion: bool | None = None
+    moe_permute_fusion: bool = False  # TE's fused MoE token permute (--moe-permute-fusion)
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -438,6 +440,8 @@ class Layout:
             parts.append("tp-overlap")
         if self.cross_entropy_fusion:
             parts.append("fused-ce")
+        if self.moe_permute_fusion:
+            parts.append("fused-permute")
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Layout:
@@ -554,6 +558,7 @@ def run_settings(options: Any) -> dict[str, Any]:
         "expandable_segments": options.expandable_segments,
         "cross_entropy_fusion": options.fused_cross_entropy,
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
+        "moe_permute_fusion": options.moe_permute_fusion,
     }
 
 

@@ -77,7 +77,7 @@ class _Split:
     cp_comm_type: str
     dtype: str  # bf16 | fp8 (hybrid format)
     fp8_recipe: str = "delayed"  # with fp8: delayed | tensorwise | blockwise
-    moe_permute_fusion: bool = False  # eager MoE blocks run megatron-core's unfused permute, as the cost model prices
+    moe_permute_fusion: bool = False  # the layout's own (`Layout.moe_permute_fusion`) comes with config_overrides
 
 
 def padded_vocab_size(vocab_size: int, tp: int, multiple: int = 128) -> int:
@@ -251,6 +251,8 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         gradient_accumulation_fusion=gradient_accumulation_fusion(layout, use_te, cuda),
         # --cross-entropy-loss-fusion: GPTModel's loss through the fused vocab-parallel kernel
         cross_entropy_loss_fusion=layout.cross_entropy_fusion,
+        # --moe-permute-fusion: TE's fused token permute / unpermute in the alltoall dispatcher
+        moe_permute_fusion=layout.moe_permute_fusion,
         deallocate_pipeline_outputs=True,
         overlap_p2p_comm=layout.vpp is not None,
         batch_p2p_comm=layout.vpp is None,
