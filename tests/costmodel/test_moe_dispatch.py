@@ -55,7 +55,7 @@ def _model_seconds(row: dict) -> tuple[float, float]:
     """The cost model's forward and backward seconds for one benchmark shape's three steps (EP 2 ranks' sort)."""
     base = load_model_spec("Qwen3-30B-A3B")
     model = replace(base, hidden_size=row["hidden"], num_moe_experts=row["experts"], moe_router_topk=row["topk"])
-    ctx = LayerContext(cluster=ClusterSpec(H200, 2), ep=2, tokens=float(row["tokens"]), moe_host_bound=not row["fused"])
+    ctx = LayerContext(cluster=ClusterSpec(H200, 2), ep=2, tokens=float(row["tokens"]), moe_permute_fusion=row["fused"])
     work = moe_dispatch_work(model, ctx, float(row["tokens"]), float(row["tokens"] * row["topk"]))
     fwd = sum(memory_bound_time_s(f, H200, 0, eff) for f, _, _, eff in work.values())
     bwd = sum(memory_bound_time_s(b, H200, 0, eff) for _, b, _, eff in work.values())

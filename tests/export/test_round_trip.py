@@ -166,8 +166,8 @@ def test_exported_flags_are_all_real_megatron_lm_flags():
     model = load_model_spec("DeepSeek-V3")
     parallel = ParallelConfig(1024, tp=2, pp=8, ep=64, etp=1, sequence_parallel=True,
                               pipeline_layout=PipelineLayout.from_string("Et|(tt|)*30mL", 8))  # fmt: skip
-    # planned as a tuned recipe runs MoE (fused permute: not held to the eager block's host floor)
-    flags = megatron_lm_args(model, parallel, Workload(4096, 1, 8192), CostOptions(moe_host_bound=False))
+    # planned as a tuned recipe runs MoE (fused permute)
+    flags = megatron_lm_args(model, parallel, Workload(4096, 1, 8192), CostOptions(moe_permute_fusion=True))
     assert "--pipeline-model-parallel-layout 'Et|(tt|)*30mL'" in flags
     assert "--moe-token-dispatcher-type alltoall" in flags and "--moe-grouped-gemm" in flags
     assert "--moe-permute-fusion" in flags and "--moe-layer-freq '[0]*3+[1]*58'" in flags

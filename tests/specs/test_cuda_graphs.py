@@ -159,7 +159,7 @@ def test_moe_graphs_need_drop_and_pad():
 
 
 def test_moe_host_bound_only_when_the_moe_block_is_eager():
-    """--no-moe-permute-fusion leaves an eager MoE block host-bound unless a graph covers the whole block."""
+    """An eager MoE block is held to its host floor, fused permute or not, unless a graph covers the whole block."""
     base = "--moe-token-dispatcher-type alltoall "
     assert imported(base, MOE).options["moe_host_bound"]
     assert imported(base + "--cuda-graph-impl transformer_engine --cuda-graph-modules attn moe_router", MOE).options[
@@ -168,7 +168,9 @@ def test_moe_host_bound_only_when_the_moe_block_is_eager():
     assert not imported(base + "--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad", MOE).options[
         "moe_host_bound"
     ]
-    assert not imported(base + "--moe-permute-fusion", MOE).options["moe_host_bound"]
+    fused = imported(base + "--moe-permute-fusion", MOE).options
+    assert fused["moe_host_bound"] and fused["moe_permute_fusion"]
+    assert not imported(base, MOE).options["moe_permute_fusion"]
 
 
 @pytest.mark.parametrize(

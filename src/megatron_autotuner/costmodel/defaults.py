@@ -221,17 +221,26 @@ MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 0.0  # flat on that host; a line on 1x H
 MOE_HOST_FLOOR_BWD_S = 9.6e-3
 MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 83e-6
 # Shares of that forward's host time spent in the router (with the shared experts) and in the dispatcher's
-# preprocess: what CUDA graphs of scope moe_router / moe_preprocess take off the host. Not measured yet.
-MOE_HOST_ROUTER_SHARE = 0.0
-MOE_HOST_PREPROCESS_SHARE = 0.0
-# The same block with TE's fused permute (--moe-permute-fusion, NVIDIA's MoE recipes). Not measured yet: priced at
-# its GPU time alone, as the cost model has done so far.
-FUSED_MOE_HOST_FLOOR_FWD_S = 0.0
-FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 0.0
-FUSED_MOE_HOST_FLOOR_BWD_S = 0.0
-FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 0.0
-FUSED_MOE_HOST_ROUTER_SHARE = 0.0
-FUSED_MOE_HOST_PREPROCESS_SHARE = 0.0
+# preprocess: what CUDA graphs of scope moe_router / moe_preprocess take off the host. The testbench times the host in
+# each MoELayer step (`testbench.operators.MOE_FORWARD_STEPS`); on one H200 lease (torch 2.11, megatron-core 0.19.2,
+# TE 2.20.2, 2026-11-29; benchmarks/results/moe_host_h200, `python benchmarks/moe_host.py`) the medians over the
+# host-bound unfused cases were 0.19 and 0.13 (1.2-1.6 ms and 0.8-1.1 ms of 6-16 ms).
+MOE_HOST_ROUTER_SHARE = 0.186
+MOE_HOST_PREPROCESS_SHARE = 0.125
+# The same block with TE's fused permute (--moe-permute-fusion), as NVIDIA's MoE recipes run it without a CUDA graph
+# over the block: just as host-bound. Its router still launches a dozen small kernels, the dispatcher's preprocess
+# still waits for the token counts on the host, and the grouped experts still issue per-expert work; the fused
+# kernels only replace the permute's. Same lease, 14 bf16 cases (Qwen3-30B-A3B shapes at 128 / 32 / 16 / 8 experts,
+# gpt-oss-120b shapes at 128 / 16 / 4, 1024 and 4096 tokens): forward 4.69 ms + 90 us per local expert, backward
+# 3.99 ms + 183 us per local expert (least squares; the block's GPU work is 0.2-2 ms forward). A first run of the
+# same cases on the same machine gave 4.76 ms + 110 us and 4.45 ms + 190 us (calibration_first_run.json). Before
+# this the cost model priced the fused block at its GPU time alone, 5-30x short (comparison.json).
+FUSED_MOE_HOST_FLOOR_FWD_S = 4.69e-3
+FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 90e-6
+FUSED_MOE_HOST_FLOOR_BWD_S = 3.99e-3
+FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 183e-6
+FUSED_MOE_HOST_ROUTER_SHARE = 0.155
+FUSED_MOE_HOST_PREPROCESS_SHARE = 0.131
 
 # ---- host-bound dense layers ---------------------------------------------------------------------
 # An eager megatron-core TE layer costs the host a roughly fixed time to issue, whatever its size: Python of
@@ -464,8 +473,16 @@ FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
 
 # ---- output layer -------------------------------------------------------------------------------
 # Bytes streamed per local vocabulary entry per token by the vocab-parallel cross-entropy,
-# (forward, backward). Fused (--cross-entropy-loss-fusion): one pass reads the bf16 logits and
-# writes fp32 partial results (8), backward writes the bf16 gradient from them (6). Unfused
+# (forward, backward), by implementation. te (--cross-entropy-loss-fusion --cross-entropy-fusion-impl te,
+# Transformer Engine's Triton parallel_cross_entropy; Megatron-Bridge's performance overrides set it,
+# scripts/performance/utils/overrides.py @ Megatron-Bridge 067f987): one pass reads the bf16 logits and writes
+# fp32 partial results (8), backward writes the bf16 gradient from them (6); not measured here.
+# native (--cross-entropy-loss-fusion, Megatron-LM's default impl: megatron-core fused_cross_entropy.py, five
+# torch-compiled kernels over an fp32 copy of the logits): forward the cast + max (2 + 4), subtract, exp and sum
+# (4 + 4), softmax divide (4 + 4) = 22; backward the one-hot subtract (4 + 4) and the multiply by the loss
+# gradient with the cast to bf16 (4 + 2) = 14. In two H200 training traces (benchmarks/results/moe_fused_h200/
+# profile: gpt-oss-120b-E16 at 16384 tokens x 201088 entries, Qwen3-30B-A3B at 4096 x 151936, 8 micro-batches each)
+# they took 7.5 / 7.6 ps per entry forward and 4.3 / 4.3 backward: those 36 bytes at 0.64 of the H200's HBM. Unfused
 # (megatron-core `vocab_parallel_cross_entropy(logits.float())`): cast to fp32 (2 + 4), max (4),
 # subtract in place (8), exp (8), sum (4), divide in place (8) forward = 38; backward the one-hot
 # subtract and the multiply by the loss gradient in place (8) and the cast back to bf16 (6) = 14.
@@ -473,5 +490,6 @@ FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
 # stream at 0.5-0.6 of HBM, exp / max / sum at 0.8-0.9: all of them together 0.62 of HBM for the
 # 52 bytes in both H200 traces above (43.3 ms for 4 micro-batches x 4096 tokens x 151936 entries at
 # TP1, 43.5 ms for 8 x 4096 x 75968 at TP2).
-CROSS_ENTROPY_BYTES = {"fused": (8.0, 6.0), "unfused": (38.0, 14.0)}
-CROSS_ENTROPY_HBM_EFFICIENCY = {"fused": HBM_EFFICIENCY, "unfused": 0.62}
+CROSS_ENTROPY_BYTES = {"te": (8.0, 6.0), "native": (22.0, 14.0), "unfused": (38.0, 14.0)}
+CROSS_ENTROPY_HBM_EFFICIENCY = {"te": HBM_EFFICIENCY, "native": 0.64, "unfused": 0.62}
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")  # Megatron-LM --cross-entropy-fusion-impl

@@ -708,6 +708,10 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
 
     # ---- host-bound MoE block ----
     moe_gpu = _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved, ctx.training) if is_moe else (0.0, 0.0)
+    # the floors were measured on megatron-core's alltoall dispatcher. The flex dispatchers are assumed to cost the
+    # host as much: they too wait on the host for the token counts before the permute (DeepEP: `.item()` of
+    # tokens_per_expert; HybridEP: a blocking dispatch unless the permuted-token count is given; Megatron-LM d98e8a6
+    # megatron/core/transformer/moe/token_dispatcher.py, fused_a2a.py), and the router and experts are the same
     if is_moe and ctx.moe_host_bound:
         host_fwd_s, host_bwd_s = moe_block_host_s(model, ctx)
         _add(fwd, "host", max(0.0, host_fwd_s - moe_gpu[0]))
