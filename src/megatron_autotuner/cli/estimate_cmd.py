@@ -78,6 +78,13 @@ def add_assumption_arguments(p: argparse.ArgumentParser | argparse._ArgumentGrou
         help="fused cross-entropy loss (Megatron-LM's --cross-entropy-loss-fusion; default off, as there)",
     )
     p.add_argument(
+        "--cross-entropy-fusion-impl",
+        choices=("native", "te"),
+        default="native",
+        help="with --cross-entropy-fusion: megatron-core's torch-compiled kernels (native, Megatron-LM's default) or "
+        "Transformer Engine's one-pass kernel (te, what Megatron-Bridge's performance recipes run)",
+    )
+    p.add_argument(
         "--moe-permute-fusion",
         action="store_true",
         help="TE's fused MoE token permute (Megatron-LM's --moe-permute-fusion; default off, as there): its kernels "
@@ -98,6 +105,7 @@ def reject_assumptions_with_launch(args: argparse.Namespace) -> None:
         "tp_comm_overlap": args.tp_comm_overlap is not None,
         "cross_entropy_fusion": args.cross_entropy_fusion,
         "moe_permute_fusion": args.moe_permute_fusion,
+        "cross_entropy_fusion_impl": args.cross_entropy_fusion_impl != "native",
         "gradient_accumulation_fusion": not args.gradient_accumulation_fusion,
     }
     for name, set_here in given.items():
@@ -142,6 +150,7 @@ def cost_options_from_args(args: argparse.Namespace, launch_options: dict | None
         fields: dict = {
             "fused_cross_entropy": getattr(args, "cross_entropy_fusion", False),
             "moe_permute_fusion": getattr(args, "moe_permute_fusion", False),
+            "cross_entropy_fusion_impl": getattr(args, "cross_entropy_fusion_impl", "native"),
             "gradient_accumulation_fusion": getattr(args, "gradient_accumulation_fusion", True),
         }
     else:

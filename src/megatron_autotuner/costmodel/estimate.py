@@ -150,6 +150,7 @@ class CostOptions:
     flash_attention: bool = True
     fused_bias_activation: bool = True
     fused_cross_entropy: bool = False
+    cross_entropy_fusion_impl: str = "native"
     gradient_accumulation_fusion: bool = True
     moe_host_bound: bool = True
     moe_permute_fusion: bool = False
@@ -168,6 +169,16 @@ class CostOptions:
             raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
         if self.concurrent_copy_gbps is not None and not self.concurrent_copy_gbps > 0:
             raise ConfigError("concurrent_copy_gbps", f"must be > 0 GB/s, got {self.concurrent_copy_gbps!r}")
+        if self.cross_entropy_fusion_impl not in d.CROSS_ENTROPY_FUSION_IMPLS:
+            raise ConfigError(
+                "cross_entropy_fusion_impl", f"must be native or te, got {self.cross_entropy_fusion_impl!r}"
+            )
+
+    @property
+    def loss_kernel(self) -> str:
+        """The cross-entropy kernel the run uses: "unfused", or with --cross-entropy-loss-fusion its impl ("native",
+        megatron-core's; "te", Transformer Engine's)."""
+        return self.cross_entropy_fusion_impl if self.fused_cross_entropy else "unfused"
 
     @property
     def memory_allowance(self) -> MemoryAllowance:
@@ -190,6 +201,8 @@ def run_settings(model: ModelSpec, options: CostOptions, tp_comm_overlap: bool) 
         "overlap_param_gather": options.overlap_param_gather,
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
         "fused_cross_entropy": options.fused_cross_entropy,
+        "cross_entropy_fusion_impl": options.cross_entropy_fusion_impl if options.fused_cross_entropy else None,
+        "moe_permute_fusion": options.moe_permute_fusion if model.is_moe else None,
         "tp_comm_overlap": tp_comm_overlap,
         "hidden_dropout": model.hidden_dropout,
         "attention_dropout": model.attention_dropout,
@@ -661,7 +674,7 @@ def stage_time(
         logits_f = gemm_time_s(tokens, vocab_local, h, gpu, "bf16", 1, "logits", "fwd", cal)
         logits_b = gemm_time_s(tokens, h, vocab_local, gpu, "bf16", 1, "logits", "dgrad", cal)
         logits_w = gemm_time_s(h, vocab_local, tokens, gpu, "bf16", 1, "logits", "wgrad", cal, 1.0, mg)
-        loss = "fused" if options.fused_cross_entropy else "unfused"
+        loss = options.loss_kernel
         ce_fwd_bytes, ce_bwd_bytes = d.CROSS_ENTROPY_BYTES[loss]
         ce_eff = d.CROSS_ENTROPY_HBM_EFFICIENCY[loss]
         ce_f = memory_bound_time_s(ce_fwd_bytes * vocab_local * tokens, gpu, 4, ce_eff)
@@ -868,7 +881,7 @@ def _offload_exposed_s(
     offloads (0 for the layer-level mechanism, whose host cost is not measured)."""
     config = workload.activation_offload
     gpu, cal = ctx.cluster.gpu, options.calibration
-    act = ActivationOptions(flash_attention=options.flash_attention)
+    act = ActivationOptions(flash_attention=options.flash_attention, loss_kernel=options.loss_kernel)
     layout = pipeline_layout_of(model, parallel)
     v = layout.vpp
 
@@ -1205,7 +1218,7 @@ def estimate(
             model,
             parallel,
             workload,
-            ActivationOptions(flash_attention=options.flash_attention),
+            ActivationOptions(flash_attention=options.flash_attention, loss_kernel=options.loss_kernel),
             device_allowance(options, gpu),
             padded,
         )

@@ -303,7 +303,7 @@ def plan(
         gpu.peak_tflops("fp8")
     forward = mode == "forward"
     usable = gpu.hbm_gib * (1.0 - memory_margin) * GIB
-    act_options = ActivationOptions(flash_attention=options.flash_attention)
+    act_options = ActivationOptions(flash_attention=options.flash_attention, loss_kernel=options.loss_kernel)
     allowance = device_allowance(options, gpu)
     recomputes = ("none",) if forward else space.recompute
     dist_opts = (True,) if forward else space.distributed_optimizer

@@ -222,6 +222,7 @@ FLAG_TABLE: dict[str, str] = {
     "overlap_param_gather": "options.overlap_param_gather",
     "overlap_p2p_comm": "options.overlap_p2p_comm (--no-overlap-p2p-communication)",
     "cross_entropy_loss_fusion": "options.fused_cross_entropy",
+    "cross_entropy_fusion_impl": "options.cross_entropy_fusion_impl",
     "gradient_accumulation_fusion": "options.gradient_accumulation_fusion",
     "bias_swiglu_fusion": "options.fused_bias_activation (--no-bias-swiglu-fusion)",
     "bias_gelu_fusion": "options.fused_bias_activation (--no-bias-gelu-fusion)",
@@ -313,7 +314,6 @@ NO_EFFECT_DESTS = frozenset(
         "mtp_loss_scaling_factor",
         "apply_rope_fusion",
         "masked_softmax_fusion",
-        "cross_entropy_fusion_impl",
         "ddp_average_in_collective",
         "use_cpu_initialization",
         "no_load_optim",
@@ -1367,6 +1367,7 @@ def launch_to_specs(
         "overlap_param_gather": bool(launch.value("overlap_param_gather")),
         "overlap_p2p_comm": bool(launch.value("overlap_p2p_comm")),
         "fused_cross_entropy": bool(launch.value("cross_entropy_loss_fusion")),
+        "cross_entropy_fusion_impl": str(launch.value("cross_entropy_fusion_impl") or "native"),
         "gradient_accumulation_fusion": bool(launch.value("gradient_accumulation_fusion")),
         "expandable_segments": "expandable_segments:true" in launch.env.get("PYTORCH_CUDA_ALLOC_CONF", "").lower(),
     }
@@ -1762,6 +1763,7 @@ def specs_to_megatron_args(
             overlap_param_gather=options.overlap_param_gather and p.use_distributed_optimizer,
             overlap_p2p_comm=options.overlap_p2p_comm,
             cross_entropy_loss_fusion=options.fused_cross_entropy,
+            cross_entropy_fusion_impl=options.cross_entropy_fusion_impl,
             gradient_accumulation_fusion=options.gradient_accumulation_fusion,
         )
         fusion = "bias_swiglu_fusion" if args["swiglu"] else "bias_gelu_fusion"

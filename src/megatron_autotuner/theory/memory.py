@@ -271,6 +271,9 @@ class ActivationOptions:
     # per token per layer; benchmarks/results/testbench_h200_x2). Applies to dense MLPs and shared experts;
     # TE grouped experts (TEGroupedMLP) kept no extra tensors in the same unfused run.
     fused_bias_activation: bool = True
+    # the loss kernel (`CostOptions.loss_kernel`): "unfused" (vocab_parallel_cross_entropy), "native" (megatron-core's
+    # torch-compiled fused kernels) or "te" (Transformer Engine's)
+    loss_kernel: str = "unfused"
 
 
 def _sp_divisor(parallel: ParallelConfig) -> int:
@@ -1031,6 +1034,13 @@ def _stage_static(
         # (benchmarks/results/validation_h200_x2) peaked above the rest of this model by 1.16-1.26 GiB at
         # 4096 tokens, 0.58-0.71 at TP2 and 2.32-2.54 at 8192 tokens: 2 bytes x tokens x vocab / tp.
         detail["logits_transient"] = e * tokens * vocab / t
+        if options.loss_kernel == "native":
+            # megatron-core's torch-compiled loss writes its exp / softmax into a new fp32 buffer beside the fp32 copy
+            # of the logits, which is still alive: one more fp32 tokens x vocab at the peak. One H200, 2-layer
+            # gpt-oss-120b / Qwen3-30B-A3B shapes with 151936-201088 entries at 4096-16384 tokens
+            # (benchmarks/results/moe_fused_h200): measured peaks above this model without it by 0.80-1.41x
+            # (median 0.92x) of 4 bytes x tokens x vocab, where the loss was the step's peak.
+            detail["logits_transient"] += FP32_BYTES * tokens * vocab / t
         if transient:
             # The loss's tensors are freed by the output layer's backward, before any decoder layer is
             # recomputed: the two peaks come one after the other, and the larger one counts. Measured:

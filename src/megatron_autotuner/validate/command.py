@@ -167,6 +167,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cross-entropy-fusion", action="store_true", help="fused cross-entropy loss (--cross-entropy-loss-fusion)"
     )
     p.add_argument(
+        "--cross-entropy-fusion-impl",
+        choices=("native", "te"),
+        default="native",
+        help="with --cross-entropy-fusion: megatron-core's kernels (native) or TE's (te), --cross-entropy-fusion-impl",
+    )
+    p.add_argument(
         "--moe-permute-fusion", action="store_true", help="TE's fused MoE token permute (--moe-permute-fusion)"
     )
     p.add_argument(
@@ -287,6 +293,7 @@ def _layouts(args: argparse.Namespace, out: Path):
             cross_entropy_fusion=args.cross_entropy_fusion,
             gradient_accumulation_fusion=args.gradient_accumulation_fusion,
             moe_permute_fusion=args.moe_permute_fusion,
+            cross_entropy_fusion_impl=args.cross_entropy_fusion_impl,
         )  # fmt: skip
         if edge:
             gpu = args.gpu or extra.get("gpu")
@@ -329,6 +336,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
         expandable_segments=options["expandable_segments"], warmup_steps=args.warmup_steps, steps=args.steps,
         profile=bool(args.profile), use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
         moe_permute_fusion=options.get("moe_permute_fusion", False),
+        cross_entropy_fusion_impl=options.get("cross_entropy_fusion_impl", "native"),
     )  # fmt: skip
 
 

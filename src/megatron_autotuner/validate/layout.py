@@ -79,6 +79,7 @@ class Layout:
         "cross_entropy_fusion",
         "gradient_accumulation_fusion",
         "moe_permute_fusion",
+        "cross_entropy_fusion_impl",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -163,6 +164,7 @@ class Layout:
     tp_comm_overlap: bool = False
     tp_comm_overlap_cfg: str | None = None
     cross_entropy_fusion: bool = False
+    cross_entropy_fusion_impl: str = "native"  # with cross_entropy_fusion: megatron-core's (native) or TE's kernel
     gradient_accumulation_fusion: bool | None = None
     moe_permute_fusion: bool = False  # TE's fused MoE token permute (--moe-permute-fusion)
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
@@ -343,6 +345,10 @@ class Layout:
         """Raise `ConfigError` if megatron-core would refuse the layout for this model, or the runner cannot build it:
         it builds GPTModel with softmax attention (gated DeltaNet needs flash-linear-attention and Mamba layers
         mamba_ssm, neither of which the GPU machine's install has)."""
+        if self.cross_entropy_fusion_impl not in ("native", "te"):
+            raise ConfigError(
+                "cross_entropy_fusion_impl", f"must be native or te, got {self.cross_entropy_fusion_impl!r}"
+            )
         spec = self.model_spec()
         if spec.hybrid_layer_pattern or spec.has_linear_attention:
             what = "Mamba hybrid" if spec.hybrid_layer_pattern else "gated-DeltaNet"
@@ -439,7 +445,7 @@ class Layout:
         if self.tp_comm_overlap:
             parts.append("tp-overlap")
         if self.cross_entropy_fusion:
-            parts.append("fused-ce")
+            parts.append("fused-ce" if self.cross_entropy_fusion_impl == "native" else "te-ce")
         if self.moe_permute_fusion:
             parts.append("fused-permute")
         return " ".join(parts)
@@ -557,6 +563,7 @@ def run_settings(options: Any) -> dict[str, Any]:
         "overlap_param_gather": options.overlap_param_gather,
         "expandable_segments": options.expandable_segments,
         "cross_entropy_fusion": options.fused_cross_entropy,
+        "cross_entropy_fusion_impl": options.cross_entropy_fusion_impl,
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
         "moe_permute_fusion": options.moe_permute_fusion,
     }

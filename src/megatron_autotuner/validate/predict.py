@@ -65,6 +65,7 @@ def cost_options(
         overlap_param_gather=layout.overlap_param_gather,
         flash_attention=layout.use_te,
         fused_cross_entropy=layout.cross_entropy_fusion,
+        cross_entropy_fusion_impl=layout.cross_entropy_fusion_impl,
         moe_permute_fusion=layout.moe_permute_fusion,
         gradient_accumulation_fusion=gradient_accumulation_fusion,
         expandable_segments=layout.expandable_segments,
@@ -109,6 +110,7 @@ def predict(
     out["assumed"] = {
         "gradient_accumulation_fusion": options.gradient_accumulation_fusion,
         "fused_cross_entropy": options.fused_cross_entropy,
+        "cross_entropy_fusion_impl": options.cross_entropy_fusion_impl,
         "moe_host_bound": options.moe_host_bound,
         "moe_permute_fusion": options.moe_permute_fusion,
         "host_floor": options.host_floor,

@@ -251,6 +251,7 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         gradient_accumulation_fusion=gradient_accumulation_fusion(layout, use_te, cuda),
         # --cross-entropy-loss-fusion: GPTModel's loss through the fused vocab-parallel kernel
         cross_entropy_loss_fusion=layout.cross_entropy_fusion,
+        cross_entropy_fusion_impl=layout.cross_entropy_fusion_impl,
         # --moe-permute-fusion: TE's fused token permute / unpermute in the alltoall dispatcher
         moe_permute_fusion=layout.moe_permute_fusion,
         deallocate_pipeline_outputs=True,
