@@ -758,6 +758,34 @@ def vision_tower(root: Path) -> str:
     return out + table(head, rows)
 
 
+def moe_host(root: Path) -> str:
+    """The eager MoE block's host with and without the fused permute on one H200 and the 2-layer fused-permute steps
+    (moe_host_h200/comparison.json)."""
+    doc = load(root, "moe_host_h200/comparison.json")
+    env = doc["env"]
+    out = source(
+        "moe_host_h200/comparison.json", "moe_host_h200/predicted.json", "moe_fused_h200/predicted_default.json"
+    )
+    out += f"{env['device']}, megatron-core {env['megatron_core']}, TE {env['transformer_engine']}"
+    out += f", torch {env['torch']}:\n\n"
+    rows = []
+    for r in doc["rows"]:
+        steps = r["host_fwd_steps_ms"]
+        router = steps.get("route", 0.0) + steps.get("shared_experts_compute", 0.0)
+        path = ("fused" if r["permute_fusion"] else "unfused") + (" fp8" if r["precision"] == "fp8" else "")
+        rows.append([r["model"], str(r["tokens"]), path, str(r["local_experts"]), f"{r['measured_fwd_ms']:.2f}",
+                     f"{r['predicted_fwd_ms']:.2f}", f"{r['measured_bwd_ms']:.2f}", f"{r['predicted_bwd_ms']:.2f}",
+                     f"{router:.2f}", f"{steps.get('preprocess', 0.0):.2f}"])  # fmt: skip
+    head = ["block", "tokens", "permute", "local experts", "fwd ms", "pred before", "bwd ms", "pred before",
+            "host in router ms", "host in preprocess ms"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    rows = [[r["label"], f"{r['measured_step_s']:.3f}", pct(r["before_step_error"]), pct(r["at_run_step_error"]),
+             pct(r["now_step_error"]), f"{r['measured_peak_gib']:.2f}", pct(r["now_peak_error"])]
+            for r in doc["steps"]]  # fmt: skip
+    head = ["2-layer step (one H200)", "meas s", "err before", "err at run", "err now", "meas peak GiB", "peak err now"]
+    return out + table(head, rows)
+
+
 def real_launches(root: Path) -> str:
     """The public launches read as they are (real_launches.json): predicted per group, and each refusal."""
     doc = load(root, "real_launches.json")
@@ -1219,6 +1247,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,
     "vision_tower": vision_tower,
+    "moe_host": moe_host,
     "real_launches": real_launches,
     "memory_blind": memory_blind,
     "nccl_sweep": nccl_sweep,

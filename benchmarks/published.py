@@ -133,6 +133,17 @@ def _model_from_row(row: dict[str, str]) -> ModelSpec:
     )
 
 
+# The token dispatcher of the MoE rows whose config names one (the row's own CSV has no column for it): the 26.04
+# Qwen3-30B-A3B H100 run is QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (Megatron-Bridge v0.4.0
+# scripts/performance/configs/qwen/qwen3_workload_base_configs.py), flex over HybridEP, as the same run's row of
+# published_runs_modern.csv records. Others: alltoall, megatron-core's default.
+DISPATCHERS = {("Megatron-Bridge performance summary 26.04.01", "Qwen3-30B-A3B"): "hybridep"}
+
+
+def _dispatcher(row: dict[str, str]) -> str:
+    return DISPATCHERS.get((row["source"], row["model"]), "alltoall")
+
+
 def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelConfig, Workload, CostOptions]]:
     narayanan = row["source"].startswith("Narayanan")
     nemo2_perf_scripts = "NeMo 2.0" in row["source"]
@@ -172,6 +183,7 @@ def _candidates(row: dict[str, str], model: ModelSpec) -> list[tuple[ParallelCon
                     tp_comm_overlap=tp > 1 and not narayanan,
                     use_distributed_optimizer=not narayanan,
                     grad_reduce_in_fp32=not bf16_main_grads,
+                    moe_dispatcher=_dispatcher(row),
                 )
                 fp8_cs = bridge_perf_configs and row["precision"] == "fp8"
                 workload = Workload(

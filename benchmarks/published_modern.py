@@ -16,7 +16,8 @@ other dgxc rows); sources differ in their FLOPs formulas, so that column is cont
 What a row leaves open is filled from what NVIDIA's recipes do, the same for every row (each filled value
 is listed in the record's `assumptions`):
 - distributed optimizer with grad-reduce / param-gather overlap; sequence parallelism when tp > 1; TP
-  communication overlap when tp > 1 unless the row's notes say `tp_comm_overlap=False`; fused cross entropy;
+  communication overlap when tp > 1 unless the row's notes say `tp_comm_overlap=False`; fused cross entropy
+  (TE's kernel on Megatron-Bridge rows, as its performance scripts set it; megatron-core's native one elsewhere);
   MoE: grouped GEMMs, fused permute, the alltoall dispatcher when the row names none;
 - bf16 gradient reduction for Megatron-Bridge rows and NeMo 2.0 fp8 rows (their `grad_reduce_in_fp32=False`);
 - fp8 recipe: FP8-CS tensorwise (with fp8 parameters for Megatron-Bridge, its `fp8_cs` precision); FP8-MX /
@@ -330,6 +331,10 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
     elif graph == "cuda_graphs=True":
         flags.append("--cuda-graph-impl local")
     flags.append("--cross-entropy-loss-fusion")
+    if is_bridge(row):
+        # Megatron-Bridge's performance scripts run TE's cross-entropy kernel (scripts/performance/utils/overrides.py
+        # @ Megatron-Bridge 067f987 sets cross_entropy_fusion_impl "te"); other launchers keep Megatron-LM's native
+        flags.append("--cross-entropy-fusion-impl te")
 
     env = ""
     if row["gpu"] != "B200":

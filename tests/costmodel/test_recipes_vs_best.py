@@ -38,9 +38,15 @@ def test_recipes_against_the_best_layout(launch, base):
         # that hidden NVLink collectives slow (defaults.NCCL_OVERLAP_COST; inter-node ones unmeasured, so not charged)
         # makes the recipe's TP 8 dearer again: 17.1%.
         assert row["best_over_recipe_speedup"] < 1.18
-    else:  # the MoE recipes: the EP all-to-all the model leaves exposed is nearly all the gap (docs/recipes.md)
+    else:  # the MoE recipes (docs/recipes.md)
+        # The eager MoE block's host floor (measured with the fused permute the recipes run, one H200 lease:
+        # defaults.FUSED_MOE_HOST_FLOOR_*) holds the small, host-bound layouts the tool used to pick: Qwen3-235B's
+        # recipe is within 10% of the best now (32% before), DeepSeek-V3's within 22% (39% before)
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]
         ep_gap = (
             row["recipe_time_breakdown_s"]["exposed_comm"]["ep"] - row["best_time_breakdown_s"]["exposed_comm"]["ep"]
         )
-        assert ep_gap > 0.95 * gap
+        if "qwen3" in launch:
+            assert row["best_over_recipe_speedup"] < 1.10 and ep_gap > gap
+        else:  # what is left is mostly the exposed all-to-all the recipe's EP 64 over 8 nodes pays
+            assert row["best_over_recipe_speedup"] < 1.22 and ep_gap > 0.6 * gap
