@@ -160,8 +160,13 @@ def test_what_the_validate_runner_does_not_run_is_neither_planned_for_it_nor_run
     for parallel, workload, field in (
         (ParallelConfig(num_gpus=8, ep=8, moe_a2a_overlap=True), work, "moe_a2a_overlap"),
         (ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="deepep"), work, "moe_dispatcher"),
-        (ParallelConfig(num_gpus=8, ep=8), work.replace(moe_routing=MoeRouting(1.3)), "moe_routing"),
+        (ParallelConfig(num_gpus=8, ep=8), work.replace(moe_routing=MoeRouting(1.3)), "moe_load_imbalance"),
     ):
         with pytest.raises(ConfigError) as exc:
             Layout.from_configs("Qwen3-30B-A3B", parallel, workload)
         assert exc.value.field == field and "not run by mat validate" in exc.value.rule
+    # token dropping it runs: the layout carries the capacity, and predicts with it
+    dropping = work.replace(moe_routing=MoeRouting(capacity_factor=1.25, pad_to_capacity=True))
+    layout = Layout.from_configs("Qwen3-30B-A3B", ParallelConfig(num_gpus=8, ep=8), dropping)
+    assert layout.moe_expert_capacity_factor == 1.25 and layout.moe_pad_expert_input_to_capacity
+    assert layout.workload().moe_routing == dropping.moe_routing and "cap1.25-pad" in layout.label

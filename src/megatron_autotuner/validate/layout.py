@@ -80,6 +80,8 @@ class Layout:
         "gradient_accumulation_fusion",
         "moe_permute_fusion",
         "cross_entropy_fusion_impl",
+        "moe_expert_capacity_factor",
+        "moe_pad_expert_input_to_capacity",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -167,6 +169,9 @@ class Layout:
     cross_entropy_fusion_impl: str = "native"  # with cross_entropy_fusion: megatron-core's (native) or TE's kernel
     gradient_accumulation_fusion: bool | None = None
     moe_permute_fusion: bool = False  # TE's fused MoE token permute (--moe-permute-fusion)
+    # token dropping (--moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity); routing stays force-balanced
+    moe_expert_capacity_factor: float | None = None
+    moe_pad_expert_input_to_capacity: bool = False
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -300,6 +305,13 @@ class Layout:
             lengths=self.sequence_lengths(),
             cuda_graph=self.cuda_graph(),
             activation_offload=self.activation_offload or ActivationOffloadConfig(),
+            moe_routing=self.moe_routing(),
+        )
+
+    def moe_routing(self) -> MoeRouting:
+        """The run's routing: force-balanced, with the layout's expert capacity (token dropping) if it sets one."""
+        return MoeRouting(
+            capacity_factor=self.moe_expert_capacity_factor, pad_to_capacity=self.moe_pad_expert_input_to_capacity
         )
 
     def cuda_graph(self) -> CudaGraphConfig:
@@ -345,6 +357,7 @@ class Layout:
         """Raise `ConfigError` if megatron-core would refuse the layout for this model, or the runner cannot build it:
         it builds GPTModel with softmax attention (gated DeltaNet needs flash-linear-attention and Mamba layers
         mamba_ssm, neither of which the GPU machine's install has)."""
+        self.moe_routing()  # raises for a capacity megatron-core refuses
         if self.cross_entropy_fusion_impl not in ("native", "te"):
             raise ConfigError(
                 "cross_entropy_fusion_impl", f"must be native or te, got {self.cross_entropy_fusion_impl!r}"
@@ -448,6 +461,10 @@ class Layout:
             parts.append("fused-ce" if self.cross_entropy_fusion_impl == "native" else "te-ce")
         if self.moe_permute_fusion:
             parts.append("fused-permute")
+        if self.moe_expert_capacity_factor is not None:
+            parts.append(
+                f"cap{self.moe_expert_capacity_factor:g}" + ("-pad" if self.moe_pad_expert_input_to_capacity else "")
+            )
         return " ".join(parts)
 
     def replace(self, **changes: Any) -> Layout:
@@ -539,6 +556,8 @@ class Layout:
             cuda_graph_scope=workload.cuda_graph.scope,
             activation_offload=workload.activation_offload if workload.activation_offload.enabled else None,
             tp_comm_overlap=parallel.tp_comm_overlap,
+            moe_expert_capacity_factor=workload.moe_routing.capacity_factor,
+            moe_pad_expert_input_to_capacity=workload.moe_routing.pad_to_capacity,
             **{**packing, **run_settings(options), **extra},
         )
 
@@ -550,8 +569,9 @@ def _check_runner_runs_moe(parallel: ParallelConfig, workload: Workload) -> None
         raise ConfigError("moe_a2a_overlap", "the EP all-to-all overlap is not run by mat validate")
     if parallel.moe_dispatcher != "alltoall":
         raise ConfigError("moe_dispatcher", f"the {parallel.moe_dispatcher} dispatcher is not run by mat validate")
-    if workload.moe_routing != MoeRouting():
-        raise ConfigError("moe_routing", "a set routing imbalance or expert capacity is not run by mat validate")
+    if workload.moe_routing.load_imbalance != 1.0:
+        # the runner forces balanced routing (--moe-router-force-load-balancing)
+        raise ConfigError("moe_load_imbalance", "a set routing imbalance is not run by mat validate")
 
 
 def run_settings(options: Any) -> dict[str, Any]:

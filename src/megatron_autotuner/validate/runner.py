@@ -254,6 +254,9 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         cross_entropy_fusion_impl=layout.cross_entropy_fusion_impl,
         # --moe-permute-fusion: TE's fused token permute / unpermute in the alltoall dispatcher
         moe_permute_fusion=layout.moe_permute_fusion,
+        # token dropping: megatron-core drops past each expert's capacity (and pads up to it)
+        moe_expert_capacity_factor=layout.moe_expert_capacity_factor,
+        moe_pad_expert_input_to_capacity=layout.moe_pad_expert_input_to_capacity,
         deallocate_pipeline_outputs=True,
         overlap_p2p_comm=layout.vpp is not None,
         batch_p2p_comm=layout.vpp is None,
