@@ -781,7 +781,7 @@ def moe_host(root: Path) -> str:
     out += table(head, rows) + "\n"
     rows = [[r["label"], f"{r['measured_step_s']:.3f}", pct(r["before_step_error"]), pct(r["at_run_step_error"]),
              pct(r["now_step_error"]), f"{r['measured_peak_gib']:.2f}", pct(r["now_peak_error"])]
-            for r in doc["steps"]]  # fmt: skip
+            for r in doc["steps"] + doc["token_drop_steps"]]  # fmt: skip
     head = ["2-layer step (one H200)", "meas s", "err before", "err at run", "err now", "meas peak GiB", "peak err now"]
     return out + table(head, rows)
 

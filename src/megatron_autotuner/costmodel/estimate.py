@@ -575,8 +575,13 @@ def stage_time(
         cp_comm_type=parallel.cp_comm_type,
         flash_attention=options.flash_attention,
         fused_bias_activation=options.fused_bias_activation,
-        # a graph over the whole MoE block replays it without the host (router-only graphs leave it eager)
-        moe_host_bound=options.moe_host_bound and not workload.cuda_graph.captures("moe", moe_layer=True),
+        # a graph over the whole MoE block replays it without the host (router-only graphs leave it eager); a block
+        # that drops and pads to capacity has no host sync, so its host issues ahead of the GPU like a dense layer's:
+        # one H200, 2-layer Qwen3-30B-A3B-E16 steps with capacity 1.0 / 1.5 padded ran within 2.5% of their GPU time
+        # where the dropless step was host-bound (benchmarks/results/moe_token_drop_h200)
+        moe_host_bound=options.moe_host_bound
+        and not workload.cuda_graph.captures("moe", moe_layer=True)
+        and not workload.moe_routing.drop_and_pad,
         moe_permute_fusion=options.moe_permute_fusion,
         host_floor=options.host_floor,
         calibration=options.calibration,

@@ -403,6 +403,13 @@ class MoeRouting:
             raise ConfigError("moe_pad_expert_input_to_capacity", "needs --moe-expert-capacity-factor")
 
     @property
+    def drop_and_pad(self) -> bool:
+        """Every expert computes exactly its capacity: megatron-core's alltoall dispatcher then knows every split on
+        the host and never waits for the GPU's token counts (token_dispatcher.py `preprocess`: drop_and_pad fills the
+        counts with torch.full; dropless and plain dropping sync them to the host)."""
+        return self.capacity_factor is not None and self.pad_to_capacity
+
+    @property
     def expert_load(self) -> float:
         """The busiest expert-parallel rank's routed tokens over the balanced mean: padded to capacity, the capacity
         factor c (every expert computes c x its mean share: megatron-core moe_utils.get_capacity); dropping, min
