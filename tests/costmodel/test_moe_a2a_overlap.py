@@ -135,6 +135,40 @@ def test_flex_dispatchers_send_a_token_to_each_other_node_once():
     )
 
 
+def test_group_limited_routing_caps_the_nodes_a_token_reaches():
+    """DeepSeek-V3 (256 experts top-8, 8 groups, 4 of them per token) over 8 nodes: each node holds one group, so a
+    token reaches 4 of the 8 nodes, its own among them half the time: 3.5 other nodes, where unlimited routing gives
+    7 (1 - C(224, 8) / C(256, 8)) = 4.63. With 16 groups (2 per node) the picks are 4 of 16 groups."""
+    from math import comb
+
+    from megatron_autotuner.costmodel.collectives import dispatch_time_s, remote_nodes_per_token
+    from megatron_autotuner.specs import ClusterSpec
+
+    assert remote_nodes_per_token(256, 8, 8) == pytest.approx(7 * (1 - comb(224, 8) / comb(256, 8)))
+    assert remote_nodes_per_token(256, 8, 8, 8, 4) == pytest.approx(7 * (1 - comb(7, 4) / comb(8, 4))) == 3.5
+    assert remote_nodes_per_token(256, 8, 8, 16, 4) == pytest.approx(7 * (1 - comb(14, 4) / comb(16, 4)))
+    # groups that span nodes bound nothing the model can count: unlimited
+    assert remote_nodes_per_token(256, 8, 8, 4, 2) == remote_nodes_per_token(256, 8, 8)
+    routed, cluster = 4096 * 8 * 7168 * 2.0, ClusterSpec(H100, 64)
+    limited = dispatch_time_s(routed, 64, cluster, 1, 256, 8, True, 8, 4)
+    assert limited < dispatch_time_s(routed, 64, cluster, 1, 256, 8, True)
+    assert dispatch_time_s(routed, 64, cluster, 1, 256, 8, False, 8, 4) == dispatch_time_s(
+        routed, 64, cluster, 1, 256, 8, False
+    )  # the alltoall dispatcher sends every copy either way
+
+
+def test_router_groups_are_read_checked_and_written():
+    model = load_model_spec("DeepSeek-V3")
+    assert (model.moe_router_num_groups, model.moe_router_group_topk) == (8, 4)  # HF n_group / topk_group
+    assert load_model_spec("Moonlight-16B-A3B").moe_router_num_groups == 0  # n_group 1: no limit
+    with pytest.raises(ConfigError, match="moe_router_num_groups"):
+        model.replace(moe_router_num_groups=7)
+    with pytest.raises(ConfigError, match="moe_router_group_topk"):
+        model.replace(moe_router_group_topk=0)
+    launch = launch_to_specs(read_launch_file(str(LAUNCHES / "deepseek_v3_h100_1024gpu.sh")))
+    assert (launch.model.moe_router_num_groups, launch.model.moe_router_group_topk) == (8, 4)
+
+
 def test_a_flex_launch_is_read_and_written_back():
     launch = launch_to_specs(read_launch_file(str(LAUNCHES / "deepseek_v3_h100_1024gpu.sh")))
     assert launch.parallel.moe_dispatcher == "hybridep"

@@ -41,12 +41,16 @@ def test_recipes_against_the_best_layout(launch, base):
     else:  # the MoE recipes (docs/recipes.md)
         # The eager MoE block's host floor (measured with the fused permute the recipes run, one H200 lease:
         # defaults.FUSED_MOE_HOST_FLOOR_*) holds the small, host-bound layouts the tool used to pick: Qwen3-235B's
-        # recipe is within 10% of the best now (32% before), DeepSeek-V3's within 22% (39% before)
+        # recipe is within 10% of the best now (32% before). DeepSeek-V3's node-limited routing (8 groups, 4 per token)
+        # caps the nodes its HybridEP dispatch reaches at 3.5 of 7 on average (4.6 unlimited): 10.1% (39% before),
+        # what is left mostly the recipe's TP 2 (its GEMMs and TP collectives) against the best's TP 1 + CP 4
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]
         ep_gap = (
             row["recipe_time_breakdown_s"]["exposed_comm"]["ep"] - row["best_time_breakdown_s"]["exposed_comm"]["ep"]
         )
         if "qwen3" in launch:
             assert row["best_over_recipe_speedup"] < 1.10 and ep_gap > gap
-        else:  # what is left is mostly the exposed all-to-all the recipe's EP 64 over 8 nodes pays
-            assert row["best_over_recipe_speedup"] < 1.22 and ep_gap > 0.6 * gap
+        else:
+            recipe, best = row["recipe_time_breakdown_s"], row["best_time_breakdown_s"]
+            tp_gap = recipe["compute"]["gemm"] + recipe["exposed_comm"]["tp"] - best["compute"]["gemm"]
+            assert row["best_over_recipe_speedup"] < 1.11 and tp_gap > ep_gap

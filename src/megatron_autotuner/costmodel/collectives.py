@@ -78,21 +78,41 @@ def hidden_collective_cost_s(
     return d.NCCL_OVERLAP_COST[collective] * hidden_s
 
 
-def remote_nodes_per_token(num_experts: int, topk: int, nodes: int) -> float:
-    """Expected other nodes a token's top-k experts sit on, experts spread evenly over `nodes` nodes and picked
-    without repeats: (nodes - 1) x (1 - C(E - E/nodes, k) / C(E, k)), no group-limited routing assumed."""
+def remote_nodes_per_token(num_experts: int, topk: int, nodes: int, groups: int = 0, group_topk: int = 0) -> float:
+    """Expected other nodes a token's top-k experts sit on, experts spread evenly over `nodes` nodes (consecutive
+    experts per rank) and picked without repeats: (N - 1) x (1 - C(E - E/N, k) / C(E, k)). With group-limited routing
+    (`groups` groups of consecutive experts, a token's experts inside its `group_topk` best ones; megatron-core
+    moe_utils.group_limited_topk) and whole groups per node (groups a multiple of N), the picks are groups instead:
+    (N - 1) x (1 - C(G - G/N, g) / C(G, g)), each picked group assumed to get at least one of the k experts (it is
+    picked for its top experts' scores); the smaller of the two."""
     if nodes <= 1:
         return 0.0
-    per_node = num_experts / nodes
+    ungrouped = (nodes - 1) * (1.0 - _none_on_a_node(num_experts, topk, nodes))
+    if groups and group_topk and groups % nodes == 0:
+        return min(ungrouped, (nodes - 1) * (1.0 - _none_on_a_node(groups, group_topk, nodes)))
+    return ungrouped
+
+
+def _none_on_a_node(items: int, picks: int, nodes: int) -> float:
+    """The chance that `picks` of `items` drawn without repeats miss one given node's items/nodes."""
+    per_node = items / nodes
     none_there = 1.0
-    for i in range(topk):
-        none_there *= max(0.0, num_experts - per_node - i) / (num_experts - i)
-    return (nodes - 1) * (1.0 - none_there)
+    for i in range(picks):
+        none_there *= max(0.0, items - per_node - i) / (items - i)
+    return none_there
 
 
 @lru_cache(maxsize=65536)
 def dispatch_time_s(
-    routed_bytes: float, ep: int, cluster: ClusterSpec, stride: int, num_experts: int, topk: int, dedup: bool
+    routed_bytes: float,
+    ep: int,
+    cluster: ClusterSpec,
+    stride: int,
+    num_experts: int,
+    topk: int,
+    dedup: bool,
+    groups: int = 0,
+    group_topk: int = 0,
 ) -> float:
     """One MoE dispatch (or combine) of `routed_bytes` (the rank's top-k copies of its tokens) over `ep` ranks.
 
@@ -108,7 +128,7 @@ def dispatch_time_s(
         return collective_time_s("all_to_all", ep, routed_bytes, cluster, stride)
     per_node = _group_ranks_per_node(cluster, ep, stride)
     nodes = max(1, ep // per_node)
-    inter = routed_bytes * remote_nodes_per_token(num_experts, topk, nodes) / topk
+    inter = routed_bytes * remote_nodes_per_token(num_experts, topk, nodes, groups, group_topk) / topk
     intra = routed_bytes * ((per_node - 1) / ep + (nodes - 1) / nodes * (per_node - 1) / per_node)
     alpha = d.COLLECTIVE_BASE_LATENCY_S + (ep - 1) * d.HOP_LATENCY_S["scale_out"]  # as the all_to_all's
     return alpha + _two_level_s(inter, intra, cluster)

@@ -696,7 +696,8 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
         routed = model.routed_tokens(ctx.tokens, tp, ctx.etp, ctx.expert_load)
         a2a = dispatch_time_s(
             E_BF16 * routed * model.hidden_size, ctx.ep, cluster, ctx.etp, model.num_moe_experts,
-            model.moe_router_topk, ctx.moe_dispatcher != "alltoall",
+            model.moe_router_topk, ctx.moe_dispatcher != "alltoall", model.moe_router_num_groups,
+            model.moe_router_group_topk,
         )  # fmt: skip
     # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
     # reduce-scatter of the routed tokens

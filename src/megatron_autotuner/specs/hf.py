@@ -265,7 +265,17 @@ def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
         qk_pos_emb_head_dim=_require(cfg, "qk_rope_head_dim", model_type),
         v_head_dim=_require(cfg, "v_head_dim", model_type),
         mtp_num_layers=int(cfg.get("num_nextn_predict_layers", 0) or 0),
+        **_router_groups(cfg),
     )
+
+
+def _router_groups(cfg: dict[str, Any]) -> dict[str, int]:
+    """Group-limited routing (n_group / topk_group, as Megatron-Bridge's DeepSeek bridges map them to
+    moe_router_num_groups / moe_router_group_topk); one group is no limit."""
+    groups, picked = int(cfg.get("n_group") or 0), int(cfg.get("topk_group") or 0)
+    if groups <= 1 or picked <= 0:
+        return {}
+    return {"moe_router_num_groups": groups, "moe_router_group_topk": picked}
 
 
 def _glm4_moe(cfg: dict[str, Any], name: str) -> ModelSpec:

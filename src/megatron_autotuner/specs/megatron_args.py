@@ -158,6 +158,8 @@ FLAG_TABLE: dict[str, str] = {
     "attention_dropout": "model.attention_dropout",
     "num_experts": "model.num_moe_experts",
     "moe_router_topk": "model.moe_router_topk",
+    "moe_router_num_groups": "model.moe_router_num_groups (group-limited routing: flex dispatchers' node bytes)",
+    "moe_router_group_topk": "model.moe_router_group_topk",
     "moe_ffn_hidden_size": "model.moe_ffn_hidden_size (default ffn_hidden_size)",
     "moe_shared_expert_intermediate_size": "model.moe_shared_expert_intermediate_size",
     "moe_shared_expert_gate": "model.moe_shared_expert_gate",
@@ -302,8 +304,6 @@ NO_EFFECT_DESTS = frozenset(
         "moe_z_loss_coeff",
         "moe_router_score_function",
         "moe_router_topk_scaling_factor",
-        "moe_router_num_groups",
-        "moe_router_group_topk",
         "moe_router_pre_softmax",
         "moe_router_enable_expert_bias",
         "moe_router_bias_update_rate",
@@ -1153,8 +1153,13 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
             pattern = moe_layer_pattern(freq, num_layers)
         else:
             pattern = base.moe_layer_pattern
+        groups = pick("moe_router_num_groups", base and base.moe_router_num_groups) or 0
         values.update(
             moe_router_topk=topk,
+            moe_router_num_groups=int(groups) if int(groups) > 1 else 0,
+            moe_router_group_topk=int(pick("moe_router_group_topk", base and base.moe_router_group_topk) or 0)
+            if int(groups) > 1
+            else 0,
             moe_ffn_hidden_size=moe_ffn,
             moe_shared_expert_intermediate_size=shared or 0,
             moe_shared_expert_gate=bool(pick("moe_shared_expert_gate", base.moe_shared_expert_gate if base else None)),
@@ -1693,6 +1698,9 @@ def specs_to_megatron_args(
         if model.moe_shared_expert_intermediate_size:
             args["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size
             args["moe_shared_expert_gate"] = model.moe_shared_expert_gate
+        if model.moe_router_num_groups:
+            args["moe_router_num_groups"] = model.moe_router_num_groups
+            args["moe_router_group_topk"] = model.moe_router_group_topk
     if model.multi_latent_attention:
         args.update(
             multi_latent_attention=True,

@@ -82,6 +82,11 @@ class ModelSpec:
     moe_shared_expert_intermediate_size: int = 0
     moe_shared_expert_gate: bool = False
     moe_layer_pattern: tuple[int, ...] = field(default_factory=tuple)
+    # Group-limited routing (Megatron-LM --moe-router-num-groups / --moe-router-group-topk, HF n_group / topk_group):
+    # the experts in num_groups equal groups of consecutive experts, a token's top-k picked inside its group_topk best
+    # groups (DeepSeek-V3: 8 groups, 4 of them, so that a token reaches at most 4 nodes). 0: not group-limited.
+    moe_router_num_groups: int = 0
+    moe_router_group_topk: int = 0
     # Multi-latent attention (DeepSeek-V2/V3).
     multi_latent_attention: bool = False
     q_lora_rank: int | None = None
@@ -195,6 +200,7 @@ class ModelSpec:
                 )
             if self.moe_layer_pattern and set(self.moe_layer_pattern) - {0, 1}:
                 raise ConfigError("moe_layer_pattern", "entries must be 0 (dense) or 1 (MoE)")
+            self._check_router_groups()
         elif self.moe_layer_pattern and any(self.moe_layer_pattern):
             raise ConfigError("moe_layer_pattern", "marks MoE layers but num_moe_experts is 0")
         if self.multi_latent_attention:
@@ -441,6 +447,23 @@ class ModelSpec:
     def gdn_conv_dim(self) -> int:
         """Channels of gated DeltaNet's depthwise causal conv1d: q, k and v (GatedDeltaNet.conv_dim)."""
         return 2 * self.linear_qk_dim + self.linear_v_dim
+
+    def _check_router_groups(self) -> None:
+        groups, picked = self.moe_router_num_groups, self.moe_router_group_topk
+        if (groups > 0) != (picked > 0) or groups < 0 or picked < 0:
+            raise ConfigError(
+                "moe_router_group_topk", "give both moe_router_num_groups and moe_router_group_topk, or neither"
+            )
+        if groups and self.num_moe_experts % groups:
+            raise ConfigError(
+                "moe_router_num_groups", f"must divide num_moe_experts={self.num_moe_experts}, got {groups}"
+            )
+        if picked > min(groups, self.moe_router_topk):
+            # megatron-core scores a group by its top (topk // group_topk) experts (moe_utils.group_limited_topk)
+            raise ConfigError(
+                "moe_router_group_topk",
+                f"must be <= moe_router_num_groups={groups} and moe_router_topk={self.moe_router_topk}, got {picked}",
+            )
 
     def padded_vocab_size(self, tp: int = 1, divisible_by: int | None = None) -> int:
         """Vocabulary padded as Megatron-LM does (`--make-vocab-size-divisible-by` x TP; default the model's)."""
