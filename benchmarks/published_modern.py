@@ -174,7 +174,14 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
             if row["head_dim"]:
                 flags.append(f"--kv-channels {row['head_dim']}")
         activation = row["activation"].lower()
-        if row["gated"] == "yes":
+        clamp = re.search(r"clamp ([0-9.]+)", activation)
+        if row["gated"] == "yes" and activation.startswith("quick_gelu"):
+            # gpt-oss's GLU as Megatron-LM writes it (Megatron-Bridge GPTOSSProvider: quick_geglu, glu_linear_offset 1,
+            # activation_func_clamp_value from the row)
+            flags += ["--quick-geglu", "--glu-linear-offset 1.0"]
+            if clamp:
+                flags.append(f"--activation-func-clamp-value {clamp.group(1)}")
+        elif row["gated"] == "yes":
             flags.append("--swiglu")
             if not activation.startswith("silu"):
                 assumptions.append(f"activation {row['activation']} written as --swiglu (same GEMM shapes)")

@@ -37,7 +37,9 @@ def _records() -> list[dict]:
 def test_the_fused_floor_defaults_are_the_fit_of_the_committed_cases():
     floors = {(f["precision"], f["permute_fusion"]): f for f in moe_host_floors_from_records(_records())}
     fused = floors[("bf16", True)]
-    assert len([p for p in fused["cases"] if p["host_bound"]]) == 14
+    # one gpt-oss case (4 experts, 4096 tokens) has a backward under 1.5x its block's GPU time (its clamped GLU's
+    # kernels included): left out of the fit
+    assert len([p for p in fused["cases"] if p["host_bound"]]) == 13
     for key, value in (
         ("fwd_s", d.FUSED_MOE_HOST_FLOOR_FWD_S),
         ("fwd_per_local_expert_s", d.FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S),
@@ -96,15 +98,15 @@ def test_router_graphs_take_their_measured_share_off_the_forward():
 
 def test_the_training_steps_now():
     """The seven 2-layer steps: before the measurement (fused block at GPU time) 23-67% short on every fused layout;
-    now within 16% (median 10.8%: two of the Qwen3 steps are 11-16% slow, the gpt-oss micro-batch-4 step 12% fast on
-    memory-bound kernels the trace shows unpriced), every peak within 5%."""
+    now within 17% (median 8.5%: two Qwen3 steps 10-16% slow, the unfused gpt-oss step 15% slow on the older host's
+    unfused floor, the gpt-oss micro-batch-4 step 8.5% fast), every peak within 5%."""
     steps = COMPARISON["steps"]
     assert len(steps) == 7
     fused = [s for s in steps if "unfused" not in s["label"]]
     assert all(s["before_step_error"] < -0.2 for s in fused)
     assert all(abs(s["now_step_error"]) < abs(s["before_step_error"]) for s in fused)
     assert max(abs(s["now_step_error"]) for s in steps) < 0.17
-    assert statistics.median(abs(s["now_step_error"]) for s in steps) < 0.11
+    assert statistics.median(abs(s["now_step_error"]) for s in steps) < 0.09
     assert all(abs(s["now_peak_error"]) < 0.05 for s in steps)
 
 
@@ -151,3 +153,19 @@ def test_token_dropping_padded_to_capacity_runs_at_its_gpu_time():
     assert rows["30B-A3B-E16 L2 cap1-drop"]["now_step_error"] == pytest.approx(0.306, abs=0.01)
     for line in (STEPS.parent / "moe_token_drop_h200/results.jsonl").read_text().splitlines():
         assert abs(json.loads(line)["error_rel"]["allocated_memory"]) < 0.03
+
+
+def test_the_clamped_glu_kernels_of_the_gpt_oss_trace():
+    """gpt-oss's clamped GLU: the profiled micro-batch-4 step (65536 routed rows x 2880 per layer and micro-batch)
+    spent 1.46 ms forward and 3.27 ms backward per layer and micro-batch on the clamps, their backward and the two
+    concatenations (kernel table in defaults.GLU_CLAMP_HBM_EFFICIENCY's comment); the model prices them within 5%."""
+    from megatron_autotuner.costmodel.layer import _glu_clamp_work
+
+    model = load_model_spec("benchmarks/validation/models/gpt-oss-120b-E16.json")
+    elements = 65536 * model.moe_ffn_hidden_size
+    work = _glu_clamp_work(model, elements)
+    fwd = sum(memory_bound_time_s(f, H200, 0, eff) for f, _, _, eff in work.values())
+    bwd = sum(memory_bound_time_s(b, H200, 0, eff) for _, b, _, eff in work.values())
+    assert fwd * 1e3 == pytest.approx(1.460, rel=0.05)
+    assert bwd * 1e3 == pytest.approx(3.272, rel=0.05)
+    assert _glu_clamp_work(load_model_spec("Qwen3-30B-A3B"), elements) == {}  # no clamp, no such kernels

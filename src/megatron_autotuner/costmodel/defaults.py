@@ -231,15 +231,16 @@ MOE_HOST_PREPROCESS_SHARE = 0.125
 # over the block: just as host-bound. Its router still launches a dozen small kernels, the dispatcher's preprocess
 # still waits for the token counts on the host, and the grouped experts still issue per-expert work; the fused
 # kernels only replace the permute's. Same lease, 14 bf16 cases (Qwen3-30B-A3B shapes at 128 / 32 / 16 / 8 experts,
-# gpt-oss-120b shapes at 128 / 16 / 4, 1024 and 4096 tokens): forward 4.69 ms + 90 us per local expert, backward
-# 3.99 ms + 183 us per local expert (least squares; the block's GPU work is 0.2-2 ms forward). A first run of the
+# gpt-oss-120b shapes at 128 / 16 / 4, 1024 and 4096 tokens), the 13 host-bound ones (each phase over 1.5x the block's
+# GPU time: `testbench.calibration.moe_host_floors_from_records`): forward 4.56 ms + 91 us per local expert, backward
+# 3.91 ms + 184 us per local expert (least squares; the block's GPU work is 0.2-2 ms forward). A first run of the
 # same cases on the same machine gave 4.76 ms + 110 us and 4.45 ms + 190 us (calibration_first_run.json). Before
 # this the cost model priced the fused block at its GPU time alone, 5-30x short (comparison.json).
-FUSED_MOE_HOST_FLOOR_FWD_S = 4.69e-3
-FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 90e-6
-FUSED_MOE_HOST_FLOOR_BWD_S = 3.99e-3
-FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 183e-6
-FUSED_MOE_HOST_ROUTER_SHARE = 0.155
+FUSED_MOE_HOST_FLOOR_FWD_S = 4.56e-3
+FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S = 91e-6
+FUSED_MOE_HOST_FLOOR_BWD_S = 3.91e-3
+FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S = 184e-6
+FUSED_MOE_HOST_ROUTER_SHARE = 0.152
 FUSED_MOE_HOST_PREPROCESS_SHARE = 0.131
 
 # ---- host-bound dense layers ---------------------------------------------------------------------
@@ -493,3 +494,12 @@ FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
 CROSS_ENTROPY_BYTES = {"te": (8.0, 6.0), "native": (22.0, 14.0), "unfused": (38.0, 14.0)}
 CROSS_ENTROPY_HBM_EFFICIENCY = {"te": HBM_EFFICIENCY, "native": 0.64, "unfused": 0.62}
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")  # Megatron-LM --cross-entropy-fusion-impl
+
+# ---- clamped GLU (gpt-oss) ---------------------------------------------------------------------------
+# megatron-core clamps the two halves of a clamped GLU's input with torch ops on their strided views before the fused
+# kernel (`layer._glu_clamp_work`). In a profiled 2-layer gpt-oss-120b-E16 training step on one H200 (micro-batch 4,
+# 65536 routed rows x 2880; benchmarks/results/moe_fused_h200/profile, torch 2.11) the two forward clamps took
+# 533 us each (8 bytes per element in all: 1.42 TB/s) and the backward's comparisons, logical and and masked selects
+# 2.88 ms (22 bytes: 1.44 TB/s), both 0.30 of the H200's HBM; the concatenations streamed at the generic rate
+# (393 / 392 us for 8 bytes).
+GLU_CLAMP_HBM_EFFICIENCY = 0.30

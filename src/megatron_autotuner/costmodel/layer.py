@@ -402,6 +402,7 @@ def _mlp_memory_bound(model: ModelSpec, layer_index: int, ctx: LayerContext) -> 
         out.update(moe_dispatch_work(model, ctx, tt, routed))
         out["activation"] = (act_fwd * model.moe_ffn_hidden_size / ctx.etp * routed, 0.0, 1, None)
         out["activation_bwd"] = (0.0, act_bwd * model.moe_ffn_hidden_size / ctx.etp * routed, 1, act_bwd_eff)
+        out.update(_glu_clamp_work(model, model.moe_ffn_hidden_size / ctx.etp * routed))
         s = model.moe_shared_expert_intermediate_size
         if s:
             out["shared_activation"] = (dense_fwd * s / tp * t, 0.0, 1, None)
@@ -410,7 +411,27 @@ def _mlp_memory_bound(model: ModelSpec, layer_index: int, ctx: LayerContext) -> 
         f = model.ffn_hidden_size / tp
         out["activation"] = (dense_fwd * f * t, 0.0, 1, None)
         out["activation_bwd"] = (0.0, dense_bwd * f * t, 1, dense_bwd_eff)
+        out.update(_glu_clamp_work(model, f * t))
     return out
+
+
+GLU_CLAMP_WORK = ("activation_clamp", "activation_clamp_cat")
+
+
+def _glu_clamp_work(model: ModelSpec, elements: float) -> dict[str, MemoryBoundWork]:
+    """A clamped GLU (gpt-oss: activation_func_clamp_value) over `elements` = rows x ffn: megatron-core splits the fc1
+    output, clamps each half with torch (x_glu from above, x_linear both ways) and concatenates them again before
+    its fused kernel (megatron/core/fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl, Megatron-LM d98e8a6).
+    Forward: two clamps (read + write a half: 8 bytes per element) and the concatenation (8); backward: three
+    comparisons (3 bytes each), a logical and (3) and two masked selects (5 each) = 22, and the gradients'
+    concatenation (8). The clamps and their backward run on the halves' strided views at
+    `defaults.GLU_CLAMP_HBM_EFFICIENCY`, the concatenations at the generic rate."""
+    if model.activation_clamp_value is None or not model.gated_linear_unit:
+        return {}
+    return {
+        "activation_clamp": (8.0 * elements, 22.0 * elements, 3, d.GLU_CLAMP_HBM_EFFICIENCY),
+        "activation_clamp_cat": (8.0 * elements, 8.0 * elements, 1, None),
+    }
 
 
 def _mamba_memory_bound(model: ModelSpec, tokens_heads: float) -> dict[str, MemoryBoundWork]:
@@ -745,7 +766,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
             if "moe" in mods and is_moe:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)))
-                redone = ("router", "activation") + MOE_DISPATCH_WORK
+                redone = ("router", "activation") + GLU_CLAMP_WORK + MOE_DISPATCH_WORK
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in redone))
                 _add(rec, "ep", tokens_moved)
             if "moe_act" in mods and is_moe:
@@ -765,6 +786,7 @@ def _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved: float, training: bool
     routed and shared experts; what its host floor is compared with."""
     moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
     moe_mem = ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
+    moe_mem += GLU_CLAMP_WORK
     moe_mem += MOE_DISPATCH_WORK
     gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + tokens_moved
     if not training:

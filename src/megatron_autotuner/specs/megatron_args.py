@@ -120,7 +120,7 @@ FLAG_TABLE: dict[str, str] = {
     "squared_relu": "model.activation squared_relu",
     "quick_geglu": "model.gated_linear_unit + activation quick_gelu",
     "glu_linear_offset": "model.glu_linear_offset (elementwise: no cost)",
-    "activation_func_clamp_value": "model.activation_clamp_value (elementwise: no cost)",
+    "activation_func_clamp_value": "model.activation_clamp_value (the clamps' elementwise kernels and saved copy)",
     "window_size": "model.window_size (LEFT,0: LEFT + 1 keys; -1 or none: full attention)",
     "window_attn_skip_freq": "model.window_layer_pattern (every N-th layer full, or a list expression; none: all)",
     "softmax_type": "model.softmax_type (learnable: attention-sink parameters)",

@@ -416,6 +416,11 @@ def mlp_activation_bytes(
             f = model.moe_ffn_hidden_size
             parts["experts_input"] = e * routed * h
             parts["experts_fc1_output"] = e * routed * gate * f / parallel.etp
+            if model.activation_clamp_value is not None and gate == 2:
+                # a clamped GLU (gpt-oss) feeds its fused kernel a clamped copy of the fc1 output (torch.cat of the
+                # clamped halves), which that kernel saves, while the clamps keep the fc1 output for their own
+                # backward (megatron-core fused_bias_geglu.py weighted_bias_quick_geglu_impl): one more 2f per row
+                parts["experts_fc1_clamped"] = e * routed * gate * f / parallel.etp
             if not rc.recomputes("moe_act"):
                 parts["experts_fc2_input"] = e * routed * f / parallel.etp
             # The probabilities scale the activation output inside the experts (megatron-core's
