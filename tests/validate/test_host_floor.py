@@ -41,6 +41,31 @@ def test_cases_cover_each_local_expert_count_precision_and_recipe(tmp_path):
     )
 
 
+def test_cases_follow_the_permute_path_and_drop_routing_groups(tmp_path):
+    fused = Layout(num_gpus=8, ep=8, moe_permute_fusion=True, **MOE)
+    cases = host_floor.host_floor_cases([fused, Layout(num_gpus=1, **MOE)], tmp_path / "models")
+    assert {(c.moe_permute_fusion, load_model_spec(c.model).num_moe_experts) for c in cases} == {
+        (True, 128),
+        (True, 16),
+        (False, 128),
+    }
+    # a rank's experts stand in for the model's: the copy routes without DeepSeek-V3's 8 groups
+    deepseek = Layout(model="DeepSeek-V3", num_layers=4, seq_length=4096, global_batch_size=64, num_gpus=32, ep=32)
+    (rank,) = [c for c in host_floor.host_floor_cases([deepseek], tmp_path / "ds") if c.model != "DeepSeek-V3"]
+    assert load_model_spec(rank.model).moe_router_num_groups == 0
+
+
+def test_the_host_pace_range_scales_the_fused_floor_too():
+    from megatron_autotuner.costmodel.estimate import CostOptions, host_pace_steps
+    from megatron_autotuner.specs import ParallelConfig, Workload, get_gpu_spec
+
+    steps = host_pace_steps(
+        load_model_spec("Qwen3-30B-A3B"), ParallelConfig(8, ep=8), Workload(4096, 1, 64), get_gpu_spec("H100-SXM"),
+        CostOptions(moe_permute_fusion=True),
+    )  # fmt: skip
+    assert steps is not None and steps[1] > 2 * steps[0]
+
+
 def test_measured_floor_reaches_the_predictions(tmp_path, monkeypatch):
     """With the testbench stood in by lease c's committed H100 records, the floor fitted from them replaces the
     default in the predictions, and a calibration the user gave keeps everything else."""

@@ -87,7 +87,7 @@ from .activation_offload import (
     layer_level_exposed_s,
     offload_copy_gbps,
 )
-from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
+from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_FUSED_MOE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
 from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost, merge_parts
@@ -1058,16 +1058,18 @@ def paced(options: CostOptions, gpu: GPUSpec, factor: float) -> Calibration:
         step_s=step * factor,
         tp_collective_s=floor.tp_collective_s * factor,
     )
-    moe = DEFAULT_MOE_HOST_FLOOR
-    moe_scaled = replace(
-        moe,
-        fwd_s=moe.fwd_s * factor,
-        bwd_s=moe.bwd_s * factor,
-        fwd_per_local_expert_s=moe.fwd_per_local_expert_s * factor,
-        bwd_per_local_expert_s=moe.bwd_per_local_expert_s * factor,
+    moe_scaled = tuple(
+        replace(
+            moe,
+            fwd_s=moe.fwd_s * factor,
+            bwd_s=moe.bwd_s * factor,
+            fwd_per_local_expert_s=moe.fwd_per_local_expert_s * factor,
+            bwd_per_local_expert_s=moe.bwd_per_local_expert_s * factor,
+        )
+        for moe in (DEFAULT_MOE_HOST_FLOOR, DEFAULT_FUSED_MOE_HOST_FLOOR)  # both permute paths' floors
     )
     base = options.calibration or Calibration(gpu=gpu.name)
-    return replace(base, dense_host_floors=(scaled,), moe_host_floors=(moe_scaled,))
+    return replace(base, dense_host_floors=(scaled,), moe_host_floors=moe_scaled)
 
 
 def host_pace_steps(

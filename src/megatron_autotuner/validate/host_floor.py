@@ -132,9 +132,9 @@ def dense_floors_from_probes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]
 
 
 def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
-    """Testbench cases for the MoE layouts (tp = ep = 1): per model, precision and fp8 recipe, one `moe` case per
-    local-expert count the layouts use and one with all the experts. A count other than the model's own runs a
-    native ModelSpec copy with that many experts, written under `models_dir`."""
+    """Testbench cases for the MoE layouts (tp = ep = 1): per model, precision, fp8 recipe and permute path, one `moe`
+    case per local-expert count the layouts use and one with all the experts. A count other than the model's own runs
+    a native ModelSpec copy with that many experts (no routing groups), written under `models_dir`."""
     from ..testbench.cases import Case
 
     cases: dict[str, Any] = {}
@@ -148,7 +148,11 @@ def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
                 continue  # fewer experts than each token is routed to: not a model megatron-core builds
             model = lay.model
             if experts != spec.num_moe_experts:
-                variant = spec.replace(num_moe_experts=experts, name=f"{spec.name}-E{experts}")
+                # a rank's experts stand in for the model's: no routing groups across them (they need not divide)
+                variant = spec.replace(
+                    num_moe_experts=experts, name=f"{spec.name}-E{experts}", moe_router_num_groups=0,
+                    moe_router_group_topk=0,
+                )  # fmt: skip
                 models_dir.mkdir(parents=True, exist_ok=True)
                 path = models_dir / f"{Path(spec.name).name}-E{experts}.json"
                 write_text_atomic(path, json.dumps(variant.to_dict(), indent=1) + "\n")
@@ -159,6 +163,7 @@ def host_floor_cases(layouts: list[Layout], models_dir: Path) -> list[Any]:
                 seq_length=HOST_FLOOR_SEQ_LENGTH,
                 dtype=lay.precision,
                 fp8_recipe=recipe,
+                moe_permute_fusion=lay.moe_permute_fusion,  # each permute path has its own floor
             )
             cases.setdefault(case.case_id, case)
     return list(cases.values())
