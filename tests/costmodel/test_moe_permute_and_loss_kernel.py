@@ -128,3 +128,14 @@ def test_host_step_timers_add_up_each_call():
     assert set(spent) == {"route", "preprocess"}  # a step the module lacks is not timed
     assert block.preprocess(block.route(1)) == 4
     assert spent["route"] > 0 and spent["preprocess"] > 0
+
+
+def test_the_run_settings_line_says_the_permute_path_and_the_loss_kernel():
+    from megatron_autotuner.cli.estimate_cmd import run_settings_line
+    from megatron_autotuner.costmodel.estimate import run_settings
+
+    options = CostOptions(moe_permute_fusion=True, fused_cross_entropy=True, cross_entropy_fusion_impl="te")
+    line = run_settings_line(run_settings(MOE, options, False))
+    assert "MoE permute fusion on" in line and "cross-entropy fusion on (te)" in line
+    dense = run_settings_line(run_settings(DENSE, CostOptions(), False))
+    assert "MoE permute" not in dense and "cross-entropy fusion off," in dense

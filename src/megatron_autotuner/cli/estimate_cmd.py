@@ -185,12 +185,15 @@ def run_settings_line(settings: dict) -> str:
         f"grad-reduce overlap {on_off[settings['overlap_grad_reduce']]}",
         f"param-gather overlap {on_off[settings['overlap_param_gather']]}",
         f"gradient-accumulation fusion {on_off[settings['gradient_accumulation_fusion']]}",
-        f"cross-entropy fusion {on_off[settings['fused_cross_entropy']]}",
+        f"cross-entropy fusion {on_off[settings['fused_cross_entropy']]}"
+        + (f" ({settings['cross_entropy_fusion_impl']})" if settings.get("cross_entropy_fusion_impl") else ""),
         "TP-communication overlap "
         + ("on with sequence parallelism (TE userbuffers)" if settings["tp_comm_overlap"] else "off"),
         f"hidden dropout {settings['hidden_dropout']:g}, attention dropout {settings['attention_dropout']:g}",
         host,
     ]
+    if settings.get("moe_permute_fusion") is not None:  # a MoE model: its permute path sets its kernels and host floor
+        parts.insert(5, f"MoE permute fusion {on_off[settings['moe_permute_fusion']]}")
     return ", ".join(parts)
 
 
