@@ -7,6 +7,7 @@ import argparse
 from ..argspec.argtypes import margin_fraction, non_empty_path
 from ..costmodel import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, load_calibration
 from ..errors import ConfigError
+from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
 from .layout_args import (
     add_gpu_arguments,
@@ -79,7 +80,7 @@ def add_assumption_arguments(p: argparse.ArgumentParser | argparse._ArgumentGrou
     )
     p.add_argument(
         "--cross-entropy-fusion-impl",
-        choices=("native", "te"),
+        choices=CROSS_ENTROPY_FUSION_IMPLS,
         default="native",
         help="with --cross-entropy-fusion: megatron-core's torch-compiled kernels (native, Megatron-LM's default) or "
         "Transformer Engine's one-pass kernel (te, what Megatron-Bridge's performance recipes run)",

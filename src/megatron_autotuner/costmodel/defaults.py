@@ -493,7 +493,6 @@ FP8_PARAM_TRANSPOSE_BYTES_PER_PARAM = 2.0
 # TP1, 43.5 ms for 8 x 4096 x 75968 at TP2).
 CROSS_ENTROPY_BYTES = {"te": (8.0, 6.0), "native": (22.0, 14.0), "unfused": (38.0, 14.0)}
 CROSS_ENTROPY_HBM_EFFICIENCY = {"te": HBM_EFFICIENCY, "native": 0.64, "unfused": 0.62}
-CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")  # Megatron-LM --cross-entropy-fusion-impl
 
 # ---- clamped GLU (gpt-oss) ---------------------------------------------------------------------------
 # megatron-core clamps the two halves of a clamped GLU's input with torch ops on their strided views before the fused

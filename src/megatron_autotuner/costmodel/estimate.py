@@ -56,6 +56,7 @@ from ..specs.parallel import (
     ParallelConfig,
     RecomputeConfig,
     Workload,
+    check_cross_entropy_fusion_impl,
     num_microbatches,
     packed_batch,
     pipeline_layout_of,
@@ -169,10 +170,7 @@ class CostOptions:
             raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
         if self.concurrent_copy_gbps is not None and not self.concurrent_copy_gbps > 0:
             raise ConfigError("concurrent_copy_gbps", f"must be > 0 GB/s, got {self.concurrent_copy_gbps!r}")
-        if self.cross_entropy_fusion_impl not in d.CROSS_ENTROPY_FUSION_IMPLS:
-            raise ConfigError(
-                "cross_entropy_fusion_impl", f"must be native or te, got {self.cross_entropy_fusion_impl!r}"
-            )
+        check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
 
     @property
     def loss_kernel(self) -> str:

@@ -55,6 +55,14 @@ def _positive(name: str, value: Any) -> None:
 
 
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Megatron-LM --cross-entropy-fusion-impl: megatron-core's torch-compiled kernels (its default) or Transformer Engine's
+CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
+
+
+def check_cross_entropy_fusion_impl(impl: str) -> None:
+    """One line for a fused cross-entropy kernel Megatron-LM does not have."""
+    if impl not in CROSS_ENTROPY_FUSION_IMPLS:
+        raise ConfigError("cross_entropy_fusion_impl", f"must be native or te, got {impl!r}")
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from .. import SCHEMA_VERSION, __version__
 from ..argspec.common import add_launch_reading_arguments
 from ..errors import ConfigError
 from ..files import write_text_atomic
+from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS
 
 
 def add_stand_in_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -168,7 +169,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--cross-entropy-fusion-impl",
-        choices=("native", "te"),
+        choices=CROSS_ENTROPY_FUSION_IMPLS,
         default="native",
         help="with --cross-entropy-fusion: megatron-core's kernels (native) or TE's (te), --cross-entropy-fusion-impl",
     )

@@ -24,7 +24,12 @@ from ..specs import (
     load_model_spec,
     validate_layout,
 )
-from ..specs.parallel import ActivationOffloadConfig, MoeRouting, check_tp_comm_overlap
+from ..specs.parallel import (
+    ActivationOffloadConfig,
+    MoeRouting,
+    check_cross_entropy_fusion_impl,
+    check_tp_comm_overlap,
+)
 from ..specs.pipeline import PipelineLayout
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
 
@@ -358,10 +363,7 @@ class Layout:
         it builds GPTModel with softmax attention (gated DeltaNet needs flash-linear-attention and Mamba layers
         mamba_ssm, neither of which the GPU machine's install has)."""
         self.moe_routing()  # raises for a capacity megatron-core refuses
-        if self.cross_entropy_fusion_impl not in ("native", "te"):
-            raise ConfigError(
-                "cross_entropy_fusion_impl", f"must be native or te, got {self.cross_entropy_fusion_impl!r}"
-            )
+        check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
         spec = self.model_spec()
         if spec.hybrid_layer_pattern or spec.has_linear_attention:
             what = "Mamba hybrid" if spec.hybrid_layer_pattern else "gated-DeltaNet"
