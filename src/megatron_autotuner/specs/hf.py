@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..files import CONFIG_LIMIT_BYTES, read_json_bounded
-from .model import MAMBA_CONV_KERNEL, ModelSpec, check_num_layers
+from .model import MAMBA_CONV_KERNEL, ModelSpec, check_num_layers, router_group_fields
 from .vision import qwen2_5_vl_vision
 
 _ACTIVATION_BY_HF_NAME = {
@@ -238,6 +238,9 @@ def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
     n_shared = cfg.get("n_shared_experts", 0) or 0
     moe_ffn = _require(cfg, "moe_intermediate_size", model_type)
     heads = _require(cfg, "num_attention_heads", model_type)
+    # group-limited routing as Megatron-Bridge's DeepSeek bridges map n_group / topk_group (no topk_group: no limit)
+    group_topk = int(cfg.get("topk_group") or 0)
+    routing_groups = router_group_fields(int(cfg.get("n_group") or 0) if group_topk else 0, group_topk)
     return ModelSpec(
         name=name,
         hidden_size=_require(cfg, "hidden_size", model_type),
@@ -265,17 +268,8 @@ def _deepseek(cfg: dict[str, Any], name: str) -> ModelSpec:
         qk_pos_emb_head_dim=_require(cfg, "qk_rope_head_dim", model_type),
         v_head_dim=_require(cfg, "v_head_dim", model_type),
         mtp_num_layers=int(cfg.get("num_nextn_predict_layers", 0) or 0),
-        **_router_groups(cfg),
+        **routing_groups,
     )
-
-
-def _router_groups(cfg: dict[str, Any]) -> dict[str, int]:
-    """Group-limited routing (n_group / topk_group, as Megatron-Bridge's DeepSeek bridges map them to
-    moe_router_num_groups / moe_router_group_topk); one group is no limit."""
-    groups, picked = int(cfg.get("n_group") or 0), int(cfg.get("topk_group") or 0)
-    if groups <= 1 or picked <= 0:
-        return {}
-    return {"moe_router_num_groups": groups, "moe_router_group_topk": picked}
 
 
 def _glm4_moe(cfg: dict[str, Any], name: str) -> ModelSpec:

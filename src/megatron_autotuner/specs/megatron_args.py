@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from .model import ModelSpec, check_num_layers
+from .model import ModelSpec, check_num_layers, router_group_fields
 from .parallel import (
     CUDA_GRAPH_MODULES,
     MOE_DISPATCHERS,
@@ -1154,12 +1154,10 @@ def _model_from_launch(launch: Launch, base: ModelSpec | None, notes: list[str])
         else:
             pattern = base.moe_layer_pattern
         groups = pick("moe_router_num_groups", base and base.moe_router_num_groups) or 0
+        group_topk = pick("moe_router_group_topk", base and base.moe_router_group_topk) or 0
         values.update(
             moe_router_topk=topk,
-            moe_router_num_groups=int(groups) if int(groups) > 1 else 0,
-            moe_router_group_topk=int(pick("moe_router_group_topk", base and base.moe_router_group_topk) or 0)
-            if int(groups) > 1
-            else 0,
+            **router_group_fields(int(groups), int(group_topk)),
             moe_ffn_hidden_size=moe_ffn,
             moe_shared_expert_intermediate_size=shared or 0,
             moe_shared_expert_gate=bool(pick("moe_shared_expert_gate", base.moe_shared_expert_gate if base else None)),

@@ -43,6 +43,14 @@ def check_num_layers(value: object, field: str = "num_layers") -> int:
     return value
 
 
+def router_group_fields(groups: int, group_topk: int) -> dict[str, int]:
+    """`ModelSpec`'s group-limited routing fields from a config's group count and groups per token (HF n_group /
+    topk_group, Megatron-LM --moe-router-num-groups / --moe-router-group-topk): one group (or none) is no limit."""
+    if groups <= 1:
+        return {"moe_router_num_groups": 0, "moe_router_group_topk": 0}
+    return {"moe_router_num_groups": groups, "moe_router_group_topk": group_topk}
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Everything the analytical model needs to know about a GPT-style model.
