@@ -11,8 +11,7 @@ source "$(dirname "$0")/../validation/common.sh"
 record_gpus
 EV="$OUT/evidence"
 mkdir -p "$EV/collect"
-$PY -c "import torch, transformer_engine, megatron.core as m; print('torch', torch.__version__, 'te', \
-transformer_engine.__version__, 'megatron-core', m.__version__)" > "$EV/versions.txt" 2>&1
+record_versions "$EV"
 $MAT profile --case-file "$HERE/h200_x1_vision_cases.json" --warmup 5 --repeats 20 --case-timeout 240 \
   --output-dir "$OUT/testbench" --json > "$EV/summary.json"
 echo "testbench rc=$? ($(elapsed))"

@@ -60,6 +60,12 @@ record_gpus() {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpus.txt"
 }
 
+# record_versions DEST: torch's, Transformer Engine's and megatron-core's versions into DEST/versions.txt.
+record_versions() {
+  $PY -c "import torch, transformer_engine, megatron.core as m; print('torch', torch.__version__, 'te', \
+transformer_engine.__version__, 'megatron-core', m.__version__)" > "$1/versions.txt" 2>&1
+}
+
 # validate_batch LAYOUTS NAME TIMEOUT_S [more validate options]: run a layouts file into "$OUT/NAME", the log
 # into "$OUT/NAME.txt" (and on stdout).
 validate_batch() {
