@@ -781,13 +781,19 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
     return LayerCost(Phases(fwd), Phases(bwd), Phases(rec), host_fwd, host_bwd, *moe_gpu)
 
 
+# a MoE block's memory-bound work (`_mlp_memory_bound`): router, expert activations, dispatcher
+MOE_BLOCK_MEMORY_WORK = (
+    ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
+    + GLU_CLAMP_WORK
+    + MOE_DISPATCH_WORK
+)
+
+
 def _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved: float, training: bool) -> tuple[float, float]:
     """(forward, backward) GPU seconds of a MoE block alone: router, dispatcher (token movement and all-to-all),
     routed and shared experts; what its host floor is compared with."""
     moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
-    moe_mem = ("router", "activation", "activation_bwd", "shared_activation", "shared_activation_bwd")
-    moe_mem += GLU_CLAMP_WORK
-    moe_mem += MOE_DISPATCH_WORK
+    moe_mem = MOE_BLOCK_MEMORY_WORK
     gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + tokens_moved
     if not training:
         return gpu_fwd, 0.0
