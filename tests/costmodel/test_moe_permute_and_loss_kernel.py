@@ -139,3 +139,17 @@ def test_the_run_settings_line_says_the_permute_path_and_the_loss_kernel():
     assert "MoE permute fusion on" in line and "cross-entropy fusion on (te)" in line
     dense = run_settings_line(run_settings(DENSE, CostOptions(), False))
     assert "MoE permute" not in dense and "cross-entropy fusion off," in dense
+
+
+@pytest.mark.parametrize("command", ["estimate", "validate"])
+def test_a_bad_loss_kernel_on_the_command_line_is_one_line(command, capsys, tmp_path):
+    from megatron_autotuner.cli import main
+
+    argv = [command, "--model", "Qwen3-30B-A3B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "4096"]
+    if command == "validate":
+        argv += ["--dry-run", "--output-dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--cross-entropy-fusion-impl", "liger"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cross-entropy-fusion-impl" in err[0] and "Traceback" not in err[0]
