@@ -13,7 +13,7 @@ import yaml
 from ..costmodel.estimate import CostOptions
 from ..specs.megatron_args import render_flags, specs_to_megatron_args
 from ..specs.model import ModelSpec
-from ..specs.parallel import ParallelConfig, Workload, needs_nccl_graph_register_off
+from ..specs.parallel import ParallelConfig, Workload, cuda_device_max_connections, needs_nccl_graph_register_off
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT, MemoryAllowance
 from . import bridge, verl
 
@@ -95,11 +95,18 @@ def launch_environment(
 ) -> dict[str, tuple[str, str]]:
     """Environment variables the layout needs, or the prediction assumed: name -> (value, reason)."""
     env: dict[str, tuple[str, str]] = {}
-    if parallel.tp > 1 or parallel.cp > 1:
+    connections = cuda_device_max_connections(parallel)
+    if connections == 1:
         env["CUDA_DEVICE_MAX_CONNECTIONS"] = (
             "1",
             "Megatron-LM's validate_args requires it with TP or CP (before Blackwell): one hardware queue keeps "
             "the TP / CP communication kernels in issue order, so they overlap with the GEMMs as predicted",
+        )
+    elif connections is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = (
+            str(connections),
+            "the EP all-to-all overlap runs its communication and computation streams side by side on separate "
+            "hardware queues (Megatron-Bridge's performance scripts' value for this dispatcher on Hopper)",
         )
     if expandable_segments:
         env["PYTORCH_CUDA_ALLOC_CONF"] = (

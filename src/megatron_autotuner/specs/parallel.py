@@ -243,6 +243,25 @@ def needs_nccl_graph_register_off(cuda_graph_impl: str, expandable_segments: boo
     return cuda_graph_impl == "transformer_engine" and expandable_segments
 
 
+# CUDA_DEVICE_MAX_CONNECTIONS beside the EP all-to-all overlap: the hardware queues that let the combined 1F1B step's
+# communication and computation streams run side by side. Megatron-Bridge's performance scripts set 8 on Hopper with
+# the alltoall dispatcher and 32 with DeepEP / HybridEP (scripts/performance/utils/overrides.py,
+# `_apply_flat_cli_environment_compatibility`); Megatron-LM warns that the overlap "requires setting a larger
+# CUDA_DEVICE_MAX_CONNECTIONS" (megatron/training/arguments.py @ d98e8a6).
+A2A_OVERLAP_MAX_CONNECTIONS = {"alltoall": 8, "allgather": 8, "flex": 32}
+
+
+def cuda_device_max_connections(parallel: ParallelConfig) -> int | None:
+    """CUDA_DEVICE_MAX_CONNECTIONS a run of `parallel` needs: the all-to-all overlap's (`A2A_OVERLAP_MAX_CONNECTIONS`),
+    else 1 with TP or CP (Megatron-LM's validate_args asserts it before Blackwell: one hardware queue keeps the TP / CP
+    communication kernels in issue order), else None (the driver's default)."""
+    if parallel.moe_a2a_overlap:
+        return A2A_OVERLAP_MAX_CONNECTIONS[parallel.moe_dispatcher]
+    if parallel.tp > 1 or parallel.cp > 1:
+        return 1
+    return None
+
+
 @dataclass(frozen=True)
 class CudaGraphConfig:
     """CUDA graphs of a megatron-core run (Megatron-LM `--cuda-graph-impl`, `--cuda-graph-modules` and

@@ -29,6 +29,7 @@ from ..specs.parallel import (
     MoeRouting,
     check_cross_entropy_fusion_impl,
     check_tp_comm_overlap,
+    cuda_device_max_connections,
 )
 from ..specs.pipeline import PipelineLayout
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
@@ -87,6 +88,8 @@ class Layout:
         "cross_entropy_fusion_impl",
         "moe_expert_capacity_factor",
         "moe_pad_expert_input_to_capacity",
+        "moe_a2a_overlap",
+        "delay_wgrad_compute",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -177,6 +180,10 @@ class Layout:
     # token dropping (--moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity); routing stays force-balanced
     moe_expert_capacity_factor: float | None = None
     moe_pad_expert_input_to_capacity: bool = False
+    # the EP all-to-all overlap (--overlap-moe-expert-parallel-comm): megatron-core's combined 1F1B step runs one
+    # micro-batch's forward beside another's backward; --delay-wgrad-compute defers the experts' weight gradients
+    moe_a2a_overlap: bool = False
+    delay_wgrad_compute: bool = False
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -285,6 +292,8 @@ class Layout:
             grad_reduce_in_fp32=self.grad_reduce_in_fp32,
             tp_comm_overlap=self.tp_comm_overlap,
             cp_comm_type=self.cp_comm_type,
+            moe_a2a_overlap=self.moe_a2a_overlap,
+            delay_wgrad_compute=self.delay_wgrad_compute,
             pipeline_layout=None
             if self.pipeline_layout is None
             else PipelineLayout.from_string(self.pipeline_layout, self.pp),
@@ -377,6 +386,12 @@ class Layout:
         validate_layout(spec, self.parallel(), self.workload())
 
     @property
+    def process_max_connections(self) -> int | None:
+        """The CUDA_DEVICE_MAX_CONNECTIONS the run's processes set themselves (`specs.parallel
+        .cuda_device_max_connections`) for the all-to-all overlap; None keeps the environment's."""
+        return cuda_device_max_connections(self.parallel()) if self.moe_a2a_overlap else None
+
+    @property
     def world_size(self) -> int:
         return self.num_gpus
 
@@ -463,6 +478,8 @@ class Layout:
             parts.append("fused-ce" if self.cross_entropy_fusion_impl == "native" else "te-ce")
         if self.moe_permute_fusion:
             parts.append("fused-permute")
+        if self.moe_a2a_overlap:
+            parts.append("a2a-overlap" + ("+delay-wgrad" if self.delay_wgrad_compute else ""))
         if self.moe_expert_capacity_factor is not None:
             parts.append(
                 f"cap{self.moe_expert_capacity_factor:g}" + ("-pad" if self.moe_pad_expert_input_to_capacity else "")
@@ -558,6 +575,8 @@ class Layout:
             cuda_graph_scope=workload.cuda_graph.scope,
             activation_offload=workload.activation_offload if workload.activation_offload.enabled else None,
             tp_comm_overlap=parallel.tp_comm_overlap,
+            moe_a2a_overlap=parallel.moe_a2a_overlap,
+            delay_wgrad_compute=parallel.delay_wgrad_compute,
             moe_expert_capacity_factor=workload.moe_routing.capacity_factor,
             moe_pad_expert_input_to_capacity=workload.moe_routing.pad_to_capacity,
             **{**packing, **run_settings(options), **extra},
@@ -565,10 +584,8 @@ class Layout:
 
 
 def _check_runner_runs_moe(parallel: ParallelConfig, workload: Workload) -> None:
-    """The runner's MoE layers use the alltoall dispatcher, no all-to-all overlap, and whatever routing the data gives:
-    a layout predicted with another is refused rather than run as something else."""
-    if parallel.moe_a2a_overlap:
-        raise ConfigError("moe_a2a_overlap", "the EP all-to-all overlap is not run by mat validate")
+    """The runner's MoE layers use the alltoall dispatcher and whatever routing the data gives: a layout predicted
+    with another is refused rather than run as something else."""
     if parallel.moe_dispatcher != "alltoall":
         raise ConfigError("moe_dispatcher", f"the {parallel.moe_dispatcher} dispatcher is not run by mat validate")
     if workload.moe_routing.load_imbalance != 1.0:

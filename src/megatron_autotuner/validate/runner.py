@@ -257,6 +257,9 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         # token dropping: megatron-core drops past each expert's capacity (and pads up to it)
         moe_expert_capacity_factor=layout.moe_expert_capacity_factor,
         moe_pad_expert_input_to_capacity=layout.moe_pad_expert_input_to_capacity,
+        # --overlap-moe-expert-parallel-comm / --delay-wgrad-compute: the combined 1F1B step (`_forward_step`)
+        overlap_moe_expert_parallel_comm=layout.moe_a2a_overlap,
+        delay_wgrad_compute=layout.delay_wgrad_compute,
         deallocate_pipeline_outputs=True,
         overlap_p2p_comm=layout.vpp is not None,
         batch_p2p_comm=layout.vpp is None,
@@ -539,16 +542,17 @@ def _loss_func(loss_mask, output_tensor):
     return loss, {"lm loss": loss.detach()}
 
 
-def _forward_step(data_iterator, model):
+def _forward_step(data_iterator, model, return_schedule_plan: bool = False):
+    """One micro-batch's forward, and its loss function. `return_schedule_plan`: megatron-core's combined 1F1B step
+    (the EP all-to-all overlap) asks for the model's schedule plan instead of its output, as Megatron-LM's
+    pretrain_gpt.forward_step builds it (`GPTModel.build_schedule_plan`)."""
     batch = next(data_iterator)
     packed = {"packed_seq_params": batch["packed_seq_params"]} if "packed_seq_params" in batch else {}
-    output = model(
-        input_ids=batch["tokens"],
-        position_ids=batch["position_ids"],
-        attention_mask=None,
-        labels=batch["labels"],
-        **packed,
-    )
+    inputs = dict(input_ids=batch["tokens"], position_ids=batch["position_ids"], attention_mask=None, **packed)
+    if return_schedule_plan:
+        output = model.build_schedule_plan(**inputs, labels=batch["labels"])
+    else:
+        output = model(**inputs, labels=batch["labels"])
     return output, partial(_loss_func, batch["loss_mask"])
 
 

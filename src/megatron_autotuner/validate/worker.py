@@ -48,6 +48,13 @@ def set_allocator_config(layouts: list[Layout]) -> None:
         os.environ[ALLOC_CONF_ENV] = ",".join([*parts, "expandable_segments:True"])
     if any(needs_nccl_graph_register_off(lay.cuda_graph_impl, lay.expandable_segments) for lay in layouts):
         os.environ["NCCL_GRAPH_REGISTER"] = "0"
+    # the EP all-to-all overlap's hardware queues (CUDA reads the variable when it starts); other layouts keep the
+    # environment's (../shared/gpu/env.sh sets 1)
+    connections = {lay.process_max_connections for lay in layouts}
+    if len(connections) > 1:
+        raise SystemExit("layouts of one job disagree on CUDA_DEVICE_MAX_CONNECTIONS: run them in separate jobs")
+    if connections != {None}:
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = str(connections.pop())
 
 
 def fake_gloo_groups(torch) -> None:
