@@ -443,6 +443,9 @@ def wrap_for_training(layout: Layout, config: Any, chunks: list, device: str):
             fp8_param_gather=layout.fp8_param,
             check_for_nan_in_grad=False,
             average_in_collective=False,
+            # with --delay-wgrad-compute DDP reduces the delayed weight gradients from the modules' backward_dw hooks
+            # (Megatron-LM passes the flag to DistributedDataParallelConfig by name)
+            delay_wgrad_compute=layout.delay_wgrad_compute,
         )
     )
     # Megatron-LM builds DDP on a stream of its own (megatron/training/training.py, get_model): the full-iteration
