@@ -635,13 +635,11 @@ def stage_time(
         saved = a2a_overlap_saving_s(
             model, parallel, stage, num_microbatches(parallel, workload), ctx, scale, kind_cost, per_chunk_kinds
         )
-        # what the combined steps hide is EP time and the host's waits (they never overlap two computations):
-        # taken off the exposed ep, the backward's first, then off the host's
-        left = sum(saved)
-        for parts, kind in ((bwd, "ep"), (fwd, "ep"), (bwd, "host"), (fwd, "host")):
-            taken = min(left, parts.get(kind, 0.0))
-            merge_parts(parts, {kind: -taken})
-            left -= taken
+        # what the combined steps hide is EP time (they never overlap two computations): taken off the exposed ep,
+        # the backward's first
+        from_bwd = min(sum(saved), bwd.get("ep", 0.0))
+        merge_parts(bwd, {"ep": -from_bwd})
+        merge_parts(fwd, {"ep": from_bwd - sum(saved)})
         chunk_s = [t - s for t, s in zip(chunk_s, saved, strict=True)]
 
     h = model.hidden_size

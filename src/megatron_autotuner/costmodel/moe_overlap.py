@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..specs.model import ModelSpec
 from ..specs.parallel import ParallelConfig
 from .collectives import hidden_collective_cost_s
-from .layer import LayerContext, gemm_phase_time, gemm_shapes, moe_block_host_s
+from .layer import LayerContext, gemm_phase_time, gemm_shapes
 
 
 @dataclass(frozen=True)
@@ -105,17 +105,6 @@ def layer_pieces(
     )
 
 
-def pair_host_s(model: ModelSpec, ctx: LayerContext, pieces: MoeLayerPieces) -> float:
-    """The host's pace of one combined step of an eager (host-bound) MoE layer, 0 otherwise: one thread issues both
-    micro-batches' MoE blocks (`layer.moe_block_host_s`, forward + backward) after the forward dispatcher's wait on
-    the host for the token counts, which waits for the forward's computation before the dispatch (the
-    `moe_block_host_s` floors were measured with that wait ending each MoE block's issue)."""
-    if not ctx.moe_host_bound:
-        return 0.0
-    host_fwd_s, host_bwd_s = moe_block_host_s(model, ctx)
-    return pieces.pre_dispatch_fwd + host_fwd_s + (host_bwd_s if ctx.training else 0.0)
-
-
 def a2a_overlap_saving_s(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -127,30 +116,26 @@ def a2a_overlap_saving_s(
     per_chunk_kinds: list,
 ) -> list[float]:
     """Seconds the overlap takes off one micro-batch of each model chunk of rank `stage`, on average over the step:
-    per MoE layer the serial forward + backward (host waits included) less the combined step, on the share of
-    micro-batch chunks that run combined, less the computation the hidden all-to-alls slow down
+    per MoE layer the serial forward + backward less the combined step, on the share of micro-batch chunks that run
+    combined, less the computation the hidden all-to-alls slow down
     (`collectives.hidden_collective_cost_s`). `kind_cost`: (forward, backward) parts per layer kind, as
     `estimate.stage_time` prices them.
 
-    The combined step is paced by its two streams (`overlapped_pair_s`) or by the host, whichever is slower
-    (`pair_host_s`)."""
+    A layer whose eager MoE block paces either pass (its "host" part) gains nothing: the combined step issues the
+    same work from the same thread, and on two H200s it ran slower than the serial schedule there
+    (benchmarks/results/moe_ep_overlap_h200_x2_r3: gpt-oss-20b at ep 2, 16 local experts, 624 ms against 537 ms,
+    the same 7294 kernels issued; `docs/accuracy.md`, "The EP all-to-all overlap on two GPUs")."""
     v = len(per_chunk_kinds)
     total = num_microbatches * v
     share = steady_pairs(total, warmup_chunks(parallel.pp, v, stage)) / total
     saved = [0.0] * v
     for c, kinds in enumerate(per_chunk_kinds):
         for moe, full, count, layer in kinds:
-            key = (*model.layer_kind(layer), full)
-            f, b = kind_cost[key]
-            if not moe or not f.get("ep"):
+            f, b = kind_cost[(*model.layer_kind(layer), full)]
+            if not moe or "host" in f or "host" in b or not f.get("ep"):
                 continue
             pieces = layer_pieces(model, layer, ctx, f, b, scale)
-            serial = sum(f.values()) + sum(b.values())
-            pair = max(overlapped_pair_s(pieces, parallel.delay_wgrad_compute), pair_host_s(model, ctx, pieces))
-            hidden = max(0.0, serial - pair)
-            # only what the all-to-alls hide slows the computation beside them
-            lost = hidden_collective_cost_s(
-                "all_to_all", parallel.ep, ctx.cluster, parallel.etp, min(hidden, 4 * pieces.all_to_all)
-            )
+            hidden = pieces.serial_s - overlapped_pair_s(pieces, parallel.delay_wgrad_compute)
+            lost = hidden_collective_cost_s("all_to_all", parallel.ep, ctx.cluster, parallel.etp, hidden)
             saved[c] += count * share * max(0.0, hidden - lost)
     return saved
