@@ -738,6 +738,39 @@ def rank_wait(root: Path) -> str:
     return out.rstrip("\n") + "\n"
 
 
+def moe_ep_overlap(root: Path) -> str:
+    """EP 1 vs 2, the all-to-all overlap and token dropping on two H200s (moe_ep_overlap_h200_x2/report.json)."""
+    doc = load(root, "moe_ep_overlap_h200_x2/report.json")
+    out = source(
+        "moe_ep_overlap_h200_x2/report.json",
+        "moe_ep_overlap_h200_x2/predicted.json",
+        "moe_ep_overlap_h200_x2_r2/predicted_default.json",
+        "moe_ep_overlap_h200_x2_r3/predicted_default.json",
+    )
+    rows = []
+    for r in doc["rows"]:
+        meas = r["measured_step_s"]
+        host = " / ".join(f"{k['fwd_ms']:.1f}, {k['bwd_ms']:.1f}" for k in r["layer_host_ms"]) or "-"
+        if meas is None:
+            rows.append([r["round"], r["label"], f"{r['predicted_before_step_s']:.3f}", "-", "-", "-", "-", host,
+                         (r.get("error") or r["status"])[:60]])  # fmt: skip
+            continue
+        at_run = r["predicted_at_run_step_s"] if r["round"] != "r1" else None
+        rows.append([r["round"], r["label"], f"{r['predicted_before_step_s']:.3f}", num(at_run, ".3f"), f"{meas:.3f}",
+                     pct(r["predicted_before_step_s"] / meas - 1),
+                     pct(r["predicted_before_peak_gib"] / r["measured_peak_gib"] - 1), host, ""])  # fmt: skip
+    head = ["round", "layout", "pred before s", "pred at run s (floors measured)", "meas s", "step err", "peak err",
+            "layer host fwd, bwd ms per rank", "note"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    a2a = [[r["label"], f"{r['model_all_to_all_ms'] * 1e3:.0f}", f"{c['transfer_median_us']:.0f}", c["calls"],
+            " / ".join(f"{w / 1e3:.1f}" for w in c["wait_sum_us"])]
+           for r in doc["rows"] for c in r["collective_waits"] or [] if c["collective"] == "send_recv"
+           and r["model_all_to_all_ms"]]  # fmt: skip
+    head = ["profiled layout (round 1)", "model us per all-to-all", "measured transfer us (median)", "calls",
+            "wait ms per rank"]  # fmt: skip
+    return out + table(head, a2a)
+
+
 def vision_tower(root: Path) -> str:
     """Qwen2.5-VL-7B's vision tower blocks on one H200 (vision_tower_comparison.json) and the GEMM alignment probe
     (gemm_alignment_h200/summary.json)."""
@@ -1246,6 +1279,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,
+    "moe_ep_overlap": moe_ep_overlap,
     "vision_tower": vision_tower,
     "moe_host": moe_host,
     "real_launches": real_launches,

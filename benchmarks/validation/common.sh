@@ -50,6 +50,17 @@ summarize_rank_traces() {
   done
 }
 
+# rank_waits NAME DEST: `mat trace waits --json` of every profiled layout's rank traces that validate_batch NAME left,
+# as DEST/LAYOUT.waits.json (per collective, the transfer and each rank's wait for the last to arrive).
+rank_waits() {
+  local dir
+  mkdir -p "$2"
+  for dir in "$OUT/$1"/traces/*/; do
+    [ -f "$dir/rank_1.json.gz" ] || continue
+    $MAT trace waits "$dir"/rank_*.json.gz --json > "$2/$(basename "$dir").waits.json" || echo "trace waits failed: $dir"
+  done
+}
+
 # summarize_trace TRACE DEST: `mat trace summary --json` of one torch-profiler trace into DEST.
 summarize_trace() {
   $MAT trace summary --json "$1" > "$2" || echo "trace summary failed: $1"

@@ -15,4 +15,5 @@ validate_batch "$HERE/x2_moe_ep_overlap_layouts.json" run 300
 EV="$OUT/evidence"
 collect_batch run "$EV"
 summarize_rank_traces run "$EV/traces"
+rank_waits run "$EV/traces"
 finish "$EV"

@@ -16,7 +16,8 @@ TRACES = "tests/fixtures/traces/"
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "trace",
-        help="analyse torch-profiler (Kineto) traces and CUDA allocator histories: summary, overlap, merge, memory",
+        help="analyse torch-profiler (Kineto) traces and CUDA allocator histories: summary, overlap, merge, waits, "
+        "memory",
         description="Analyse torch-profiler (Kineto) traces (.json or .json.gz) without torch: time per kernel "
         "category, comm/compute overlap, rank merge for Perfetto, and CUDA allocator histories.",
         epilog="examples:\n"
@@ -109,6 +110,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     m.add_argument("--json", action="store_true", help="print what was merged as JSON")
     m.set_defaults(func=run_merge)
+
+    w = sub.add_parser(
+        "waits",
+        help="per collective, the transfer and each rank's wait for the others, from every rank's trace",
+        description=(
+            "Match the n-th call of each collective across the ranks' traces of one step: the time all ranks were "
+            "inside it is the transfer, a rank's kernel time beyond it its wait for the last rank to arrive."
+        ),
+        epilog="examples:\n"
+        f"  mat trace waits {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz\n"
+        f"  mat trace waits {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz {TRACES}h200_te_layer_tp2_nccl_rank1.json.gz "
+        "--json",
+    )
+    w.add_argument("traces", nargs="+", metavar="TRACE", help="one trace per rank, in rank order (two or more)")
+    w.add_argument(
+        "--offset-us",
+        action="append",
+        default=[],
+        metavar="R=US",
+        type=rank_offset,
+        help="shift rank R (>= 0) by US microseconds, as mat trace merge does (default: no shift)",
+    )
+    w.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    w.set_defaults(func=run_waits)
 
     h = sub.add_parser(
         "memory",
@@ -281,6 +306,26 @@ def run_merge(args: argparse.Namespace) -> int:
     rows = [[f"rank {r.rank}", r.path, r.events, r.gpu_events, r.shift_us] for r in result.ranks]
     out = console()
     out.print(make_table(f"Merged into {result.out}", ["process", "source", "events", "GPU events", "shift us"], rows))
+    return 0
+
+
+def run_waits(args: argparse.Namespace) -> int:
+    from ..trace import collective_waits, load_trace
+
+    if len(args.traces) < 2:
+        raise ConfigError("traces", "give one trace per rank, two or more")
+    traces = [load_trace(p) for p in args.traces]
+    waits = collective_waits(traces, offsets_us=_parse_offsets(args.offset_us))
+    if args.json:
+        print_json(_envelope({"traces": list(args.traces), "collectives": [w.to_dict() for w in waits]}))
+        return 0
+    rows = [
+        [w.collective, w.calls, w.transfer_median_us, w.transfer_sum_us / 1000]
+        + [f"{s / 1000:.2f} ({m / 1000:.2f})" for s, m in zip(w.wait_sum_us, w.wait_max_us, strict=True)]
+        for w in waits
+    ]
+    ranks = [f"rank {i} wait ms (max)" for i in range(len(traces))]
+    console().print(make_table("Collective waits", ["collective", "calls", "transfer us", "transfer ms", *ranks], rows))
     return 0
 
 

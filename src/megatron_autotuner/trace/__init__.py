@@ -1,4 +1,4 @@
-"""Kineto / Chrome trace analysis: load, classify GPU work, interval math, overlap, ranges, merge.
+"""Kineto / Chrome trace analysis: load, classify GPU work, interval math, overlap, ranges, merge, rank waits.
 
 Pure Python (standard library only); no torch. Typical use::
 
@@ -40,6 +40,7 @@ from .intervals import busy_time, clip, difference, idle_time, intersection, len
 from .loader import load_trace
 from .merge import MergedRank, MergeResult, merge_traces
 from .model import CpuRange, GpuEvent, GpuRange, Launch, Trace, TraceMetadata
+from .waits import CollectiveWaits, collective_waits
 
 __all__ = [
     "CATEGORIES",
@@ -49,6 +50,7 @@ __all__ = [
     "CategoryStats",
     "Classification",
     "Classifier",
+    "CollectiveWaits",
     "CommBreakdown",
     "CpuRange",
     "GpuEvent",
@@ -69,6 +71,7 @@ __all__ = [
     "classify",
     "classify_trace",
     "clip",
+    "collective_waits",
     "collective_from_name",
     "difference",
     "event_intervals",

@@ -372,6 +372,10 @@ class Layout:
         it builds GPTModel with softmax attention (gated DeltaNet needs flash-linear-attention and Mamba layers
         mamba_ssm, neither of which the GPU machine's install has)."""
         self.moe_routing()  # raises for a capacity megatron-core refuses
+        if self.host_timing and self.moe_a2a_overlap:
+            # the combined 1F1B step runs each layer through its schedule plan's callables, not the layer's forward,
+            # so the layer hooks that time the host never fire
+            raise ConfigError("host_timing", "cannot time layers run by the all-to-all overlap's combined step")
         check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
         spec = self.model_spec()
         if spec.hybrid_layer_pattern or spec.has_linear_attention:

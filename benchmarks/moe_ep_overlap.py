@@ -1,0 +1,113 @@
+"""#40 on two H200s: expert parallelism 1 vs 2, the EP all-to-all overlap, token dropping, and what paces the step.
+
+    bash benchmarks/validation/x2_moe_ep_overlap.sh      # round 1 (predicted first; ep 2 layouts profiled)
+    bash benchmarks/validation/x2_moe_ep_overlap_r2.sh   # round 2: host timing, this machine's floors measured first
+    bash benchmarks/validation/x2_moe_ep_overlap_r3.sh   # round 3: gpt-oss-20b's overlap with / without delayed wgrad
+    python benchmarks/moe_ep_overlap.py                  # this report, from what they left
+
+Writes benchmarks/results/moe_ep_overlap_h200_x2/report.json: per round and layout the step and peak predicted before
+the run with the default host floors (each round's `predicted.json` / `predicted_default.json`), the prediction the run
+made with the floors this machine measured minutes before (rounds 2 and 3), the measured step and peak, each rank's
+median decoder-layer host time (`Layout.host_timing`), and for the profiled layouts the per-collective transfer and
+each rank's wait (`mat trace waits`, kept as traces/LAYOUT.waits.json) beside the model's time of one all-to-all
+(`estimate_layout`: the exposed EP time of the step over its 4 all-to-alls per MoE layer and micro-batch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from megatron_autotuner.launch.records import read_records
+from megatron_autotuner.validate.layout import Layout
+from megatron_autotuner.validate.predict import estimate_layout
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks/results"
+# round -> results folder and the prediction written before it (default floors)
+ROUNDS = {
+    "r1": ("moe_ep_overlap_h200_x2", "predicted.json"),
+    "r2": ("moe_ep_overlap_h200_x2_r2", "predicted_default.json"),
+    "r3": ("moe_ep_overlap_h200_x2_r3", "predicted_default.json"),
+}
+OUT = RESULTS / "moe_ep_overlap_h200_x2/report.json"
+
+
+def model_all_to_all_ms(layout: Layout, gpu: str) -> float | None:
+    """The model's time of one dispatch / combine all-to-all of the layout (ms): its step's exposed EP time over the
+    4 all-to-alls of each MoE layer and micro-batch (none hidden without the overlap)."""
+    if layout.ep < 2 or layout.moe_a2a_overlap:
+        return None
+    spec = layout.model_spec()
+    moe_layers = sum(spec.is_moe_layer(i) for i in range(spec.num_layers))
+    ep_s = estimate_layout(layout, gpu).to_dict()["time_breakdown_s"]["exposed_comm"]["ep"]
+    return ep_s * 1e3 / (4 * moe_layers * layout.num_microbatches)
+
+
+def _layer_host_ms(folder: Path, layout_id: str) -> list[dict]:
+    """Per rank: the median decoder-layer forward / backward host time (ms), when the layout was host timed."""
+    out = []
+    for path in sorted((folder / "runs").glob("rank_*.jsonl")):
+        for r in read_records(path):
+            timing = (r.get("measured") or {}).get("host_timing") if r["layout_id"] == layout_id else None
+            if timing:
+                out.append({"rank": r["rank"], "fwd_ms": timing["fwd_ms"], "bwd_ms": timing["bwd_ms"]})
+    return out
+
+
+def _waits(folder: Path, layout_id: str) -> list[dict] | None:
+    path = folder / "traces" / f"{layout_id}.waits.json"
+    return json.loads(path.read_text())["collectives"] if path.exists() else None
+
+
+def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
+    folder = RESULTS / folder_name
+    doc = json.loads((folder / predicted_name).read_text())
+    before = {row["layout_id"]: row["predicted"] for row in doc["layouts"]}
+    rows = []
+    for r in read_records(folder / "results.jsonl"):
+        layout = Layout.from_dict(r["layout"])
+        measured = r.get("measured") or {}
+        row = {
+            "round": name,
+            "label": r["label"],
+            "layout_id": r["layout_id"],
+            "status": r["status"],
+            "predicted_before_step_s": before[r["layout_id"]]["step_time_s"],
+            "predicted_before_peak_gib": before[r["layout_id"]]["peak_memory_gib"],
+            "predicted_at_run_step_s": (r.get("predicted") or {}).get("step_time_s"),
+            "measured_step_s": measured.get("step_time_s"),
+            "measured_peak_gib": measured.get("peak_gib"),
+            "measured_allocated_gib": measured.get("max_allocated_gib"),
+            "layer_host_ms": _layer_host_ms(folder, r["layout_id"]),
+            "model_all_to_all_ms": model_all_to_all_ms(layout, doc["gpu"]),
+            "collective_waits": _waits(folder, r["layout_id"]),
+        }
+        if r["status"] != "ok":
+            row["error"] = r.get("error")
+        rows.append(row)
+    return rows
+
+
+def report() -> dict:
+    rows = [row for name, (folder, predicted) in ROUNDS.items() for row in round_rows(name, folder, predicted)]
+    calibration = json.loads((RESULTS / "moe_ep_overlap_h200_x2_r2/calibration.json").read_text())
+    return {"gpu": "H200", "rows": rows, "measured_moe_host_floor": calibration["moe_host_floor"]}
+
+
+def main() -> int:
+    doc = report()
+    OUT.write_text(json.dumps(doc, indent=1) + "\n")
+    for row in doc["rows"]:
+        if row["measured_step_s"] is None:
+            print(f"{row['round']} {row['label']}: {row['status']}")
+            continue
+        err = row["predicted_before_step_s"] / row["measured_step_s"] - 1
+        print(f"{row['round']} {row['label']}: predicted {row['predicted_before_step_s']:.3f} s, "
+              f"measured {row['measured_step_s']:.3f} s ({err:+.1%})")  # fmt: skip
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
