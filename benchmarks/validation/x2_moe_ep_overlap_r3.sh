@@ -7,7 +7,8 @@
 # --dry-run --json` > benchmarks/results/moe_ep_overlap_h200_x2_r3/predicted_default.json).
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~3 min):
 #     CAL=/root/x2r2/run/host_floor/host_floor.calibration.json bash benchmarks/validation/x2_moe_ep_overlap_r3.sh
-# Unpack "$OUT"/evidence.tgz in benchmarks/results/moe_ep_overlap_h200_x2_r3.
+# Unpack "$OUT"/evidence.tgz in benchmarks/results/moe_ep_overlap_h200_x2_r3. The first layout's host timing records
+# nothing: the overlap's combined step never runs the timed layer hooks.
 OUT="${OUT:-$PWD/outputs/x2_moe_ep_overlap_r3}"
 source "$(dirname "$0")/common.sh"
 record_gpus

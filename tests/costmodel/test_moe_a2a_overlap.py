@@ -179,9 +179,10 @@ def test_a_flex_launch_is_read_and_written_back():
         ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="allgather")
 
 
-def test_what_the_validate_runner_does_not_run_is_neither_planned_for_it_nor_run_as_something_else():
-    """`mat plan --validate` plans with the overlap off (`SearchSpace.moe_a2a_overlap`); a layout predicted with the
-    overlap, a flex dispatcher or a set routing is refused by the runner's layout in one line, not run without it."""
+def test_the_validate_runner_runs_the_overlap_and_refuses_what_it_cannot_run():
+    """A layout predicted with a flex dispatcher or a set routing is refused by the runner's layout in one line, not
+    run without it; one with the all-to-all overlap is run with it (`SearchSpace.moe_a2a_overlap` off plans
+    without it)."""
     from megatron_autotuner.search.plan import plan
     from megatron_autotuner.search.space import SearchSpace
     from megatron_autotuner.specs.parallel import MoeRouting
@@ -192,13 +193,14 @@ def test_what_the_validate_runner_does_not_run_is_neither_planned_for_it_nor_run
     assert not any(c.estimate.parallel.moe_a2a_overlap for c in result.candidates)
     work = Workload(4096, 1, 64)
     for parallel, workload, field in (
-        (ParallelConfig(num_gpus=8, ep=8, moe_a2a_overlap=True), work, "moe_a2a_overlap"),
         (ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="deepep"), work, "moe_dispatcher"),
         (ParallelConfig(num_gpus=8, ep=8), work.replace(moe_routing=MoeRouting(1.3)), "moe_load_imbalance"),
     ):
         with pytest.raises(ConfigError) as exc:
             Layout.from_configs("Qwen3-30B-A3B", parallel, workload)
         assert exc.value.field == field and "not run by mat validate" in exc.value.rule
+    overlap = Layout.from_configs("Qwen3-30B-A3B", ParallelConfig(num_gpus=8, ep=8, moe_a2a_overlap=True), work)
+    assert overlap.moe_a2a_overlap and overlap.parallel().moe_a2a_overlap
     # token dropping it runs: the layout carries the capacity, and predicts with it
     dropping = work.replace(moe_routing=MoeRouting(capacity_factor=1.25, pad_to_capacity=True))
     layout = Layout.from_configs("Qwen3-30B-A3B", ParallelConfig(num_gpus=8, ep=8), dropping)

@@ -169,3 +169,32 @@ def test_the_clamped_glu_kernels_of_the_gpt_oss_trace():
     assert fwd * 1e3 == pytest.approx(1.460, rel=0.05)
     assert bwd * 1e3 == pytest.approx(3.272, rel=0.05)
     assert _glu_clamp_work(load_model_spec("Qwen3-30B-A3B"), elements) == {}  # no clamp, no such kernels
+
+
+def test_recomputing_moe_act_recomputes_the_clamps_and_keeps_no_clamped_copy():
+    """With --recompute-modules moe_act megatron-core runs the whole activation function, clamps and cat included,
+    under CheckpointWithoutOutput (experts.py, TEGroupedMLP.forward): the clamped copy is not kept, and the backward
+    redoes the clamp kernels."""
+    from megatron_autotuner.costmodel.layer import layer_cost
+    from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload
+    from megatron_autotuner.theory.memory import mlp_activation_bytes
+
+    model = load_model_spec("benchmarks/validation/models/gpt-oss-120b-E16.json")
+    par = ParallelConfig(num_gpus=1)
+    plain = Workload(seq_length=4096, micro_batch_size=1, global_batch_size=1)
+    act = Workload(seq_length=4096, micro_batch_size=1, global_batch_size=1,
+                   recompute=RecomputeConfig(granularity="selective", modules=("moe_act",)))  # fmt: skip
+    layer = next(i for i in range(model.num_layers) if model.is_moe_layer(i))
+    assert "experts_fc1_clamped" in mlp_activation_bytes(model, par, plain, layer)
+    assert "experts_fc1_clamped" not in mlp_activation_bytes(model, par, act, layer)
+    from dataclasses import replace
+
+    from megatron_autotuner.costmodel.layer import _glu_clamp_work
+
+    ctx = LayerContext(cluster=ClusterSpec(gpu=H200, num_gpus=1), tokens=4096, seq_length=4096,
+                       recompute_modules=("moe_act",))  # fmt: skip
+    redone = layer_cost(model, layer, ctx).recompute.total
+    unclamped = layer_cost(replace(model, activation_clamp_value=None), layer, ctx).recompute.total
+    work = _glu_clamp_work(model, 4096 * model.moe_router_topk * model.moe_ffn_hidden_size)
+    clamps_fwd_s = sum(memory_bound_time_s(f, H200, k, eff) for f, _, k, eff in work.values())
+    assert redone - unclamped == pytest.approx(clamps_fwd_s, rel=1e-6)

@@ -42,8 +42,6 @@ def test_what_megatron_core_refuses_is_refused():
         Layout(**{**BASE, "ep": 1}, moe_a2a_overlap=True).check()
     with pytest.raises(ConfigError, match="delay_wgrad_compute"):
         Layout(**BASE, delay_wgrad_compute=True).check()
-    with pytest.raises(ConfigError, match="host_timing"):
-        _overlap(host_timing=True).check()
 
 
 def test_the_forward_step_hands_over_the_schedule_plan():

@@ -230,8 +230,7 @@ def run(args: argparse.Namespace) -> int:
     if tuned is not None and not inputs.tp_overlap:
         raise ConfigError("tp_comm_overlap_cfg", "goes with --tp-comm-overlap (the yaml configures TE userbuffers)")
     options, runner_note = options_the_runner_executes(inputs.options, args.validate is not None)
-    # the validate runner does not run the EP all-to-all overlap: with --validate the plan does not rank it
-    space = SearchSpace(moe_a2a_overlap=args.validate is None)
+    space = SearchSpace()
     with progress_bar() as progress:
         result = plan_with_graphs(
             inputs.model, gpu, inputs.num_gpus, inputs.seq, inputs.gbs, cuda_graphs=args.cuda_graphs, mode=args.mode,

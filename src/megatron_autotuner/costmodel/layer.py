@@ -770,7 +770,8 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in redone))
                 _add(rec, "ep", tokens_moved)
             if "moe_act" in mods and is_moe:
-                _add(rec, "memory_bound", mem_fwd.get("activation", 0.0))
+                # the checkpointed activation function includes a clamped GLU's clamps and cat (experts.py)
+                _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in ("activation", *GLU_CLAMP_WORK)))
             if "shared_experts" in mods and is_moe:
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in ("shared_fc1", "shared_fc2") if o in gemm))
                 _add(rec, "memory_bound", mem_fwd.get("shared_activation", 0.0))

@@ -63,7 +63,6 @@ class SearchSpace:
     # tries eager and per-layer graphs. Which one is faster is the cost model's host-time term.
     cuda_graphs: tuple[CudaGraphConfig, ...] | None = None
     # Megatron's EP all-to-all overlap (`a2a_overlap_choices`) tried where megatron-core allows it; False: never
-    # (`mat plan --validate`: the validate runner does not run it)
     moe_a2a_overlap: bool = True
 
 

@@ -416,13 +416,16 @@ def mlp_activation_bytes(
             f = model.moe_ffn_hidden_size
             parts["experts_input"] = e * routed * h
             parts["experts_fc1_output"] = e * routed * gate * f / parallel.etp
-            if model.activation_clamp_value is not None and gate == 2:
-                # a clamped GLU (gpt-oss) feeds its fused kernel a clamped copy of the fc1 output (torch.cat of the
-                # clamped halves), which that kernel saves, while the clamps keep the fc1 output for their own
-                # backward (megatron-core fused_bias_geglu.py weighted_bias_quick_geglu_impl): one more 2f per row
-                parts["experts_fc1_clamped"] = e * routed * gate * f / parallel.etp
             if not rc.recomputes("moe_act"):
+                # with moe_act recomputed the activation runs under CheckpointWithoutOutput, which keeps only its
+                # input (fc1's output) and recomputes the rest in the backward (megatron-core experts.py,
+                # TEGroupedMLP.forward)
                 parts["experts_fc2_input"] = e * routed * f / parallel.etp
+                if model.activation_clamp_value is not None and gate == 2:
+                    # a clamped GLU (gpt-oss) feeds its fused kernel a clamped copy of the fc1 output (torch.cat of
+                    # the clamped halves), which that kernel saves, while the clamps keep the fc1 output for their own
+                    # backward (megatron-core fused_bias_geglu.py weighted_bias_quick_geglu_impl): one more 2f a row
+                    parts["experts_fc1_clamped"] = e * routed * gate * f / parallel.etp
             # The probabilities scale the activation output inside the experts (megatron-core's
             # `activation_func_with_probs`; the alltoall dispatcher unpermutes without probs), so what is
             # saved for their gradient is one fp32 prob per routed copy, not the expert output (2h).

@@ -164,7 +164,8 @@ class Layout:
     # TE >= 2.10 needs NVTE_CPU_OFFLOAD_V1=1 in the environment, as Megatron-LM asks (`runner.offload_env_problem`).
     activation_offload: ActivationOffloadConfig | None = None
     # time each decoder layer's host issue in the timed steps (`host_timing.LayerHostTimer`, measured["host_timing"]);
-    # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer); with full
+    # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer) nor the all-to-all
+    # overlap (its combined step runs each layer's pieces, never the layer's forward: nothing is recorded); with full
     # recompute the forwards recomputed in the backward are timed as forwards too.
     host_timing: bool = False
     # What the run executes beyond the split, as the plan assumed it (`costmodel.CostOptions`; Megatron-LM's flags of
@@ -372,10 +373,6 @@ class Layout:
         it builds GPTModel with softmax attention (gated DeltaNet needs flash-linear-attention and Mamba layers
         mamba_ssm, neither of which the GPU machine's install has)."""
         self.moe_routing()  # raises for a capacity megatron-core refuses
-        if self.host_timing and self.moe_a2a_overlap:
-            # the combined 1F1B step runs each layer through its schedule plan's callables, not the layer's forward,
-            # so the layer hooks that time the host never fire
-            raise ConfigError("host_timing", "cannot time layers run by the all-to-all overlap's combined step")
         check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
         spec = self.model_spec()
         if spec.hybrid_layer_pattern or spec.has_linear_attention:
