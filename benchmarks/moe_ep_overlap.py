@@ -91,7 +91,7 @@ def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
 
 def report() -> dict:
     rows = [row for name, (folder, predicted) in ROUNDS.items() for row in round_rows(name, folder, predicted)]
-    calibration = json.loads((RESULTS / "moe_ep_overlap_h200_x2_r2/calibration.json").read_text())
+    calibration = json.loads((RESULTS / "moe_ep_overlap_h200_x2_r2/host_floor/host_floor.calibration.json").read_text())
     return {"gpu": "H200", "rows": rows, "measured_moe_host_floor": calibration["moe_host_floor"]}
 
 

@@ -50,6 +50,14 @@ summarize_rank_traces() {
   done
 }
 
+# copy_host_floor NAME DEST: the host floors `--measure-host-floor` measured for validate_batch NAME (the calibration,
+# the testbench cases and their records), as DEST/host_floor/.
+copy_host_floor() {
+  mkdir -p "$2/host_floor/collect"
+  cp "$OUT/$1"/host_floor/host_floor.calibration.json "$OUT/$1"/host_floor/cases.json "$2/host_floor/" 2>/dev/null
+  cp "$OUT/$1"/host_floor/collect/*.jsonl "$2/host_floor/collect/" 2>/dev/null
+}
+
 # rank_waits NAME DEST: `mat trace waits --json` of every profiled layout's rank traces that validate_batch NAME left,
 # as DEST/LAYOUT.waits.json (per collective, the transfer and each rank's wait for the last to arrive).
 rank_waits() {

@@ -11,7 +11,5 @@ record_gpus
 validate_batch "$HERE/h100_x1_measure_host_floor_layouts.json" run 180 --measure-host-floor
 EV="$OUT/evidence"
 collect_batch run "$EV"
-mkdir -p "$EV/host_floor/collect"
-cp "$OUT"/run/host_floor/host_floor.calibration.json "$OUT"/run/host_floor/cases.json "$EV/host_floor/" 2>/dev/null
-cp "$OUT"/run/host_floor/collect/*.jsonl "$EV/host_floor/collect/" 2>/dev/null
+copy_host_floor run "$EV"
 finish "$EV"

@@ -16,5 +16,5 @@ record_gpus
 validate_batch "$HERE/x2_moe_ep_host_layouts.json" run 300 --measure-host-floor
 EV="$OUT/evidence"
 collect_batch run "$EV"
-cp "$OUT/run/host_floor/host_floor.calibration.json" "$EV/calibration.json" 2>/dev/null
+copy_host_floor run "$EV"
 finish "$EV"
