@@ -43,6 +43,7 @@ PUBLISHED_TOTAL_B = {
     # gpt-oss model card (OpenAI, arXiv 2508.10925) Table 1: 20.91B and 116.83B total
     "gpt-oss-20b": (20.91, 0.0005),
     "gpt-oss-120b": (116.83, 0.0001),
+    "Kimi-K2-Instruct": (1000.0, 0.05),  # github.com/MoonshotAI/Kimi-K2 README @ 11062d1: 1T total, 32B activated
 }
 
 
@@ -72,6 +73,17 @@ def test_moe_active_parameters():
     counts = total_parameters(ds)
     main = counts.counts.total - counts.counts.mtp_dense - counts.counts.mtp_expert
     assert abs(main / 1e9 - 671) < 1.0
+
+
+def test_kimi_k2_reads_as_the_deepseek_v3_architecture_it_ships():
+    """Kimi K2's config.json names model_type kimi_k2 on DeepseekV3ForCausalLM: read as DeepSeek-V3 (MLA, a dense
+    first layer, 384 experts top-8 and one shared, no group limit), 32B activated as its README says."""
+    kimi = load_model_spec("Kimi-K2-Instruct")
+    assert kimi.multi_latent_attention and (kimi.q_lora_rank, kimi.kv_lora_rank) == (1536, 512)
+    assert (kimi.num_moe_experts, kimi.moe_router_topk, kimi.moe_shared_expert_intermediate_size) == (384, 8, 2048)
+    assert not kimi.is_moe_layer(0) and all(kimi.is_moe_layer(i) for i in range(1, 61))
+    assert kimi.moe_router_num_groups is None or kimi.moe_router_num_groups <= 1
+    assert abs(total_parameters(kimi).active / 1e9 - 32.0) < 1.0
 
 
 def test_moe_presets_of_the_rl_launches_activate_what_their_authors_publish():

@@ -1,7 +1,7 @@
 """Turn a Hugging Face `config.json` into a `ModelSpec`.
 
 Supported `model_type`s: llama, mistral, qwen2, qwen2_5_vl (with its vision tower), qwen3, qwen2_moe, qwen3_moe,
-qwen3_next, mixtral, deepseek_v3 (and deepseek_v2), glm4_moe, gpt_oss, gpt2, nemotron, nemotron_h, mimo. The
+qwen3_next, mixtral, deepseek_v3 (and deepseek_v2, kimi_k2), glm4_moe, gpt_oss, gpt2, nemotron, nemotron_h, mimo. The
 mapping follows Megatron-Bridge's HF->Megatron converters (field meanings from each model's `configuration_*.py` in
 transformers).
 """
@@ -497,6 +497,10 @@ HF_CONVERTERS: dict[str, Callable[[dict[str, Any], str], ModelSpec]] = {
     "mixtral": _mixtral,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    # Kimi K2 ships DeepSeek-V3's architecture under its own model_type (its config.json: architectures
+    # DeepseekV3ForCausalLM; the Kimi-K2 README asks frameworks without it to read the file as deepseek_v3, and
+    # slime's HF loader maps kimi_k2 to its DeepSeek-V3 one)
+    "kimi_k2": _deepseek,
     "glm4_moe": _glm4_moe,
     "gpt_oss": _gpt_oss,
     "gpt2": _gpt2,
