@@ -86,3 +86,19 @@ def test_cli_json(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert [c["collective"] for c in doc["collectives"]] == ["all_gather", "reduce_scatter"]
     assert all(len(c["wait_sum_us"]) == 2 for c in doc["collectives"])
+
+
+def test_validate_reports_each_profiled_layouts_waits(tmp_path):
+    """`mat validate` adds the waits of a profiled multi-rank layout to its row (rank traces readable here), and
+    its report names the rank that waited longest; traces it cannot read leave the row without them."""
+    from megatron_autotuner.validate.report import format_waits
+    from megatron_autotuner.validate.results import rank_collective_waits
+
+    waits = rank_collective_waits([str(p) for p in NCCL])
+    assert [w["collective"] for w in waits] == ["all_gather", "reduce_scatter"]
+    assert rank_collective_waits([str(NCCL[0])]) is None
+    assert rank_collective_waits([str(NCCL[0]), str(tmp_path / "gone.json.gz")]) is None
+    (line,) = format_waits([{"label": "tp2", "layout_id": "x", "collective_waits": waits}, {"layout_id": "y"}])
+    totals = [sum(w["wait_sum_us"][r] for w in waits) for r in (0, 1)]
+    rank = totals.index(max(totals))
+    assert line.startswith(f"waits (profiled step): tp2: rank {rank} waited {totals[rank] / 1e3:.1f} ms")

@@ -92,6 +92,27 @@ def format_report(report: Any) -> str:
             f"; stand-ins: reserved memory within 5% {t['stand_in_reserved_memory_within_5pct']}/"
             f"{t['stand_in_reserved_memory_compared']}"
         )
-    return "\n".join(
-        [format_rows(list(report.rows)), format_agreement(list(report.agreement)), tail, f"results: {report.out_dir}"]
-    )
+    rows = list(report.rows)
+    parts = [format_rows(rows), *format_waits(rows), format_agreement(list(report.agreement)), tail]
+    return "\n".join([*parts, f"results: {report.out_dir}"])
+
+
+def format_waits(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per profiled multi-rank layout: the rank that waited longest for the others in its profiled step, in
+    all and at which collective (`results.rank_collective_waits`)."""
+    lines = []
+    for row in rows:
+        waits = row.get("collective_waits")
+        if not waits:
+            continue
+        ranks = len(waits[0]["wait_sum_us"])
+        totals = [sum(w["wait_sum_us"][r] for w in waits) for r in range(ranks)]
+        rank = max(range(ranks), key=totals.__getitem__)
+        worst = max(waits, key=lambda w: w["wait_sum_us"][rank])
+        label = row.get("label") or row["layout_id"]
+        lines.append(
+            f"waits (profiled step): {label}: rank {rank} waited {totals[rank] / 1e3:.1f} ms for the other ranks, "
+            f"{worst['wait_sum_us'][rank] / 1e3:.1f} ms of it at {worst['collective']} "
+            f"({worst['calls']} calls, transfer {worst['transfer_median_us']:.0f} us each)"
+        )
+    return lines

@@ -180,10 +180,27 @@ def aggregate(out_dir: Path) -> dict[str, dict[str, Any]]:
             traces = [rec["trace"] for _, rec in sorted(ranks.items()) if rec.get("trace")]
             if traces:
                 row["traces"] = traces
+                waits = rank_collective_waits(traces)
+                if waits:
+                    row["collective_waits"] = waits
             if row["status"] == "ok":
                 row["measured"] = _measured_summary(list(ranks.values()), per_rank)
         out[layout_id] = row
     return out
+
+
+def rank_collective_waits(traces: list[str]) -> list[dict[str, Any]] | None:
+    """Per collective, the transfer and each rank's wait for the last to arrive (`trace.collective_waits`) in a
+    multi-rank layout's profiled step; None unless two or more of its rank traces are readable on this machine."""
+    paths = [Path(t) for t in traces]
+    if len(paths) < 2 or not all(p.is_file() for p in paths):
+        return None
+    from ..trace import TraceError, collective_waits, load_trace
+
+    try:
+        return [w.to_dict() for w in collective_waits([load_trace(p) for p in paths])]
+    except TraceError:
+        return None
 
 
 def _max(values: list[float | None]) -> float | None:
