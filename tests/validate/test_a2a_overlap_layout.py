@@ -79,3 +79,24 @@ def test_the_processes_get_the_overlaps_hardware_queues(monkeypatch):
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"  # the environment's, as the plan assumed
     with pytest.raises(SystemExit):
         worker.set_allocator_config([overlap, plain])
+
+
+def test_the_command_line_takes_megatron_lms_overlap_flags(capsys, tmp_path):
+    """`--overlap-moe-expert-parallel-comm` / `--delay-wgrad-compute` on estimate and validate, as Megatron-LM spells
+    them; beside --megatron-args the launch decides, in one line."""
+    from megatron_autotuner.cli import main
+
+    common = ["--model", "Mixtral-8x7B", "--num-gpus", "2", "--ep", "2", "--seq-len", "4096", "--global-batch-size",
+              "8", "--gpu", "H200"]  # fmt: skip
+    overlap = ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    assert main(["estimate", *common, *overlap, "--json"]) == 0
+    assert '"moe_a2a_overlap": true' in capsys.readouterr().out
+    dry = ["--dry-run", "--json", "--output-dir", str(tmp_path / "v")]
+    assert main(["validate", *common, "--num-layers", "2", *overlap, *dry]) == 0
+    assert '"moe_a2a_overlap": true' in capsys.readouterr().out
+    launch = "tests/fixtures/launches/deepseek_v3_h100_1024gpu.sh"
+    assert main(["estimate", "--megatron-args", launch, "--gpu", "H100", "--delay-wgrad-compute"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "mat: error: delay_wgrad_compute: --delay-wgrad-compute goes in the Megatron-LM launch (--delay-wgrad-compute) "
+        "when --megatron-args is given"
+    )

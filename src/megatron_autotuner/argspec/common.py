@@ -18,6 +18,26 @@ def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._Argumen
     )
 
 
+def add_moe_overlap_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Megatron-LM's `--overlap-moe-expert-parallel-comm` (read as `args.moe_a2a_overlap`) and
+    `--delay-wgrad-compute`; None when not given."""
+    parser.add_argument(
+        "--overlap-moe-expert-parallel-comm",
+        dest="moe_a2a_overlap",
+        action="store_true",
+        default=None,
+        help="MoE with ep > 1: Megatron's EP all-to-all overlap, one micro-batch's forward beside another's backward "
+        "(Megatron-LM's flag; default off)",
+    )
+    parser.add_argument(
+        "--delay-wgrad-compute",
+        action="store_true",
+        default=None,
+        help="with --overlap-moe-expert-parallel-comm: the experts' weight gradients after the backward dispatch "
+        "(Megatron-LM's flag; default off)",
+    )
+
+
 def add_precision_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """`--precision` and Megatron-LM's fp8 options `--fp8-recipe` / `--fp8-param-gather`."""
     parser.add_argument("--precision", choices=list(PRECISIONS), default=None, help="bf16 (default) or fp8")

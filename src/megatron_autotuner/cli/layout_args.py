@@ -9,6 +9,7 @@ from ..argspec.argtypes import non_empty_path, positive_int
 from ..argspec.common import (
     add_grad_reduce_argument,
     add_launch_reading_arguments,
+    add_moe_overlap_arguments,
     add_precision_arguments,
     launch_variables,
 )
@@ -98,6 +99,7 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="context-parallel attention exchange (default p2p ring)",
     )
+    add_moe_overlap_arguments(g)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -259,6 +261,8 @@ def parallel_from_args(args: argparse.Namespace, model: ModelSpec | None = None)
         use_distributed_optimizer=args.distributed_optimizer is not False,
         grad_reduce_in_fp32=not args.grad_reduce_in_bf16,
         cp_comm_type=args.cp_comm_type or "p2p",
+        moe_a2a_overlap=bool(getattr(args, "moe_a2a_overlap", None)),
+        delay_wgrad_compute=bool(getattr(args, "delay_wgrad_compute", None)),
         pipeline_layout=layout,
     )
 
@@ -300,6 +304,8 @@ LAUNCH_DECIDES = {
     "distributed_optimizer": "--use-distributed-optimizer",
     "grad_reduce_in_bf16": "--grad-reduce-in-bf16",
     "cp_comm_type": "--cp-comm-type",
+    "moe_a2a_overlap": "--overlap-moe-expert-parallel-comm",
+    "delay_wgrad_compute": "--delay-wgrad-compute",
     "seq_len": "--seq-length",
     "micro_batch_size": "--micro-batch-size",
     "global_batch_size": "--global-batch-size",
@@ -331,9 +337,7 @@ def import_launch(args: argparse.Namespace, need_layout: bool = True) -> Importe
     """`--megatron-args FILE` read against --model (fills what the flags leave out) and --num-gpus."""
     for dest, flag in LAUNCH_DECIDES.items():
         if getattr(args, dest, None) is not None:
-            option = "--" + dest.replace("_", "-")
-            if dest == "sequence_parallel":
-                option = "--sp"
+            option = {"sequence_parallel": "--sp", "moe_a2a_overlap": flag}.get(dest, "--" + dest.replace("_", "-"))
             raise ConfigError(dest, f"{option} goes in the Megatron-LM launch ({flag}) when --megatron-args is given")
     base = load_model_spec(args.model) if getattr(args, "model", None) else None
     imported = launch_to_specs(

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         positive_float,
         positive_int,
     )
-    from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
+    from ..argspec.common import add_grad_reduce_argument, add_moe_overlap_arguments, add_precision_arguments
     from ..argspec.help_format import MatHelpFormatter
 
     p = subparsers.add_parser(
@@ -95,6 +95,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p", help="context-parallel attention exchange"
     )
+    add_moe_overlap_arguments(p)
     p.add_argument(
         "--seq-len", type=positive_int, help="tokens per sequence (required for one layout from the options)"
     )
@@ -281,6 +282,7 @@ def _layouts(args: argparse.Namespace, out: Path):
             model=args.model, seq_length=args.seq_len, num_gpus=args.num_gpus, num_layers=num_layers,
             tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp,
             sequence_parallel=args.sequence_parallel, cp_comm_type=args.cp_comm_type,
+            moe_a2a_overlap=bool(args.moe_a2a_overlap), delay_wgrad_compute=bool(args.delay_wgrad_compute),
             micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
             recompute=args.recompute, recompute_method=args.recompute_method,
             recompute_num_layers=args.recompute_num_layers, recompute_modules=tuple(args.recompute_modules),
