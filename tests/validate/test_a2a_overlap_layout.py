@@ -10,6 +10,7 @@ import pytest
 
 from megatron_autotuner.errors import ConfigError
 from megatron_autotuner.export import launch_environment
+from megatron_autotuner.specs import ParallelConfig
 from megatron_autotuner.validate import runner, worker
 from megatron_autotuner.validate.layout import Layout
 
@@ -70,6 +71,9 @@ def test_the_processes_get_the_overlaps_hardware_queues(monkeypatch):
     env = launch_environment(overlap.parallel())
     assert env["CUDA_DEVICE_MAX_CONNECTIONS"][0] == "8"
     assert "CUDA_DEVICE_MAX_CONNECTIONS" not in launch_environment(plain.parallel())
+    for dispatcher in ("deepep", "hybridep"):  # the flex dispatcher's backends: 32 (Megatron-Bridge)
+        flex = ParallelConfig(num_gpus=2, ep=2, moe_a2a_overlap=True, moe_dispatcher=dispatcher)
+        assert launch_environment(flex)["CUDA_DEVICE_MAX_CONNECTIONS"][0] == "32"
     assert launch_environment(Layout(**{**BASE, "tp": 2, "ep": 1}).parallel())["CUDA_DEVICE_MAX_CONNECTIONS"][0] == "1"
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     worker.set_allocator_config([overlap])

@@ -248,7 +248,7 @@ def needs_nccl_graph_register_off(cuda_graph_impl: str, expandable_segments: boo
 # the alltoall dispatcher and 32 with DeepEP / HybridEP (scripts/performance/utils/overrides.py,
 # `_apply_flat_cli_environment_compatibility`); Megatron-LM warns that the overlap "requires setting a larger
 # CUDA_DEVICE_MAX_CONNECTIONS" (megatron/training/arguments.py @ d98e8a6).
-A2A_OVERLAP_MAX_CONNECTIONS = {"alltoall": 8, "allgather": 8, "flex": 32}
+A2A_OVERLAP_MAX_CONNECTIONS = {"alltoall": 8, "deepep": 32, "hybridep": 32}  # by `MOE_DISPATCHERS`
 
 
 def cuda_device_max_connections(parallel: ParallelConfig) -> int | None:
