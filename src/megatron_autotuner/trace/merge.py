@@ -112,6 +112,17 @@ def _prepare(paths: Sequence[str | PathLike[str]]) -> list[_Input]:
     return inputs
 
 
+def alignment_shifts_us(bases_ns: Sequence[int | None], offsets_us: Sequence[float]) -> list[float]:
+    """Per trace, the shift that puts it on the clock of the earliest one (the module doc's `shift_us`): its
+    baseTimeNanoseconds less the smallest, in us, plus its offset; a trace without a base time gets its offset only."""
+    known = [b for b in bases_ns if b is not None]
+    ref = min(known) if known else None
+    return [
+        (0.0 if b is None or ref is None else (b - ref) / 1000.0) + offset
+        for b, offset in zip(bases_ns, offsets_us, strict=True)
+    ]
+
+
 def _track_id(value: Any) -> Any:
     """A trace's pid / tid as a key: an int or a string as Chrome's format has them, anything else (null, a list
     from a broken trace) as its text, so it can key the track tables and sort beside the others."""
@@ -259,10 +270,9 @@ def merge_traces(
                 f.write(f'"baseTimeNanoseconds":{ref_ns},')
             f.write('"traceEvents":[\n')
             first = True
-            for position, item in enumerate(sorted(inputs, key=lambda i: i.rank)):
-                shift = offsets.get(item.rank, 0.0)
-                if item.base_ns is not None and ref_ns is not None:
-                    shift += (item.base_ns - ref_ns) / 1000.0
+            ordered = sorted(inputs, key=lambda i: i.rank)
+            shifts = alignment_shifts_us([i.base_ns for i in ordered], [offsets.get(i.rank, 0.0) for i in ordered])
+            for position, (item, shift) in enumerate(zip(ordered, shifts, strict=True)):
                 writer = _RankWriter(item.rank, position, len(inputs), shift)
                 with TraceReader(item.path) as reader:
                     for e in reader.events():

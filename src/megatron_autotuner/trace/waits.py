@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from .classify import Classifier, default_classifier
 from .errors import TraceError
+from .merge import alignment_shifts_us
 from .model import Trace
 
 
@@ -37,25 +38,7 @@ class CollectiveWaits:
     unmatched: int = 0
 
     def to_dict(self) -> dict:
-        return {
-            "collective": self.collective,
-            "calls": self.calls,
-            "transfer_median_us": self.transfer_median_us,
-            "transfer_sum_us": self.transfer_sum_us,
-            "wait_sum_us": list(self.wait_sum_us),
-            "wait_max_us": list(self.wait_max_us),
-            "unmatched": self.unmatched,
-        }
-
-
-def _rank_shifts_us(traces: Sequence[Trace], offsets_us: Mapping[int, float]) -> list[float]:
-    bases = [t.metadata.base_time_ns for t in traces]
-    known = [b for b in bases if b is not None]
-    ref = min(known) if known else None
-    return [
-        ((b - ref) / 1000.0 if b is not None and ref is not None else 0.0) + offsets_us.get(i, 0.0)
-        for i, b in enumerate(bases)
-    ]
+        return asdict(self)
 
 
 def _calls_by_kind(trace: Trace, shift_us: float, classifier: Classifier) -> dict[str, list[tuple[float, float]]]:
@@ -77,7 +60,8 @@ def collective_waits(
     if len(traces) < 2:
         where = traces[0].path if traces else "traces"
         raise TraceError(where, "collective waits need the traces of two or more ranks")
-    shifts = _rank_shifts_us(traces, offsets_us or {})
+    offsets = [(offsets_us or {}).get(r, 0.0) for r in range(len(traces))]
+    shifts = alignment_shifts_us([t.metadata.base_time_ns for t in traces], offsets)
     per_rank = [_calls_by_kind(t, s, classifier or default_classifier()) for t, s in zip(traces, shifts, strict=True)]
     kinds = sorted(set().union(*per_rank))
     out = []
