@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..specs.parallel import FP8_RECIPES, PRECISIONS
+from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES, PRECISIONS
 
 
 def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -35,6 +35,17 @@ def add_moe_overlap_arguments(parser: argparse.ArgumentParser | argparse._Argume
         default=None,
         help="with --overlap-moe-expert-parallel-comm: the experts' weight gradients after the backward dispatch "
         "(Megatron-LM's flag; default off)",
+    )
+
+
+def add_cross_entropy_fusion_impl_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Megatron-LM's `--cross-entropy-fusion-impl` (default native, as there)."""
+    parser.add_argument(
+        "--cross-entropy-fusion-impl",
+        choices=CROSS_ENTROPY_FUSION_IMPLS,
+        default="native",
+        help="with --cross-entropy-fusion: megatron-core's torch-compiled kernels (native, Megatron-LM's default) or "
+        "Transformer Engine's one-pass kernel (te, what Megatron-Bridge's performance recipes run)",
     )
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 
 from ..argspec.argtypes import margin_fraction, non_empty_path
+from ..argspec.common import add_cross_entropy_fusion_impl_argument
 from ..costmodel import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, load_calibration
 from ..errors import ConfigError
-from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS
 from ..theory.memory import EXPANDABLE_SEGMENTS_BY_DEFAULT
 from .layout_args import (
     add_gpu_arguments,
@@ -78,13 +78,7 @@ def add_assumption_arguments(p: argparse.ArgumentParser | argparse._ArgumentGrou
         action="store_true",
         help="fused cross-entropy loss (Megatron-LM's --cross-entropy-loss-fusion; default off, as there)",
     )
-    p.add_argument(
-        "--cross-entropy-fusion-impl",
-        choices=CROSS_ENTROPY_FUSION_IMPLS,
-        default="native",
-        help="with --cross-entropy-fusion: megatron-core's torch-compiled kernels (native, Megatron-LM's default) or "
-        "Transformer Engine's one-pass kernel (te, what Megatron-Bridge's performance recipes run)",
-    )
+    add_cross_entropy_fusion_impl_argument(p)
     p.add_argument(
         "--moe-permute-fusion",
         action="store_true",

@@ -99,15 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m.add_argument(
         "-o", "--output", required=True, metavar="OUT", type=non_empty_path, help="output file (.json or .json.gz)"
     )
-    m.add_argument(
-        "--offset-us",
-        action="append",
-        default=[],
-        metavar="R=US",
-        type=rank_offset,
-        help="shift rank R (>= 0) by US microseconds (repeatable; negative moves it earlier), on top of the "
-        "baseTimeNanoseconds alignment (default: no shift)",
-    )
+    _add_offset_argument(m)
     m.add_argument("--json", action="store_true", help="print what was merged as JSON")
     m.set_defaults(func=run_merge)
 
@@ -124,14 +116,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--json",
     )
     w.add_argument("traces", nargs="+", metavar="TRACE", help="one trace per rank, in rank order (two or more)")
-    w.add_argument(
-        "--offset-us",
-        action="append",
-        default=[],
-        metavar="R=US",
-        type=rank_offset,
-        help="shift rank R (>= 0) by US microseconds, as mat trace merge does (default: no shift)",
-    )
+    _add_offset_argument(w)
     w.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w.set_defaults(func=run_waits)
 
@@ -157,6 +142,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     h.add_argument("--top", type=positive_int, default=10, help="growths and allocations to list (default 10)")
     h.add_argument("--json", action="store_true", help="print JSON instead of tables")
     h.set_defaults(func=run_memory)
+
+
+def _add_offset_argument(parser: argparse.ArgumentParser) -> None:
+    """`--offset-us R=US` of merge and waits: a known clock skew of rank R (`trace.merge.alignment_shifts_us`)."""
+    parser.add_argument(
+        "--offset-us",
+        action="append",
+        default=[],
+        metavar="R=US",
+        type=rank_offset,
+        help="shift rank R (>= 0) by US microseconds (repeatable; negative moves it earlier), on top of the "
+        "baseTimeNanoseconds alignment (default: no shift)",
+    )
 
 
 def _no_subcommand(args: argparse.Namespace) -> int:

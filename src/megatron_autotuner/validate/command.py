@@ -12,7 +12,6 @@ from .. import SCHEMA_VERSION, __version__
 from ..argspec.common import add_launch_reading_arguments
 from ..errors import ConfigError
 from ..files import write_text_atomic
-from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS
 
 
 def add_stand_in_argument(parser: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -37,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         positive_float,
         positive_int,
     )
-    from ..argspec.common import add_grad_reduce_argument, add_moe_overlap_arguments, add_precision_arguments
+    from ..argspec.common import (
+        add_cross_entropy_fusion_impl_argument,
+        add_grad_reduce_argument,
+        add_moe_overlap_arguments,
+        add_precision_arguments,
+    )
     from ..argspec.help_format import MatHelpFormatter
 
     p = subparsers.add_parser(
@@ -168,12 +172,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cross-entropy-fusion", action="store_true", help="fused cross-entropy loss (--cross-entropy-loss-fusion)"
     )
-    p.add_argument(
-        "--cross-entropy-fusion-impl",
-        choices=CROSS_ENTROPY_FUSION_IMPLS,
-        default="native",
-        help="with --cross-entropy-fusion: megatron-core's kernels (native) or TE's (te), --cross-entropy-fusion-impl",
-    )
+    add_cross_entropy_fusion_impl_argument(p)
     p.add_argument(
         "--moe-permute-fusion", action="store_true", help="TE's fused MoE token permute (--moe-permute-fusion)"
     )
