@@ -17,6 +17,7 @@ records (`validate.worker --stand-in-rank`) add "stand_in": true.
 
 from __future__ import annotations
 
+import functools
 import statistics
 from pathlib import Path
 from typing import Any
@@ -195,10 +196,17 @@ def rank_collective_waits(traces: list[str]) -> list[dict[str, Any]] | None:
     paths = [Path(t) for t in traces]
     if len(paths) < 2 or not all(p.is_file() for p in paths):
         return None
+    # the batch re-aggregates after every job: each layout's traces are read once, until a file changes
+    return _collective_waits_of(tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in paths))
+
+
+@functools.lru_cache(maxsize=64)
+def _collective_waits_of(files: tuple[tuple[str, int, int], ...]) -> list[dict[str, Any]] | None:
+    """`rank_collective_waits` of the rank traces (path, mtime, size); None for a trace that cannot be read."""
     from ..trace import TraceError, collective_waits, load_trace
 
     try:
-        return [w.to_dict() for w in collective_waits([load_trace(p) for p in paths])]
+        return [w.to_dict() for w in collective_waits([load_trace(path) for path, _, _ in files])]
     except TraceError:
         return None
 
