@@ -21,6 +21,7 @@ from pathlib import Path
 from megatron_autotuner.launch.records import read_records
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import estimate_layout
+from megatron_autotuner.validate.results import layer_host_ms_by_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results"
@@ -42,17 +43,6 @@ def model_all_to_all_ms(layout: Layout, gpu: str) -> float | None:
     moe_layers = sum(spec.is_moe_layer(i) for i in range(spec.num_layers))
     ep_s = estimate_layout(layout, gpu).to_dict()["time_breakdown_s"]["exposed_comm"]["ep"]
     return ep_s * 1e3 / (4 * moe_layers * layout.num_microbatches)
-
-
-def _layer_host_ms(folder: Path, layout_id: str) -> list[dict]:
-    """Per rank: the median decoder-layer forward / backward host time (ms), when the layout was host timed."""
-    out = []
-    for path in sorted((folder / "runs").glob("rank_*.jsonl")):
-        for r in read_records(path):
-            timing = (r.get("measured") or {}).get("host_timing") if r["layout_id"] == layout_id else None
-            if timing:
-                out.append({"rank": r["rank"], "fwd_ms": timing["fwd_ms"], "bwd_ms": timing["bwd_ms"]})
-    return out
 
 
 def _waits(folder: Path, layout_id: str) -> list[dict] | None:
@@ -79,7 +69,7 @@ def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
             "measured_step_s": measured.get("step_time_s"),
             "measured_peak_gib": measured.get("peak_gib"),
             "measured_allocated_gib": measured.get("max_allocated_gib"),
-            "layer_host_ms": _layer_host_ms(folder, r["layout_id"]),
+            "layer_host_ms": layer_host_ms_by_rank(folder, r["layout_id"]),
             "model_all_to_all_ms": model_all_to_all_ms(layout, doc["gpu"]),
             "collective_waits": _waits(folder, r["layout_id"]),
         }

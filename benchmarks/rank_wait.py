@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from megatron_autotuner.launch.records import read_records
+from megatron_autotuner.validate.results import layer_host_ms_by_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("rank_wait_h200_x2", "rank_wait_h200_x4")
@@ -51,17 +52,6 @@ def _ranks(folder: Path, layout_id: str) -> list[dict]:
     return ranks
 
 
-def _layer_host_ms(folder: Path, layout_id: str) -> list[dict]:
-    """Per rank: the median forward / backward host issue time of a decoder layer (ms)."""
-    out = []
-    for path in sorted((folder / "runs").glob("rank_*.jsonl")):
-        for r in read_records(path):
-            if r["layout_id"] == layout_id and r.get("measured"):
-                timing = r["measured"]["host_timing"]
-                out.append({"rank": r["rank"], "fwd_ms": timing["fwd_ms"], "bwd_ms": timing["bwd_ms"]})
-    return out
-
-
 def report(folder: Path) -> dict:
     predicted_at, predicted = _predictions(folder)
     summary = json.loads((folder / "summary.json").read_text())
@@ -78,7 +68,7 @@ def report(folder: Path) -> dict:
                 "predicted_peak_gib": before["peak_memory_gib"],
                 "measured_peak_gib": r["measured"]["peak_gib"],
                 "profiled_span_s": max((k["span_ms"] for k in ranks), default=0.0) / 1e3,
-                "layer_host_ms": _layer_host_ms(folder, r["layout_id"]),
+                "layer_host_ms": layer_host_ms_by_rank(folder, r["layout_id"]),
                 "ranks": ranks,
             }
         )

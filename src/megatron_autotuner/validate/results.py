@@ -65,6 +65,17 @@ def _all_rank_records(out_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
+def layer_host_ms_by_rank(out_dir: Path, layout_id: str) -> list[dict[str, Any]]:
+    """Per rank that timed its layers (`Layout.host_timing`): the median forward / backward host issue time of a
+    decoder layer (ms)."""
+    out = []
+    for rec in _all_rank_records(out_dir):
+        timing = (rec.get("measured") or {}).get("host_timing") if rec["layout_id"] == layout_id else None
+        if timing:
+            out.append({"rank": rec["rank"], "fwd_ms": timing["fwd_ms"], "bwd_ms": timing["bwd_ms"]})
+    return out
+
+
 def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
