@@ -104,3 +104,20 @@ def test_the_command_line_takes_megatron_lms_overlap_flags(capsys, tmp_path):
         "mat: error: delay_wgrad_compute: --delay-wgrad-compute goes in the Megatron-LM launch (--delay-wgrad-compute) "
         "when --megatron-args is given"
     )
+
+
+def test_one_slurm_job_does_not_mix_the_overlap_with_other_layouts(capsys, tmp_path):
+    """A Slurm script runs its layouts in one process, which sets CUDA_DEVICE_MAX_CONNECTIONS once: overlap layouts
+    beside others are refused in one line, as the launcher would have split them into jobs."""
+    import json
+
+    from megatron_autotuner.cli import main
+
+    layouts = tmp_path / "layouts.json"
+    layouts.write_text(json.dumps({"gpu": "H200", "layouts": [_overlap().to_dict(), Layout(**BASE).to_dict()]}))
+    argv = ["validate", "--layouts", str(layouts), "--emit-slurm", str(tmp_path / "job.sbatch"), "--nodes", "1",
+            "--gpus-per-node", "2", "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        "mat: error: moe_a2a_overlap: one Slurm job runs one CUDA_DEVICE_MAX_CONNECTIONS: split the overlap layouts"
+    )

@@ -379,6 +379,11 @@ def run(args: argparse.Namespace) -> int:
             )
         if len({lay.expandable_segments for lay in layouts}) > 1:
             raise ConfigError("expandable_segments", "one Slurm job runs one allocator setting: split the layouts")
+        if len({lay.process_settings for lay in layouts}) > 1:
+            # the worker sets CUDA_DEVICE_MAX_CONNECTIONS for the all-to-all overlap once, when CUDA starts
+            raise ConfigError(
+                "moe_a2a_overlap", "one Slurm job runs one CUDA_DEVICE_MAX_CONNECTIONS: split the overlap layouts"
+            )
         script = launcher.slurm_script(layouts_file.resolve(), out.resolve(), args.nodes, args.gpus_per_node)
         write_text_atomic(Path(args.emit_slurm), script)
         print(f"wrote {args.emit_slurm} (sbatch {args.emit_slurm})")

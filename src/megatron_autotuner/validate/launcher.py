@@ -182,11 +182,10 @@ def _run_layouts(
             _launcher_failure(out, lay, f"needs {lay.world_size} GPUs, {available_gpus} available", "error")
             report.failed_by_launcher.append(lay.layout_id)
         pending = [lay for lay in pending if lay.world_size <= available_gpus]
-    # one job runs layouts of one world size, one allocator setting (a process has one allocator) and one number of
-    # CUDA hardware queues (read when CUDA starts)
+    # one job runs layouts of one world size and one set of process settings (`Layout.process_settings`)
     groups: dict[tuple[int, bool, int], list[Layout]] = {}
     for lay in pending:
-        groups.setdefault((lay.world_size, lay.expandable_segments, lay.process_max_connections or 0), []).append(lay)
+        groups.setdefault((lay.world_size, *lay.process_settings), []).append(lay)
     current = current_file(out)
     for (world, *_), group in sorted(groups.items()):
         remaining = order_for_job(group, predicted_oom or set())

@@ -393,6 +393,12 @@ class Layout:
         return cuda_device_max_connections(self.parallel()) if self.moe_a2a_overlap else None
 
     @property
+    def process_settings(self) -> tuple[bool, int]:
+        """What a process reads once, when CUDA starts, so the layouts of one job must share it: the allocator's
+        expandable segments and the CUDA_DEVICE_MAX_CONNECTIONS it sets (0: the environment's)."""
+        return self.expandable_segments, self.process_max_connections or 0
+
+    @property
     def world_size(self) -> int:
         return self.num_gpus
 

@@ -37,24 +37,22 @@ ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 
 def set_allocator_config(layouts: list[Layout]) -> None:
     """Add `expandable_segments:True` to PYTORCH_CUDA_ALLOC_CONF when the job's layouts ask for it (before CUDA
-    starts: the caching allocator reads it once), and NCCL_GRAPH_REGISTER=0 beside TE CUDA graphs. One process has
-    one allocator, so a job's layouts must agree."""
-    wanted = {lay.expandable_segments for lay in layouts}
-    if len(wanted) > 1:
-        raise SystemExit("layouts of one job disagree on expandable_segments: run them in separate jobs")
-    if True in wanted:
+    starts: the caching allocator reads it once), NCCL_GRAPH_REGISTER=0 beside TE CUDA graphs, and the all-to-all
+    overlap's CUDA_DEVICE_MAX_CONNECTIONS. One process reads them once, so a job's layouts must agree
+    (`Layout.process_settings`)."""
+    settings = {lay.process_settings for lay in layouts}
+    if len(settings) > 1:
+        what = "expandable_segments or CUDA_DEVICE_MAX_CONNECTIONS"
+        raise SystemExit(f"layouts of one job disagree on {what}: run them in separate jobs")
+    expandable, connections = settings.pop() if settings else (False, 0)
+    if expandable:
         current = os.environ.get(ALLOC_CONF_ENV, "")
         parts = [x for x in current.split(",") if x and not x.startswith("expandable_segments")]
         os.environ[ALLOC_CONF_ENV] = ",".join([*parts, "expandable_segments:True"])
     if any(needs_nccl_graph_register_off(lay.cuda_graph_impl, lay.expandable_segments) for lay in layouts):
         os.environ["NCCL_GRAPH_REGISTER"] = "0"
-    # the EP all-to-all overlap's hardware queues (CUDA reads the variable when it starts); other layouts keep the
-    # environment's (../shared/gpu/env.sh sets 1)
-    connections = {lay.process_max_connections for lay in layouts}
-    if len(connections) > 1:
-        raise SystemExit("layouts of one job disagree on CUDA_DEVICE_MAX_CONNECTIONS: run them in separate jobs")
-    if connections != {None}:
-        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = str(connections.pop())
+    if connections:  # the overlap's hardware queues; other layouts keep the environment's (../shared/gpu/env.sh: 1)
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = str(connections)
 
 
 def fake_gloo_groups(torch) -> None:
