@@ -7,6 +7,8 @@
 # measures the floors) then PART=mixtral (Mixtral-8x7B, with CAL, the first part's host_floor.calibration.json).
 # The predictions with the default floors were written first (`mat validate --layouts <part's layouts> --dry-run
 # --json` > benchmarks/results/moe_ep_r4_h200_x2/predicted_default_<part>.json).
+# PART=diag (with CAL) then records the allocator history of Mixtral's ep 1 and overlap layouts, whose reserved
+# memory ran 7-13% over the prediction with the allocated peak within 5%, and profiles the padded ep 2 layout.
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~4 min each):
 #     PART=oss bash benchmarks/validation/x2_moe_ep_r4.sh
 #     PART=mixtral CAL=$OUT/oss/run/host_floor/host_floor.calibration.json bash benchmarks/validation/x2_moe_ep_r4.sh
@@ -14,7 +16,8 @@
 case "${PART:-}" in
   oss) LAYOUTS=x2_moe_ep_r4_layouts.json ;;
   mixtral) LAYOUTS=x2_moe_ep_r4_mixtral_layouts.json ;;
-  *) echo "PART must be oss or mixtral" >&2; exit 2 ;;
+  diag) LAYOUTS=x2_moe_ep_r4_diag_layouts.json ;;
+  *) echo "PART must be oss, mixtral or diag" >&2; exit 2 ;;
 esac
 OUT="${OUT:-$PWD/outputs/x2_moe_ep_r4}/$PART"
 source "$(dirname "$0")/common.sh"
@@ -23,5 +26,8 @@ if [ -f "${CAL:-}" ]; then floors=(--calibration "$CAL"); else floors=(--measure
 validate_batch "$HERE/$LAYOUTS" run 300 "${floors[@]}"
 EV="$OUT/evidence"
 collect_batch run "$EV"
+copy_memory_histories run "$EV"
+summarize_rank_traces run "$EV/traces"
+rank_waits run "$EV/traces"
 if [ -f "${CAL:-}" ]; then cp "$CAL" "$EV/calibration.json"; else copy_host_floor run "$EV"; fi
 finish "$EV"
