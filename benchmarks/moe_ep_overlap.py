@@ -3,11 +3,13 @@
     bash benchmarks/validation/x2_moe_ep_overlap.sh      # round 1 (predicted first; ep 2 layouts profiled)
     bash benchmarks/validation/x2_moe_ep_overlap_r2.sh   # round 2: host timing, this machine's floors measured first
     bash benchmarks/validation/x2_moe_ep_overlap_r3.sh   # round 3: gpt-oss-20b's overlap with / without delayed wgrad
+    bash benchmarks/validation/x2_moe_ep_host.sh         # "host": local vs the model's experts, another 2-GPU host
+    PART=oss|mixtral|diag bash benchmarks/validation/x2_moe_ep_r4.sh   # round 4: round 2's layouts on a third host
     python benchmarks/moe_ep_overlap.py                  # this report, from what they left
 
 Writes benchmarks/results/moe_ep_overlap_h200_x2/report.json: per round and layout the step and peak predicted before
 the run with the default host floors (each round's `predicted.json` / `predicted_default.json`), the prediction the run
-made with the floors this machine measured minutes before (rounds 2 and 3), the measured step and peak, each rank's
+made with the floors its machine measured minutes before (every round but the first), the measured step and peak, each rank's
 median decoder-layer host time (`Layout.host_timing`), and for the profiled layouts the per-collective transfer and
 each rank's wait (`mat trace waits`, kept as traces/LAYOUT.waits.json) beside the model's time of one all-to-all
 (`estimate_layout`: the exposed EP time of the step over its 4 all-to-alls per MoE layer and micro-batch).
@@ -25,11 +27,18 @@ from megatron_autotuner.validate.results import layer_host_ms_by_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results"
-# round -> results folder and the prediction written before it (default floors)
+# round -> results folder, the prediction written before it (default floors), the 2-GPU lease it ran on (rounds
+# 1-3 shared one machine; each later round is a fresh one) and the MoE host floor that machine measured
 ROUNDS = {
-    "r1": ("moe_ep_overlap_h200_x2", "predicted.json"),
-    "r2": ("moe_ep_overlap_h200_x2_r2", "predicted_default.json"),
-    "r3": ("moe_ep_overlap_h200_x2_r3", "predicted_default.json"),
+    "r1": ("moe_ep_overlap_h200_x2", "predicted.json", "A", "moe_ep_overlap_h200_x2_r2/host_floor"),
+    "r2": ("moe_ep_overlap_h200_x2_r2", "predicted_default.json", "A", "moe_ep_overlap_h200_x2_r2/host_floor"),
+    "r3": ("moe_ep_overlap_h200_x2_r3", "predicted_default.json", "A", "moe_ep_overlap_h200_x2_r2/host_floor"),
+    "host": ("moe_ep_host_h200_x2", "predicted_default.json", "B", "moe_ep_host_h200_x2/host_floor"),
+    "r4": ("moe_ep_r4_h200_x2/oss", "../predicted_default_oss.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"),
+    "r4 mixtral": (
+        "moe_ep_r4_h200_x2/mixtral", "../predicted_default_mixtral.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"
+    ),
+    "r4 diag": ("moe_ep_r4_h200_x2/diag", "../predicted_default_diag.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"),
 }
 OUT = RESULTS / "moe_ep_overlap_h200_x2/report.json"
 
@@ -50,7 +59,7 @@ def _waits(folder: Path, layout_id: str) -> list[dict] | None:
     return json.loads(path.read_text())["collectives"] if path.exists() else None
 
 
-def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
+def round_rows(name: str, folder_name: str, predicted_name: str, machine: str) -> list[dict]:
     folder = RESULTS / folder_name
     doc = json.loads((folder / predicted_name).read_text())
     before = {row["layout_id"]: row["predicted"] for row in doc["layouts"]}
@@ -60,6 +69,7 @@ def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
         measured = r.get("measured") or {}
         row = {
             "round": name,
+            "machine": machine,
             "label": r["label"],
             "layout_id": r["layout_id"],
             "status": r["status"],
@@ -69,6 +79,7 @@ def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
             "measured_step_s": measured.get("step_time_s"),
             "measured_peak_gib": measured.get("peak_gib"),
             "measured_allocated_gib": measured.get("max_allocated_gib"),
+            "measured_reserved_gib": measured.get("max_reserved_gib"),
             "layer_host_ms": layer_host_ms_by_rank(folder, r["layout_id"]),
             "model_all_to_all_ms": model_all_to_all_ms(layout, doc["gpu"]),
             "collective_waits": _waits(folder, r["layout_id"]),
@@ -80,9 +91,12 @@ def round_rows(name: str, folder_name: str, predicted_name: str) -> list[dict]:
 
 
 def report() -> dict:
-    rows = [row for name, (folder, predicted) in ROUNDS.items() for row in round_rows(name, folder, predicted)]
-    calibration = json.loads((RESULTS / "moe_ep_overlap_h200_x2_r2/host_floor/host_floor.calibration.json").read_text())
-    return {"gpu": "H200", "rows": rows, "measured_moe_host_floor": calibration["moe_host_floor"]}
+    rows = [row for name, (folder, pred, machine, _) in ROUNDS.items() for row in round_rows(name, folder, pred, machine)]
+    floors = {}
+    for _, _, machine, floor in ROUNDS.values():
+        doc = json.loads((RESULTS / floor / "host_floor.calibration.json").read_text())
+        floors[machine] = [{k: v for k, v in f.items() if k != "cases"} for f in doc["moe_host_floor"]]
+    return {"gpu": "H200", "rows": rows, "measured_moe_host_floor_by_machine": floors}
 
 
 def main() -> int:
