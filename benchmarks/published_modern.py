@@ -337,6 +337,13 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
             flags.append("--no-check-for-nan-in-loss-and-grad")
     elif graph == "cuda_graphs=True":
         flags.append("--cuda-graph-impl local")
+    elif not graph and "token-drop" in row["dispatcher"]:
+        # NeMo's performance scripts (25.09) pair the token-drop callback with their recommended configs'
+        # enable_cuda_graph, megatron-core's full-layer graphs, which capture a MoE layer only when it drops and pads;
+        # NeMo's model_configs_gb200.csv holds the published Qwen3-235B token-drop layout (tp2 pp1 ep64 mbs1 gbs1024
+        # on 64 GPUs) with cuda_graphs=1 (NVIDIA/NeMo@06c0e70 scripts/performance/recommended_model_configs)
+        flags.append("--cuda-graph-impl local")
+        assumptions.append("CUDA graphs: not stated on a token-drop row, full-layer (NeMo's recommended configs)")
     flags.append("--cross-entropy-loss-fusion")
     if is_bridge(row):
         # Megatron-Bridge's performance scripts run TE's cross-entropy kernel (scripts/performance/utils/overrides.py

@@ -91,7 +91,16 @@ from .activation_offload import (
 from .calibration import DEFAULT_DENSE_HOST_FLOOR, DEFAULT_FUSED_MOE_HOST_FLOOR, DEFAULT_MOE_HOST_FLOOR, Calibration
 from .collectives import collective_time_s, hidden_collective_cost_s, p2p_time_s
 from .compute import gemm_time_s, memory_bound_time_s
-from .layer import E_BF16, LayerContext, LayerCost, dense_host_floor_of, gemm_shapes, layer_cost, merge_parts
+from .layer import (
+    E_BF16,
+    LayerContext,
+    LayerCost,
+    dense_host_floor_of,
+    gemm_shapes,
+    layer_cost,
+    merge_parts,
+    moe_block_host_s,
+)
 from .moe_overlap import a2a_overlap_saving_s
 from .queued_frees import QueuedFreeInputs, queued_free_bytes
 from .vision import vision_cost
@@ -225,6 +234,8 @@ class StageTime:
     # outside the micro-batches (the optimizer step): the step never takes less than m x the one plus the other
     host_issue_s: float = 0.0
     host_step_s: float = 0.0
+    # the host's backward issue time of one micro-batch: the layers' issue time and the eager MoE blocks' floors
+    bwd_host_s: float = 0.0
 
     @property
     def per_microbatch_s(self) -> float:
@@ -555,6 +566,7 @@ def stage_time(
     x = tp if sp else 1
     tokens, seq_length = packed_microbatch_shape(model, parallel, workload)
     rc = workload.recompute
+    eager_moe = options.moe_host_bound and not workload.cuda_graph.captures("moe", moe_layer=True)
     ctx = LayerContext(
         cluster=cluster,
         tp=tp,
@@ -574,12 +586,11 @@ def stage_time(
         flash_attention=options.flash_attention,
         fused_bias_activation=options.fused_bias_activation,
         # a graph over the whole MoE block replays it without the host (router-only graphs leave it eager); a block
-        # that drops and pads to capacity has no host sync, so its host issues ahead of the GPU like a dense layer's:
-        # one H200, 2-layer Qwen3-30B-A3B-E16 steps with capacity 1.0 / 1.5 padded ran within 2.5% of their GPU time
-        # where the dropless step was host-bound (benchmarks/results/moe_token_drop_h200)
-        moe_host_bound=options.moe_host_bound
-        and not workload.cuda_graph.captures("moe", moe_layer=True)
-        and not workload.moe_routing.drop_and_pad,
+        # that drops and pads to capacity has no host sync, so its host issues ahead of the GPU like a dense layer's
+        # (`layer` module doc): one H200, 2-layer Qwen3-30B-A3B-E16 steps with capacity 1.0 / 1.5 padded ran within
+        # 2.5% of their GPU time where the dropless step was host-bound (benchmarks/results/moe_token_drop_h200)
+        moe_host_bound=eager_moe and not workload.moe_routing.drop_and_pad,
+        moe_host_issue_ahead=eager_moe and workload.moe_routing.drop_and_pad,
         moe_permute_fusion=options.moe_permute_fusion,
         host_floor=options.host_floor,
         calibration=options.calibration,
@@ -622,14 +633,17 @@ def stage_time(
         chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
 
     host_fwd_issue_s = host_bwd_issue_s = 0.0  # the host's issue time of the stage's layers, one micro-batch
+    moe_bwd_host_s = 0.0  # the synchronised eager MoE blocks' backward floors (priced in the blocks' own time)
     layers_fwd_gpu_s = 0.0  # the GPU's forward work of those layers
     for c, kinds in enumerate(per_chunk_kinds):
-        for _moe, full, count, layer in kinds:
+        for moe, full, count, layer in kinds:
             key = (*model.layer_kind(layer), full)
             add(c, *kind_cost[key], count)
             host_fwd_issue_s += count * kind_host[key][0]
             host_bwd_issue_s += count * kind_host[key][1]
             layers_fwd_gpu_s += count * sum(kind_cost[key][0].values())
+            if moe and ctx.moe_host_bound and training:
+                moe_bwd_host_s += count * moe_block_host_s(model, ctx)[1]
 
     if parallel.moe_a2a_overlap and training:
         saved = a2a_overlap_saving_s(
@@ -816,7 +830,8 @@ def stage_time(
         # paid once per step: the optimizer step waits on the backward (its grad-norm and inf checks read the
         # gradients on the host), so the host's lead does not carry over from one step to the next
         extra["host_ramp"] = host_ramp_s
-    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s), host_issue_s, host_step_s), note
+    bwd_host_s = host_bwd_issue_s + moe_bwd_host_s
+    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s), host_issue_s, host_step_s, bwd_host_s), note
 
 
 def _chained_gathers_s(
@@ -1130,8 +1145,8 @@ def queued_free_inputs(
     """What `queued_frees` needs of each pipeline rank where something waits at the peak; none with DDP on the
     default stream (measured only with DDP on its own stream: runs of the default stream showed neither the weight
     gradients nor the pipeline buffers waiting, e.g. the 2-GPU pp2 vpp2 run of benchmarks/results/validation_h200_x2
-    reserved 1.2-2.3 GiB over its allocation), for forward-only passes, CUDA graphs, on ranks with MoE layers (their
-    dispatcher synchronises the host every layer), and on the later stages of a non-interleaved pipeline: a
+    reserved 1.2-2.3 GiB over its allocation), for forward-only passes, CUDA graphs, on interleaved ranks with dropless
+    MoE layers (not measured), and on the later stages of a non-interleaved pipeline: a
     synchronisation after every batched p2p exchange (`batch_p2p_sync`) precedes each of their forwards, where the
     first stage receives nothing and its backward and next forward run with no synchronisation between them
     (`queued_frees.QueuedFreeInputs.sync_every_microbatch`)."""
@@ -1147,12 +1162,14 @@ def queued_free_inputs(
     out = {}
     for st in time.stages:
         layers = layout.rank_layers(st.stage)
-        if st.stage not in memory or any(model.is_moe_layer(i) for i in layers) or (synced and st.stage > 0):
+        # dropless MoE layers synchronise the host in every forward, never in the backward (`queued_frees`)
+        moe_synced = any(model.is_moe_layer(i) for i in layers) and not workload.moe_routing.drop_and_pad
+        if st.stage not in memory or (moe_synced and interleaved) or (synced and st.stage > 0 and not moe_synced):
             continue
         params = memory[st.stage].parameters.total
         out[st.stage] = QueuedFreeInputs(
             fwd_gpu_s=sum(v for k, v in st.fwd.items() if k != "host"),
-            bwd_gpu_s=sum(st.bwd.values()),
+            bwd_gpu_s=sum(v for k, v in st.bwd.items() if k != "host") if moe_synced else sum(st.bwd.values()),
             host_issue_s=st.host_issue_s,
             layers=len(layers),
             tp_gt1=parallel.tp > 1,
@@ -1162,6 +1179,8 @@ def queued_free_inputs(
             num_microbatches=m,
             interleaved=interleaved,
             sync_every_microbatch=synced,
+            moe_synced_forward=moe_synced,
+            bwd_host_s=st.bwd_host_s,
         )
     return out
 

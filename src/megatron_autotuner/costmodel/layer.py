@@ -43,7 +43,12 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   collectives are its shared experts' (TE linears, as a dense MLP's); routed experts with etp = 1 move nothing.
 - host-bound MoE (`LayerContext.moe_host_bound`, an eager megatron-core MoE block): the block's
   GPU time is raised to the testbench-measured host floor: the calibration's (`Calibration.moe_host_floor`,
-  measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host".
+  measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host". The
+  dispatcher's wait for the token counts on the host serialises host and GPU at every block. A block that drops and
+  pads to capacity never waits (`LayerContext.moe_host_issue_ahead`): its floor is issue time like a dense layer's,
+  compared per micro-batch. On three 2-GPU H200 hosts gpt-oss-20b's padded ep 2 step ran only 7-10% faster than the
+  dropless one (benchmarks/results/moe_ep_*_h200_x2), where GPU time alone would make it 30% faster; a GPU-paced
+  padded block (one H200, Qwen3-30B-A3B-E16, benchmarks/results/moe_token_drop_h200) runs at its GPU time.
 - host-bound dense layer (eager megatron-core issues each layer's kernels from Python, ahead of the GPU): the
   layer's host issue time forward and backward (`LayerCost.host_fwd_s` / `host_bwd_s`: `Calibration.dense_host_floor`
   measured on the machine, else `defaults.DENSE_HOST_FLOOR_*`, plus the host of the TP collectives). CUDA graphs
@@ -105,6 +110,9 @@ class LayerContext:
     flash_attention: bool = True
     fused_bias_activation: bool = True  # Megatron-LM's default fused SwiGLU / GeLU
     moe_host_bound: bool = False  # eager MoE block: never faster than its host floor (see the module doc)
+    # eager MoE block that drops and pads to capacity: no host sync, so its host floor is issue time the stage compares
+    # per micro-batch, as a dense layer's (see the module doc)
+    moe_host_issue_ahead: bool = False
     moe_permute_fusion: bool = False  # TE's fused token permute (--moe-permute-fusion): its kernels and host floor
     host_floor: bool = True  # a dense layer's phase never faster than its host's issue time (see the module doc)
     calibration: Calibration | None = None
@@ -740,8 +748,19 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
         if ctx.training:
             _add(bwd, "host", max(0.0, host_bwd_s - moe_gpu[1]))
 
-    # ---- host-bound dense layer: the host's issue time, compared per micro-batch by the stage ----
+    # ---- host-bound dense layer (and padded MoE block): the host's issue time, compared per micro-batch by the stage ----
     host_fwd = host_bwd = 0.0
+    if is_moe and ctx.moe_host_issue_ahead:
+        host_fwd, host_bwd = moe_block_host_s(model, ctx)
+        if ctx.host_floor:
+            # and the layer's attention block: half a dense layer's floor, as a hybrid layer's one block (an
+            # assumption: a padded layer's attention host has not been measured apart)
+            dense_fwd, dense_bwd = dense_host_s(ctx)
+            host_fwd, host_bwd = host_fwd + dense_fwd / 2, host_bwd + dense_bwd / 2
+        if not ctx.training:
+            host_bwd = 0.0
+        elif ctx.full_recompute:
+            host_bwd += host_fwd
     if not is_moe and ctx.host_floor:
         host_fwd, host_bwd = dense_host_s(ctx)
         # the floor was measured on GPT layers of two blocks (attention and MLP); a hybrid model's layer of one block

@@ -14,11 +14,18 @@ embedding gradients, 47 pipeline buffers); the free of a weight gradient waited 
 the host's lead in the profiled steps (362 / 608 ms).
 
 Where the queue never fills the term is zero: a host-bound micro-batch (the host issues no faster than the GPU
-runs), MoE layers under megatron-core's token dispatchers (a device-to-host synchronisation of the tokens per expert
-in every layer, `_maybe_dtoh_and_synchronize` in megatron/core/transformer/moe/token_dispatcher.py @ core_r0.19.0;
-the tp1 dp4 MoE layout of the same lease reserved 1.5 GiB over its allocation with expandable segments), the later
-stages of a non-interleaved pipeline, forward-only passes (no weight gradients) and CUDA graphs (not measured; graphed
-layers launch one replay each).
+runs), the later stages of a non-interleaved pipeline, forward-only passes (no weight gradients) and CUDA graphs (not
+measured; graphed layers launch one replay each).
+
+Dropless MoE layers under megatron-core's token dispatchers synchronise the host with the device in every forward
+(the tokens per expert, `_maybe_dtoh_and_synchronize` in megatron/core/transformer/moe/token_dispatcher.py @
+core_r0.19.0), so nothing of an earlier backward waits at a forward's end, but their backward has no synchronisation:
+where the GPU runs the backward slower than the host issues it, the host gains (GPU - host) over one backward and the
+weight gradients it frees in that lead wait (`moe_synced_forward`). Mixtral-8x7B, 2 layers at ep 1 on 2x H200
+(benchmarks/results/moe_ep_r4_h200_x2/diag/memory): 3.58 GiB of TE GroupedLinear's packed expert weight gradients
+(grouped_linear.py's wgrad buffer without gradient-accumulation fusion) awaited their event at the reserved peak, the
+reserve 5 GiB over the allocation; gpt-oss-20b's host-paced backward reserved 0.5-1.9 GiB over it
+(moe_ep_overlap_h200_x2*); the tp1 dp4 MoE layout of the Qwen3-32B lease 1.5 GiB.
 
 A non-interleaved pipeline synchronises the device after every batched exchange (`batch_p2p_sync`,
 torch.cuda.synchronize() in megatron/core/pipeline_parallel/p2p_communication.py; the runner and Megatron-LM batch
@@ -60,6 +67,10 @@ class QueuedFreeInputs:
     num_microbatches: int
     interleaved: bool
     sync_every_microbatch: bool = False
+    # dropless MoE layers: the host waits for the device in every forward, never in the backward, whose host issue
+    # time is `bwd_host_s`
+    moe_synced_forward: bool = False
+    bwd_host_s: float = 0.0
 
 
 def host_lead_s(inputs: QueuedFreeInputs) -> float:
@@ -72,6 +83,9 @@ def host_lead_s(inputs: QueuedFreeInputs) -> float:
     fwd_ops, bwd_ops = d.LAUNCHES_PER_LAYER[inputs.tp_gt1]
     ops = inputs.layers * (fwd_ops + bwd_ops)
     full_queue_s = d.LAUNCH_QUEUE_OPS / ops * gpu_s
+    if inputs.moe_synced_forward:
+        # the lead restarts at every forward's synchronisation and builds over one backward
+        return min(full_queue_s, max(0.0, inputs.bwd_gpu_s - inputs.bwd_host_s))
     # the peak: the end of a forward after a backward (no pipeline: the last micro-batch's; interleaved: the steady
     # state, half-way through the step's micro-batches on average; synchronised every micro-batch: the one since)
     if inputs.sync_every_microbatch:
@@ -93,6 +107,9 @@ def queued_free_bytes(inputs: QueuedFreeInputs) -> float:
     lead_s = host_lead_s(inputs)
     if lead_s <= 0:
         return 0.0
+    if inputs.moe_synced_forward:
+        # the backward's weight gradients the host freed within its lead (its reserved peak, beside the allocated one)
+        return inputs.wgrad_bytes * min(1.0, lead_s / inputs.bwd_gpu_s)
     if inputs.interleaved:
         per_microbatch = inputs.wgrad_bytes + d.P2P_TENSORS_PER_CHUNK_PASS * inputs.chunks * inputs.p2p_tensor_bytes
         return per_microbatch * min(inputs.num_microbatches, lead_s / (inputs.fwd_gpu_s + inputs.bwd_gpu_s))
