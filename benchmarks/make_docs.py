@@ -739,33 +739,43 @@ def rank_wait(root: Path) -> str:
 
 
 def moe_ep_overlap(root: Path) -> str:
-    """EP 1 vs 2, the all-to-all overlap and token dropping on two H200s (moe_ep_overlap_h200_x2/report.json)."""
+    """EP 1 vs 2, the all-to-all overlap and token dropping on three 2-GPU H200 hosts
+    (moe_ep_overlap_h200_x2/report.json)."""
     doc = load(root, "moe_ep_overlap_h200_x2/report.json")
     out = source(
         "moe_ep_overlap_h200_x2/report.json",
         "moe_ep_overlap_h200_x2/predicted.json",
         "moe_ep_overlap_h200_x2_r2/predicted_default.json",
         "moe_ep_overlap_h200_x2_r3/predicted_default.json",
+        "moe_ep_host_h200_x2/predicted_default.json",
+        "moe_ep_r4_h200_x2/predicted_default_oss.json",
+        "moe_ep_r4_h200_x2/predicted_default_mixtral.json",
+        "moe_ep_r4_h200_x2/predicted_default_diag.json",
     )
     rows = []
     for r in doc["rows"]:
         meas = r["measured_step_s"]
         host = " / ".join(f"{k['fwd_ms']:.1f}, {k['bwd_ms']:.1f}" for k in r["layer_host_ms"]) or "-"
         if meas is None:
-            rows.append([r["round"], r["label"], f"{r['predicted_before_step_s']:.3f}", "-", "-", "-", "-", host,
-                         (r.get("error") or r["status"])[:60]])  # fmt: skip
+            rows.append([r["round"], r["machine"], r["label"], f"{r['predicted_before_step_s']:.3f}", "-", "-", "-",
+                         "-", "-", host, (r.get("error") or r["status"])[:60]])  # fmt: skip
             continue
-        at_run = r["predicted_at_run_step_s"] if r["round"] != "r1" else None
-        rows.append([r["round"], r["label"], f"{r['predicted_before_step_s']:.3f}", num(at_run, ".3f"), f"{meas:.3f}",
+        rows.append([r["round"], r["machine"], r["label"], f"{r['predicted_before_step_s']:.3f}", f"{meas:.3f}",
                      pct(r["predicted_before_step_s"] / meas - 1),
-                     pct(r["predicted_before_peak_gib"] / r["measured_peak_gib"] - 1), host, ""])  # fmt: skip
-    head = ["round", "layout", "pred before s", "pred at run s (floors measured)", "meas s", "step err", "peak err",
-            "layer host fwd, bwd ms per rank", "note"]  # fmt: skip
+                     pct(r["predicted_now_machine_floor_step_s"] / meas - 1),
+                     pct(r["predicted_before_peak_gib"] / r["measured_peak_gib"] - 1),
+                     pct(r["predicted_now_peak_gib"] / r["measured_peak_gib"] - 1), host, ""])  # fmt: skip
+    head = ["round", "host", "layout", "pred before s", "meas s", "step err before", "step err now (host's floors)",
+            "peak err before", "peak err now", "layer host fwd, bwd ms per rank", "note"]  # fmt: skip
     out += table(head, rows) + "\n"
+    floors = [[machine, f"{f['fwd_s'] * 1e3:.2f} + {f['fwd_per_local_expert_s'] * 1e3:.3f} E",
+               f"{f['bwd_s'] * 1e3:.2f} + {f['bwd_per_local_expert_s'] * 1e3:.3f} E"]
+              for machine, fl in doc["measured_moe_host_floor_by_machine"].items() for f in fl]  # fmt: skip
+    out += table(["host", "MoE block host fwd ms (E local experts)", "bwd ms"], floors) + "\n"
     a2a = [[r["label"], f"{r['model_all_to_all_ms'] * 1e3:.0f}", f"{c['transfer_median_us']:.0f}", c["calls"],
             " / ".join(f"{w / 1e3:.1f}" for w in c["wait_sum_us"])]
            for r in doc["rows"] for c in r["collective_waits"] or [] if c["collective"] == "send_recv"
-           and r["model_all_to_all_ms"]]  # fmt: skip
+           and r["model_all_to_all_ms"] and r["round"] == "r1"]  # fmt: skip
     head = ["profiled layout (round 1)", "model us per all-to-all", "measured transfer us (median)", "calls",
             "wait ms per rank"]  # fmt: skip
     return out + table(head, a2a)

@@ -9,7 +9,8 @@
 
 Writes benchmarks/results/moe_ep_overlap_h200_x2/report.json: per round and layout the step and peak predicted before
 the run with the default host floors (each round's `predicted.json` / `predicted_default.json`), the prediction the run
-made with the floors its machine measured minutes before (every round but the first), the measured step and peak, each rank's
+made with the floors its machine measured minutes before (every round but the first), today's model with the default
+floors and with the machine's, the measured step and peak, each rank's
 median decoder-layer host time (`Layout.host_timing`), and for the profiled layouts the per-collective transfer and
 each rank's wait (`mat trace waits`, kept as traces/LAYOUT.waits.json) beside the model's time of one all-to-all
 (`estimate_layout`: the exposed EP time of the step over its 4 all-to-alls per MoE layer and micro-batch).
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from megatron_autotuner.costmodel.calibration import load_calibration
 from megatron_autotuner.launch.records import read_records
 from megatron_autotuner.validate.layout import Layout
-from megatron_autotuner.validate.predict import estimate_layout
+from megatron_autotuner.validate.predict import estimate_layout, predict
 from megatron_autotuner.validate.results import layer_host_ms_by_rank
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,8 +62,14 @@ def _waits(folder: Path, layout_id: str) -> list[dict] | None:
     return json.loads(path.read_text())["collectives"] if path.exists() else None
 
 
-def round_rows(name: str, folder_name: str, predicted_name: str, machine: str) -> list[dict]:
+def _now(layout: Layout, calibration: Any) -> dict:
+    """Today's model for the layout as the runner ran it (no gradient-accumulation fusion: no APEX there)."""
+    return predict(layout, "H200", calibration, gradient_accumulation_fusion=False)
+
+
+def round_rows(name: str, folder_name: str, predicted_name: str, machine: str, floor: str) -> list[dict]:
     folder = RESULTS / folder_name
+    calibration = load_calibration(str(RESULTS / floor / "host_floor.calibration.json"))
     doc = json.loads((folder / predicted_name).read_text())
     before = {row["layout_id"]: row["predicted"] for row in doc["layouts"]}
     rows = []
@@ -76,6 +85,9 @@ def round_rows(name: str, folder_name: str, predicted_name: str, machine: str) -
             "predicted_before_step_s": before[r["layout_id"]]["step_time_s"],
             "predicted_before_peak_gib": before[r["layout_id"]]["peak_memory_gib"],
             "predicted_at_run_step_s": (r.get("predicted") or {}).get("step_time_s"),
+            "predicted_now_step_s": _now(layout, None)["step_time_s"],
+            "predicted_now_machine_floor_step_s": _now(layout, calibration)["step_time_s"],
+            "predicted_now_peak_gib": _now(layout, None)["peak_memory_gib"],
             "measured_step_s": measured.get("step_time_s"),
             "measured_peak_gib": measured.get("peak_gib"),
             "measured_allocated_gib": measured.get("max_allocated_gib"),
@@ -91,7 +103,7 @@ def round_rows(name: str, folder_name: str, predicted_name: str, machine: str) -
 
 
 def report() -> dict:
-    rows = [row for name, (folder, pred, machine, _) in ROUNDS.items() for row in round_rows(name, folder, pred, machine)]
+    rows = [row for name, spec in ROUNDS.items() for row in round_rows(name, *spec)]
     floors = {}
     for _, _, machine, floor in ROUNDS.values():
         doc = json.loads((RESULTS / floor / "host_floor.calibration.json").read_text())
