@@ -39,7 +39,10 @@ ROUNDS = {
     "host": ("moe_ep_host_h200_x2", "predicted_default.json", "B", "moe_ep_host_h200_x2/host_floor"),
     "r4": ("moe_ep_r4_h200_x2/oss", "../predicted_default_oss.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"),
     "r4 mixtral": (
-        "moe_ep_r4_h200_x2/mixtral", "../predicted_default_mixtral.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"
+        "moe_ep_r4_h200_x2/mixtral",
+        "../predicted_default_mixtral.json",
+        "C",
+        "moe_ep_r4_h200_x2/oss/host_floor",
     ),
     "r4 diag": ("moe_ep_r4_h200_x2/diag", "../predicted_default_diag.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"),
 }

@@ -831,7 +831,8 @@ def stage_time(
         # gradients on the host), so the host's lead does not carry over from one step to the next
         extra["host_ramp"] = host_ramp_s
     bwd_host_s = host_bwd_issue_s + moe_bwd_host_s
-    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, tuple(chunk_s), host_issue_s, host_step_s, bwd_host_s), note
+    chunks = tuple(chunk_s)
+    return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, chunks, host_issue_s, host_step_s, bwd_host_s), note
 
 
 def _chained_gathers_s(

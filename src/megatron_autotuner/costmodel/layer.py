@@ -748,7 +748,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
         if ctx.training:
             _add(bwd, "host", max(0.0, host_bwd_s - moe_gpu[1]))
 
-    # ---- host-bound dense layer (and padded MoE block): the host's issue time, compared per micro-batch by the stage ----
+    # ---- host-bound dense layer and padded MoE block: the host issue time, compared per micro-batch by the stage ----
     host_fwd = host_bwd = 0.0
     if is_moe and ctx.moe_host_issue_ahead:
         host_fwd, host_bwd = moe_block_host_s(model, ctx)
