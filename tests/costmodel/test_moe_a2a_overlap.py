@@ -176,7 +176,7 @@ def test_a_flex_launch_is_read_and_written_back():
     args = megatron_args(launch.model, launch.parallel, launch.workload)
     assert args["moe_token_dispatcher_type"] == "flex" and args["moe_flex_dispatcher_backend"] == "hybridep"
     with pytest.raises(ConfigError, match="moe_dispatcher"):
-        ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="allgather")
+        ParallelConfig(num_gpus=8, ep=8, moe_dispatcher="ncclep")
 
 
 def test_the_validate_runner_runs_the_overlap_and_refuses_what_it_cannot_run():

@@ -65,6 +65,7 @@ from functools import lru_cache
 from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
+from ..specs.parallel import FLEX_DISPATCHER_BACKENDS
 from ..theory.flops import attention_flops_per_token
 from ..theory.scan_mixers import SCAN_MIXERS
 from . import defaults as d
@@ -481,6 +482,7 @@ def _gated_delta_net_memory_bound(model: ModelSpec, tokens_heads: float) -> dict
 
 
 MOE_DISPATCH_WORK = (
+    "moe_allgather_casts",
     "moe_permute",
     "moe_permute_atomic",
     "moe_sort_chunks",
@@ -505,7 +507,15 @@ def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed
     e, h = E_BF16, model.hidden_size
     permuted = e * h * tokens * model.moe_router_topk
     out: dict[str, MemoryBoundWork] = {}
-    if model.num_moe_experts // max(1, ctx.ep) > 1:
+    group = ctx.ep * ctx.etp
+    if ctx.moe_dispatcher == "allgather" and group > 1:
+        # the allgather dispatcher permutes the gathered rows straight to its local experts (no sort) and its
+        # unpermute restores the gathered shape, cast to fp32 for the reduce-scatter and back (`allgather_dispatch_s`)
+        tokens, permuted = group * tokens, e * h * routed
+        gathered = e * h * tokens
+        casts = 3 * gathered + 3 * gathered / group  # bf16 -> fp32 of the gathered rows, fp32 -> bf16 of the local
+        out["moe_allgather_casts"] = (casts, casts, 2, None)
+    elif model.num_moe_experts // max(1, ctx.ep) > 1:
         out["moe_sort_chunks"] = (2 * e * h * routed, 2 * e * h * routed, 1, None)
     map_entries = tokens * model.num_moe_experts  # one byte each (bool)
     if not ctx.moe_permute_fusion:
@@ -520,6 +530,31 @@ def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed
         out["moe_unpermute"] = (both, both, 1, None)
         out["moe_routing_map"] = (map_entries, 0.0, 2, d.MOE_ROUTING_MAP_FUSED_HBM_EFFICIENCY)
     return out
+
+
+def allgather_dispatch_s(model: ModelSpec, ctx: LayerContext) -> tuple[float, float]:
+    """(forward, backward) seconds of megatron-core's allgather dispatcher (Megatron-LM's default
+    --moe-token-dispatcher-type) in one MoE layer, exposed. Over the expert tensor-and-expert parallel group of
+    G = etp x ep ranks it all-gathers every rank's T = tokens / tp rows: the hidden states (bf16), the router's
+    probabilities (fp32) and routing map (bool) for all E experts; the combine reduce-scatters the unpermuted rows of
+    the gathered shape cast to fp32 (MoEAllGatherTokenDispatcher.token_dispatch / token_combine,
+    megatron/core/transformer/moe/token_dispatcher.py @ Megatron-LM d98e8a6). Backward each turns into the other: the
+    gathers' gradients (hidden bf16, probabilities fp32) are reduce-scattered, the combine's all-gathered in fp32.
+    Every token moves, whatever the top-k or the load; with G = 1 nothing moves."""
+    group = ctx.ep * ctx.etp
+    if group <= 1:
+        return 0.0, 0.0
+    gathered = group * ctx.tokens / ctx.tp  # rows of the gathered tensor
+    h, experts = model.hidden_size, model.num_moe_experts
+    cluster = ctx.cluster
+
+    def coll(kind: str, nbytes: float) -> float:
+        return collective_time_s(kind, group, nbytes, cluster, 1)
+
+    hidden_bf16, hidden_fp32, probs = E_BF16 * gathered * h, 4.0 * gathered * h, 4.0 * gathered * experts
+    fwd = coll("all_gather", hidden_bf16 + probs + gathered * experts) + coll("reduce_scatter", hidden_fp32)
+    bwd = coll("reduce_scatter", hidden_bf16) + coll("reduce_scatter", probs) + coll("all_gather", hidden_fp32)
+    return fwd, bwd
 
 
 def _fp8_cast_bytes(
@@ -721,23 +756,26 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
 
     # ---- expert parallel communication ----
     a2a = 0.0
-    if is_moe and ctx.ep > 1:
+    if is_moe and ctx.moe_dispatcher == "allgather":
+        moved_fwd, moved_bwd = allgather_dispatch_s(model, ctx)
+    elif is_moe and ctx.ep > 1:
         routed = model.routed_tokens(ctx.tokens, tp, ctx.etp, ctx.expert_load)
         a2a = dispatch_time_s(
             E_BF16 * routed * model.hidden_size, ctx.ep, cluster, ctx.etp, model.num_moe_experts,
-            model.moe_router_topk, ctx.moe_dispatcher != "alltoall", model.moe_router_num_groups,
+            model.moe_router_topk, ctx.moe_dispatcher in FLEX_DISPATCHER_BACKENDS, model.moe_router_num_groups,
             model.moe_router_group_topk,
         )  # fmt: skip
-    # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
-    # reduce-scatter of the routed tokens
-    tokens_moved = 2 * a2a + (expert_tp_comm_s(model, ctx) if is_moe else 0.0)
-    if tokens_moved:
-        _add(fwd, "ep", tokens_moved)
-        if ctx.training:
-            _add(bwd, "ep", tokens_moved)
+    if not (is_moe and ctx.moe_dispatcher == "allgather"):
+        # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
+        # reduce-scatter of the routed tokens
+        moved_fwd = moved_bwd = 2 * a2a + (expert_tp_comm_s(model, ctx) if is_moe else 0.0)
+    if moved_fwd:
+        _add(fwd, "ep", moved_fwd)
+    if moved_bwd and ctx.training:
+        _add(bwd, "ep", moved_bwd)
 
     # ---- host-bound MoE block ----
-    moe_gpu = _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved, ctx.training) if is_moe else (0.0, 0.0)
+    moe_gpu = _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, moved_fwd, moved_bwd, ctx.training) if is_moe else (0.0, 0.0)
     # the floors were measured on megatron-core's alltoall dispatcher. The flex dispatchers are assumed to cost the
     # host as much: they too wait on the host for the token counts before the permute (DeepEP: `.item()` of
     # tokens_per_expert; HybridEP: a blocking dispatch unless the permuted-token count is given; Megatron-LM d98e8a6
@@ -787,7 +825,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 _add(rec, "gemm", sum(gemm[o]["fwd"] for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)))
                 redone = ("router", "activation") + GLU_CLAMP_WORK + MOE_DISPATCH_WORK
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in redone))
-                _add(rec, "ep", tokens_moved)
+                _add(rec, "ep", moved_fwd)
             if "moe_act" in mods and is_moe:
                 # the checkpointed activation function includes a clamped GLU's clamps and cat (experts.py)
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in ("activation", *GLU_CLAMP_WORK)))
@@ -809,16 +847,16 @@ MOE_BLOCK_MEMORY_WORK = (
 )
 
 
-def _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, tokens_moved: float, training: bool) -> tuple[float, float]:
-    """(forward, backward) GPU seconds of a MoE block alone: router, dispatcher (token movement and all-to-all),
-    routed and shared experts; what its host floor is compared with."""
+def _moe_block_gpu_s(gemm, mem_fwd, mem_bwd, moved_fwd: float, moved_bwd: float, training: bool) -> tuple[float, float]:
+    """(forward, backward) GPU seconds of a MoE block alone: router, dispatcher (token movement and its
+    communication), routed and shared experts; what its host floor is compared with."""
     moe_ops = [o for o in gemm if o.startswith(MOE_BLOCK_GEMM_PREFIXES)]
     moe_mem = MOE_BLOCK_MEMORY_WORK
-    gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + tokens_moved
+    gpu_fwd = sum(gemm[o]["fwd"] for o in moe_ops) + sum(mem_fwd.get(k, 0.0) for k in moe_mem) + moved_fwd
     if not training:
         return gpu_fwd, 0.0
     gpu_bwd = sum(gemm[o]["dgrad"] + gemm[o]["wgrad"] for o in moe_ops)
-    gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + tokens_moved
+    gpu_bwd += sum(mem_bwd.get(k, 0.0) for k in moe_mem) + moved_bwd
     return gpu_fwd, gpu_bwd
 
 

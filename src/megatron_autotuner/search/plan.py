@@ -41,6 +41,7 @@ from ..specs.hardware import ClusterSpec, GPUSpec
 from ..specs.lengths import SequenceLengths
 from ..specs.model import ModelSpec
 from ..specs.parallel import (
+    FLEX_DISPATCHER_BACKENDS,
     CudaGraphConfig,
     MoeRouting,
     ParallelConfig,
@@ -219,7 +220,7 @@ def layout_label(p: ParallelConfig, w: Workload) -> str:
     if p.ep > 1 or p.etp != p.tp:
         parts += [f"ep{p.ep}", f"etp{p.etp}"]
     if p.moe_dispatcher != "alltoall":
-        parts.append(f"flex-{p.moe_dispatcher}")
+        parts.append(f"flex-{p.moe_dispatcher}" if p.moe_dispatcher in FLEX_DISPATCHER_BACKENDS else p.moe_dispatcher)
     if p.moe_a2a_overlap:
         parts.append("a2a-overlap" + ("+delay-wgrad" if p.delay_wgrad_compute else ""))
     parts.append("sp" if p.sequence_parallel else "nosp")

@@ -33,6 +33,7 @@ from ..errors import ConfigError
 from .model import ModelSpec, check_num_layers, router_group_fields
 from .parallel import (
     CUDA_GRAPH_MODULES,
+    FLEX_DISPATCHER_BACKENDS,
     MOE_DISPATCHERS,
     OFFLOAD_MODULES,
     ActivationOffloadConfig,
@@ -230,7 +231,7 @@ FLAG_TABLE: dict[str, str] = {
     "bias_gelu_fusion": "options.fused_bias_activation (--no-bias-gelu-fusion)",
     "optimizer": "adam is modelled (sgd / muon / lion / soap: not modelled, their state memory and step priced as "
     "Adam's)",
-    "moe_token_dispatcher_type": "alltoall is modelled (allgather / flex: not modelled, predicted as alltoall)",
+    "moe_token_dispatcher_type": "parallel.moe_dispatcher (alltoall, allgather, flex)",
     "moe_grouped_gemm": "grouped expert GEMMs are modelled (off: not modelled)",
     "moe_permute_fusion": "options.moe_permute_fusion (TE's fused token permute: its kernels and host floor)",
     "tp_comm_overlap_cfg": "the TE userbuffers yaml (its per-GEMM settings are not read)",
@@ -1689,7 +1690,7 @@ def specs_to_megatron_args(
             moe_ffn_hidden_size=model.moe_ffn_hidden_size,
             moe_layer_freq=_pattern_expression(model.moe_layer_pattern) if model.moe_layer_pattern else 1,
             # what the cost model assumes of MoE execution: the planned dispatcher with grouped GEMMs
-            moe_token_dispatcher_type="alltoall" if p.moe_dispatcher == "alltoall" else "flex",
+            moe_token_dispatcher_type="flex" if p.moe_dispatcher in FLEX_DISPATCHER_BACKENDS else p.moe_dispatcher,
             moe_grouped_gemm=True,
             moe_permute_fusion=options is not None and options.moe_permute_fusion,
         )
@@ -1729,7 +1730,7 @@ def specs_to_megatron_args(
         args.update(expert_model_parallel_size=p.ep, expert_tensor_parallel_size=p.etp)
     if p.moe_a2a_overlap:
         args.update(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=p.delay_wgrad_compute)
-    if model.is_moe and p.moe_dispatcher != "alltoall":
+    if model.is_moe and p.moe_dispatcher in FLEX_DISPATCHER_BACKENDS:
         args["moe_flex_dispatcher_backend"] = p.moe_dispatcher
     if p.cp > 1:
         args["cp_comm_type"] = [p.cp_comm_type]

@@ -54,7 +54,10 @@ def _positive(name: str, value: Any) -> None:
         raise ConfigError(name, f"must be a positive integer, got {value!r}")
 
 
-MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Megatron-LM's MoE token dispatchers as `ParallelConfig.moe_dispatcher` names them: its default allgather, alltoall,
+# and the flex dispatcher by backend (TransformerConfig.moe_token_dispatcher_type, Megatron-LM d98e8a6)
+FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
+MOE_DISPATCHERS = ("alltoall", "allgather", *FLEX_DISPATCHER_BACKENDS)
 # Megatron-LM --cross-entropy-fusion-impl: megatron-core's torch-compiled kernels (its default) or Transformer Engine's
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
 
@@ -97,8 +100,9 @@ class ParallelConfig:
     pipeline_layout: PipelineLayout | None = None
     moe_a2a_overlap: bool = False
     delay_wgrad_compute: bool = False
-    # Megatron-LM's MoE token dispatcher: alltoall, or the flex dispatcher over DeepEP / HybridEP (--moe-token-
-    # dispatcher-type flex --moe-flex-dispatcher-backend deepep | hybridep), which send a token to each other node once
+    # Megatron-LM's MoE token dispatcher: alltoall, allgather (Megatron-LM's default: every token to every rank of the
+    # expert group), or the flex dispatcher over DeepEP / HybridEP (--moe-token-dispatcher-type flex
+    # --moe-flex-dispatcher-backend deepep | hybridep), which send a token to each other node once
     moe_dispatcher: str = "alltoall"
 
     __hash__ = cached_hash  # hashed once: the search's caches look it up constantly
@@ -162,13 +166,16 @@ class ParallelConfig:
 
     def _check_moe_a2a_overlap(self) -> None:
         """megatron-core TransformerConfig.__post_init__ (Megatron-LM d98e8a6): the EP all-to-all overlap needs
-        expert parallelism and, with a pipeline, virtual stages; delayed wgrad needs the overlap."""
+        expert parallelism, the alltoall or flex dispatcher and, with a pipeline, virtual stages; delayed wgrad needs
+        the overlap."""
         if self.delay_wgrad_compute and not self.moe_a2a_overlap:
             raise ConfigError("delay_wgrad_compute", "needs moe_a2a_overlap (--overlap-moe-expert-parallel-comm)")
         if self.moe_a2a_overlap and self.ep < 2:
             raise ConfigError("moe_a2a_overlap", "needs expert parallelism (ep > 1)")
         if self.moe_a2a_overlap and self.pp > 1 and self.vpp is None:
             raise ConfigError("moe_a2a_overlap", "needs virtual pipeline stages (vpp) when pp > 1")
+        if self.moe_a2a_overlap and self.moe_dispatcher == "allgather":
+            raise ConfigError("moe_a2a_overlap", "needs the alltoall or flex dispatcher, not allgather")
 
     @property
     def dp(self) -> int:
@@ -248,7 +255,7 @@ def needs_nccl_graph_register_off(cuda_graph_impl: str, expandable_segments: boo
 # the alltoall dispatcher and 32 with DeepEP / HybridEP (scripts/performance/utils/overrides.py,
 # `_apply_flat_cli_environment_compatibility`); Megatron-LM warns that the overlap "requires setting a larger
 # CUDA_DEVICE_MAX_CONNECTIONS" (megatron/training/arguments.py @ d98e8a6).
-A2A_OVERLAP_MAX_CONNECTIONS = {"alltoall": 8, "deepep": 32, "hybridep": 32}  # by `MOE_DISPATCHERS`
+A2A_OVERLAP_MAX_CONNECTIONS = {"alltoall": 8, "deepep": 32, "hybridep": 32}  # the dispatchers the overlap runs with
 
 
 def cuda_device_max_connections(parallel: ParallelConfig) -> int | None:

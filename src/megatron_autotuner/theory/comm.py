@@ -11,7 +11,8 @@ Where the collectives come from (megatron-core):
   and fc2 (forward); backward mirrors them and re-gathers the two norm outputs for wgrad. Without
   SP: one all-reduce after proj and fc2 forward, after qkv and fc1 dgrad backward.
 - MoE layers (alltoall dispatcher): dispatch + combine all-to-all over ep forward and backward
-  (routed tokens x h), plus all-gather / reduce-scatter over etp when etp > 1.
+  (routed tokens x h), plus all-gather / reduce-scatter over etp when etp > 1. The allgather dispatcher
+  (Megatron-LM's default) gathers every token over etp x ep and reduce-scatters the combine in fp32.
 - CP p2p ring: each layer passes K,V around the ring cp-1 times forward; backward passes K,V and
   dK,dV. a2a (Ulysses): all-to-all of Q,K,V in and of the output back, both passes.
 - PP: one activation send and one gradient send per micro-batch per stage boundary (x vpp).
@@ -127,7 +128,19 @@ def stage_comm_volumes(
             coll = "reduce_scatter" if parallel.sequence_parallel else "all_reduce"
             out.append(CommVolume("tp", coll, tp, hidden_msg, m, "fwd"))
 
-    if moe_layers and ep > 1:
+    group = ep * etp
+    if moe_layers and parallel.moe_dispatcher == "allgather" and group > 1:
+        # every rank's T/tp rows over the etp x ep group: hidden (bf16), probabilities (fp32) and routing map (bool)
+        # gathered forward, the fp32 combine reduce-scattered; backward the reverse (`layer.allgather_dispatch_s`)
+        gathered, experts = group * tokens / tp, model.num_moe_experts
+        n_fwd = len(moe_layers) + (sum(1 for i in moe_layers if full_mask[i]) if training else 0)
+        out.append(CommVolume("ep", "all_gather", group, gathered * (e * h + 5 * experts), m * n_fwd, "fwd"))
+        out.append(CommVolume("ep", "reduce_scatter", group, gathered * 4 * h, m * n_fwd, "fwd"))
+        if training:
+            bwd_rs = gathered * (e * h + 4 * experts)
+            out.append(CommVolume("ep", "reduce_scatter", group, bwd_rs, m * len(moe_layers), "bwd"))
+            out.append(CommVolume("ep", "all_gather", group, gathered * 4 * h, m * len(moe_layers), "bwd"))
+    elif moe_layers and ep > 1:
         routed = model.routed_tokens(tokens, tp, etp, workload.expert_load)
         per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)

@@ -25,6 +25,7 @@ from ..specs import (
     validate_layout,
 )
 from ..specs.parallel import (
+    FLEX_DISPATCHER_BACKENDS,
     ActivationOffloadConfig,
     MoeRouting,
     check_cross_entropy_fusion_impl,
@@ -55,6 +56,10 @@ def ran_with_expandable_segments(record: dict[str, Any]) -> bool:
     if stated is not None:
         return bool(stated)
     return "expandable_segments:true" in str((record.get("env") or {}).get("pytorch_cuda_alloc_conf") or "").lower()
+
+
+# the MoE token dispatchers the runner builds (`Layout.moe_token_dispatcher`)
+RUNNER_DISPATCHERS = ("alltoall", "allgather")
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,7 @@ class Layout:
         "moe_pad_expert_input_to_capacity",
         "moe_a2a_overlap",
         "delay_wgrad_compute",
+        "moe_token_dispatcher",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -185,6 +191,9 @@ class Layout:
     # micro-batch's forward beside another's backward; --delay-wgrad-compute defers the experts' weight gradients
     moe_a2a_overlap: bool = False
     delay_wgrad_compute: bool = False
+    # --moe-token-dispatcher-type: alltoall or allgather (Megatron-LM's default); the flex dispatchers need DeepEP /
+    # HybridEP, which the GPU machine's install lacks
+    moe_token_dispatcher: str = "alltoall"
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -295,6 +304,7 @@ class Layout:
             cp_comm_type=self.cp_comm_type,
             moe_a2a_overlap=self.moe_a2a_overlap,
             delay_wgrad_compute=self.delay_wgrad_compute,
+            moe_dispatcher=self.moe_token_dispatcher,
             pipeline_layout=None
             if self.pipeline_layout is None
             else PipelineLayout.from_string(self.pipeline_layout, self.pp),
@@ -374,6 +384,12 @@ class Layout:
         mamba_ssm, neither of which the GPU machine's install has)."""
         self.moe_routing()  # raises for a capacity megatron-core refuses
         check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
+        if self.moe_token_dispatcher not in RUNNER_DISPATCHERS:
+            raise ConfigError(
+                "moe_token_dispatcher",
+                f"must be one of {', '.join(RUNNER_DISPATCHERS)} (the runner has no DeepEP / HybridEP), "
+                f"got {self.moe_token_dispatcher!r}",
+            )
         spec = self.model_spec()
         if spec.hybrid_layer_pattern or spec.has_linear_attention:
             what = "Mamba hybrid" if spec.hybrid_layer_pattern else "gated-DeltaNet"
@@ -487,6 +503,8 @@ class Layout:
             parts.append("fused-permute")
         if self.moe_a2a_overlap:
             parts.append("a2a-overlap" + ("+delay-wgrad" if self.delay_wgrad_compute else ""))
+        if self.moe_token_dispatcher != "alltoall":
+            parts.append(self.moe_token_dispatcher)
         if self.moe_expert_capacity_factor is not None:
             parts.append(
                 f"cap{self.moe_expert_capacity_factor:g}" + ("-pad" if self.moe_pad_expert_input_to_capacity else "")
@@ -584,6 +602,7 @@ class Layout:
             tp_comm_overlap=parallel.tp_comm_overlap,
             moe_a2a_overlap=parallel.moe_a2a_overlap,
             delay_wgrad_compute=parallel.delay_wgrad_compute,
+            moe_token_dispatcher=parallel.moe_dispatcher,
             moe_expert_capacity_factor=workload.moe_routing.capacity_factor,
             moe_pad_expert_input_to_capacity=workload.moe_routing.pad_to_capacity,
             **{**packing, **run_settings(options), **extra},
@@ -591,9 +610,9 @@ class Layout:
 
 
 def _check_runner_runs_moe(parallel: ParallelConfig, workload: Workload) -> None:
-    """The runner's MoE layers use the alltoall dispatcher and whatever routing the data gives: a layout predicted
-    with another is refused rather than run as something else."""
-    if parallel.moe_dispatcher != "alltoall":
+    """The runner's MoE layers use the alltoall or allgather dispatcher and whatever routing the data gives: a layout
+    predicted with another is refused rather than run as something else."""
+    if parallel.moe_dispatcher in FLEX_DISPATCHER_BACKENDS:
         raise ConfigError("moe_dispatcher", f"the {parallel.moe_dispatcher} dispatcher is not run by mat validate")
     if workload.moe_routing.load_imbalance != 1.0:
         # the runner forces balanced routing (--moe-router-force-load-balancing)

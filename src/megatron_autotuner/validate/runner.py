@@ -257,6 +257,8 @@ def config_overrides(layout: Layout, use_te: bool, device: str) -> dict[str, Any
         # token dropping: megatron-core drops past each expert's capacity (and pads up to it)
         moe_expert_capacity_factor=layout.moe_expert_capacity_factor,
         moe_pad_expert_input_to_capacity=layout.moe_pad_expert_input_to_capacity,
+        # --moe-token-dispatcher-type (the model config's alltoall unless the layout names allgather)
+        moe_token_dispatcher_type=layout.moe_token_dispatcher,
         # --overlap-moe-expert-parallel-comm / --delay-wgrad-compute: the combined 1F1B step (`_forward_step`)
         overlap_moe_expert_parallel_comm=layout.moe_a2a_overlap,
         delay_wgrad_compute=layout.delay_wgrad_compute,
