@@ -109,3 +109,26 @@ def test_bridge_gets_the_allgather_dispatcher_named():
     parallel = ParallelConfig(num_gpus=2, ep=2, moe_dispatcher="allgather")
     model = bridge_overrides(MIXTRAL, parallel, Workload(4096, 1, 8))["model"]
     assert model["moe_token_dispatcher_type"] == "allgather" and "moe_flex_dispatcher_backend" not in model
+
+
+def test_two_gpu_run_peaks_hold_and_the_dispatcher_ranking_is_a_known_miss():
+    """benchmarks/results/moe_allgather_h200_x2 (Mixtral-8x7B, 2 layers, ep 2 on 2x H200, predicted before the lease):
+    both peaks within 1%. The allgather step (profiled) ran 248 ms against alltoall's 272 ms on the same host, where
+    the model has allgather 1.2% slower for its extra bytes: its gathers and reduce-scatters moved as modelled, and
+    what alltoall lost was elsewhere (its host syncs for the all-to-all's splits are not priced apart). Not met:
+    pinned so a change shows."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[2] / "benchmarks/results/moe_allgather_h200_x2"
+    predicted = json.loads((folder / "predicted_default.json").read_text())
+    assert predicted["predicted_at"] < json.loads((folder / "summary.json").read_text())["date"]
+    before = {row["layout_id"]: row["predicted"] for row in predicted["layouts"]}
+    runs = {}
+    for line in (folder / "results.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        pred, measured = before[row["layout_id"]], row["measured"]
+        assert abs(pred["peak_memory_gib"] / measured["peak_gib"] - 1) < 0.01, row["label"]
+        runs[row["layout"].get("moe_token_dispatcher", "alltoall")] = (pred["step_time_s"], measured["step_time_s"])
+    assert runs["allgather"][0] > runs["alltoall"][0]  # predicted: allgather slower
+    assert runs["allgather"][1] < 0.93 * runs["alltoall"][1]  # measured: 8.7% faster
