@@ -115,8 +115,7 @@ def test_two_gpu_run_peaks_hold_and_the_dispatcher_ranking_is_a_known_miss():
     """benchmarks/results/moe_allgather_h200_x2 (Mixtral-8x7B, 2 layers, ep 2 on 2x H200, predicted before the lease):
     both peaks within 1%. The allgather step (profiled) ran 248 ms against alltoall's 272 ms on the same host, where
     the model has allgather 1.2% slower for its extra bytes: its gathers and reduce-scatters moved as modelled, and
-    what alltoall lost was elsewhere (its host syncs for the all-to-all's splits are not priced apart). Not met:
-    pinned so a change shows."""
+    what alltoall lost was not its bytes (the run timed it, did not profile it). Not met: pinned so a change shows."""
     import json
     from pathlib import Path
 
