@@ -20,6 +20,7 @@ from megatron_autotuner.specs.parallel import ParallelConfig, Workload
 from megatron_autotuner.theory.comm import stage_comm_volumes
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.runner import config_overrides
+from tests.evidence import runs_with_prediction_before
 
 MIXTRAL = load_model_spec("Mixtral-8x7B")  # h 4096, 8 experts, top-2
 MIB = 2**20
@@ -116,17 +117,9 @@ def test_two_gpu_run_peaks_hold_and_the_dispatcher_ranking_is_a_known_miss():
     both peaks within 1%. The allgather step (profiled) ran 248 ms against alltoall's 272 ms on the same host, where
     the model has allgather 1.2% slower for its extra bytes: its gathers and reduce-scatters moved as modelled, and
     what alltoall lost was not its bytes (the run timed it, did not profile it). Not met: pinned so a change shows."""
-    import json
-    from pathlib import Path
-
-    folder = Path(__file__).resolve().parents[2] / "benchmarks/results/moe_allgather_h200_x2"
-    predicted = json.loads((folder / "predicted_default.json").read_text())
-    assert predicted["predicted_at"] < json.loads((folder / "summary.json").read_text())["date"]
-    before = {row["layout_id"]: row["predicted"] for row in predicted["layouts"]}
     runs = {}
-    for line in (folder / "results.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        pred, measured = before[row["layout_id"]], row["measured"]
+    for row, pred in runs_with_prediction_before("moe_allgather_h200_x2"):
+        measured = row["measured"]
         assert abs(pred["peak_memory_gib"] / measured["peak_gib"] - 1) < 0.01, row["label"]
         runs[row["layout"].get("moe_token_dispatcher", "alltoall")] = (pred["step_time_s"], measured["step_time_s"])
     assert runs["allgather"][0] > runs["alltoall"][0]  # predicted: allgather slower

@@ -13,6 +13,7 @@ from megatron_autotuner.costmodel import defaults as d
 from megatron_autotuner.costmodel.queued_frees import QueuedFreeInputs, host_lead_s, queued_free_bytes
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
+from tests.evidence import runs_with_prediction_before
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks/results/reserved_memory_h200_x4"
 GIB = 2**30
@@ -177,14 +178,9 @@ def test_moe_backward_queued_frees_held_on_three_layouts_predicted_before_the_le
     floors and committed before the lease): Mixtral-8x7B's reserved peaks within 1.2% where without the term they were
     5.6% and 11.2% under; gpt-oss-20b at micro-batch 2 came 6.2% over (its real backward host-paced: 0.8 GiB reserved
     over its allocation, where the default floors hold it GPU-paced)."""
-    folder = Path(__file__).resolve().parents[2] / "benchmarks/results/moe_queued_frees_h200_x2"
-    predicted = json.loads((folder / "predicted_default.json").read_text())
-    assert predicted["predicted_at"] < json.loads((folder / "summary.json").read_text())["date"]
-    before = {row["layout_id"]: row["predicted"] for row in predicted["layouts"]}
     errors = {}
-    for line in (folder / "results.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        pred, peak = before[row["layout_id"]], row["measured"]["peak_gib"]
+    for row, pred in runs_with_prediction_before("moe_queued_frees_h200_x2"):
+        peak = row["measured"]["peak_gib"]
         now = predict(Layout.from_dict(row["layout"]), "H200", gradient_accumulation_fusion=False)["peak_memory_gib"]
         assert now == pytest.approx(pred["peak_memory_gib"], rel=0.01), row["label"]
         queued = pred["memory_breakdown_gib"]["queued_frees"]
