@@ -124,3 +124,38 @@ def test_two_gpu_run_peaks_hold_and_the_dispatcher_ranking_is_a_known_miss():
         runs[row["layout"].get("moe_token_dispatcher", "alltoall")] = (pred["step_time_s"], measured["step_time_s"])
     assert runs["allgather"][0] > runs["alltoall"][0]  # predicted: allgather slower
     assert runs["allgather"][1] < 0.93 * runs["alltoall"][1]  # measured: 8.7% faster
+
+
+def test_the_command_line_takes_megatron_lms_dispatcher_flags(capsys, tmp_path):
+    """`--moe-token-dispatcher-type` / `--moe-flex-dispatcher-backend` on estimate and validate, as Megatron-LM spells
+    them; a backend without flex, a flex dispatcher the runner cannot build and either flag beside --megatron-args are
+    refused in one line."""
+    import json
+
+    from megatron_autotuner.cli import main
+
+    common = ["--model", "Mixtral-8x7B", "--num-gpus", "2", "--ep", "2", "--seq-len", "4096", "--global-batch-size",
+              "8", "--gpu", "H200"]  # fmt: skip
+    ep_s = {}
+    for flags in ([], ["--moe-token-dispatcher-type", "allgather"], ["--moe-token-dispatcher-type", "flex"]):
+        assert main(["estimate", *common, *flags, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        ep_s[out["inputs"]["parallel"]["moe_dispatcher"]] = out["time_breakdown_s"]["exposed_comm"]["ep"]
+    assert set(ep_s) == {"alltoall", "allgather", "deepep"} and ep_s["allgather"] > ep_s["alltoall"]
+    dry = ["--num-layers", "2", "--dry-run", "--json", "--output-dir", str(tmp_path / "v")]
+    assert main(["validate", *common, "--moe-token-dispatcher-type", "allgather", *dry]) == 0
+    assert '"moe_token_dispatcher": "allgather"' in capsys.readouterr().out
+    refused = (
+        (["estimate", *common, "--moe-flex-dispatcher-backend", "hybridep"],
+         "mat: error: moe_flex_dispatcher_backend: needs --moe-token-dispatcher-type flex"),
+        (["validate", *common, "--moe-token-dispatcher-type", "flex", *dry],
+         "mat: error: moe_token_dispatcher: must be one of alltoall, allgather (the runner has no DeepEP / HybridEP), "
+         "got 'deepep'"),
+        (["estimate", "--megatron-args", "tests/fixtures/launches/deepseek_v3_h100_1024gpu.sh", "--gpu", "H100",
+          "--moe-token-dispatcher-type", "alltoall"],
+         "mat: error: moe_token_dispatcher_type: --moe-token-dispatcher-type goes in the Megatron-LM launch "
+         "(--moe-token-dispatcher-type) when --megatron-args is given"),
+    )  # fmt: skip
+    for argv, line in refused:
+        assert main(argv) == 2
+        assert capsys.readouterr().err.strip() == line

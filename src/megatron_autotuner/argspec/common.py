@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS, FP8_RECIPES, PRECISIONS
+from ..errors import ConfigError
+from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS, FLEX_DISPATCHER_BACKENDS, FP8_RECIPES, PRECISIONS
 
 
 def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -36,6 +37,34 @@ def add_moe_overlap_arguments(parser: argparse.ArgumentParser | argparse._Argume
         help="with --overlap-moe-expert-parallel-comm: the experts' weight gradients after the backward dispatch "
         "(Megatron-LM's flag; default off)",
     )
+
+
+def add_moe_dispatcher_arguments(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """Megatron-LM's `--moe-token-dispatcher-type` and `--moe-flex-dispatcher-backend`; None when not given
+    (`moe_dispatcher_from_args`)."""
+    parser.add_argument(
+        "--moe-token-dispatcher-type",
+        choices=("alltoall", "allgather", "flex"),
+        default=None,
+        help="MoE token dispatcher (Megatron-LM's flag): alltoall (default here, as NVIDIA's recipes run it), "
+        "allgather (Megatron-LM's own default: every token to every rank of the expert group) or flex",
+    )
+    parser.add_argument(
+        "--moe-flex-dispatcher-backend",
+        choices=FLEX_DISPATCHER_BACKENDS,
+        default=None,
+        help="with --moe-token-dispatcher-type flex: DeepEP or HybridEP (default deepep, as Megatron-LM)",
+    )
+
+
+def moe_dispatcher_from_args(args: argparse.Namespace) -> str:
+    """`ParallelConfig.moe_dispatcher` of the dispatcher flags: the flex dispatcher by its backend (megatron-core's
+    default backend deepep, TransformerConfig.moe_flex_dispatcher_backend @ Megatron-LM d98e8a6)."""
+    kind = getattr(args, "moe_token_dispatcher_type", None) or "alltoall"
+    backend = getattr(args, "moe_flex_dispatcher_backend", None)
+    if backend is not None and kind != "flex":
+        raise ConfigError("moe_flex_dispatcher_backend", "needs --moe-token-dispatcher-type flex")
+    return (backend or "deepep") if kind == "flex" else kind
 
 
 def add_cross_entropy_fusion_impl_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

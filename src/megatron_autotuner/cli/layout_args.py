@@ -9,9 +9,11 @@ from ..argspec.argtypes import non_empty_path, positive_int
 from ..argspec.common import (
     add_grad_reduce_argument,
     add_launch_reading_arguments,
+    add_moe_dispatcher_arguments,
     add_moe_overlap_arguments,
     add_precision_arguments,
     launch_variables,
+    moe_dispatcher_from_args,
 )
 from ..errors import ConfigError
 from ..specs import MoeRouting, ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
@@ -100,6 +102,7 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
         help="context-parallel attention exchange (default p2p ring)",
     )
     add_moe_overlap_arguments(g)
+    add_moe_dispatcher_arguments(g)
 
 
 def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -263,6 +266,7 @@ def parallel_from_args(args: argparse.Namespace, model: ModelSpec | None = None)
         cp_comm_type=args.cp_comm_type or "p2p",
         moe_a2a_overlap=bool(getattr(args, "moe_a2a_overlap", None)),
         delay_wgrad_compute=bool(getattr(args, "delay_wgrad_compute", None)),
+        moe_dispatcher=moe_dispatcher_from_args(args),
         pipeline_layout=layout,
     )
 
@@ -306,6 +310,8 @@ LAUNCH_DECIDES = {
     "cp_comm_type": "--cp-comm-type",
     "moe_a2a_overlap": "--overlap-moe-expert-parallel-comm",
     "delay_wgrad_compute": "--delay-wgrad-compute",
+    "moe_token_dispatcher_type": "--moe-token-dispatcher-type",
+    "moe_flex_dispatcher_backend": "--moe-flex-dispatcher-backend",
     "seq_len": "--seq-length",
     "micro_batch_size": "--micro-batch-size",
     "global_batch_size": "--global-batch-size",

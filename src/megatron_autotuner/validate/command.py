@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from .. import SCHEMA_VERSION, __version__
-from ..argspec.common import add_launch_reading_arguments
+from ..argspec.common import add_launch_reading_arguments, moe_dispatcher_from_args
 from ..errors import ConfigError
 from ..files import write_text_atomic
 
@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from ..argspec.common import (
         add_cross_entropy_fusion_impl_argument,
         add_grad_reduce_argument,
+        add_moe_dispatcher_arguments,
         add_moe_overlap_arguments,
         add_precision_arguments,
     )
@@ -100,6 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--cp-comm-type", choices=["p2p", "a2a", "allgather"], default="p2p", help="context-parallel attention exchange"
     )
     add_moe_overlap_arguments(p)
+    add_moe_dispatcher_arguments(p)
     p.add_argument(
         "--seq-len", type=positive_int, help="tokens per sequence (required for one layout from the options)"
     )
@@ -282,6 +284,7 @@ def _layouts(args: argparse.Namespace, out: Path):
             tp=args.tp, pp=args.pp, vpp=args.vpp, cp=args.cp, ep=args.ep, etp=args.etp,
             sequence_parallel=args.sequence_parallel, cp_comm_type=args.cp_comm_type,
             moe_a2a_overlap=bool(args.moe_a2a_overlap), delay_wgrad_compute=bool(args.delay_wgrad_compute),
+            moe_token_dispatcher=moe_dispatcher_from_args(args),
             micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
             recompute=args.recompute, recompute_method=args.recompute_method,
             recompute_num_layers=args.recompute_num_layers, recompute_modules=tuple(args.recompute_modules),
