@@ -633,7 +633,9 @@ def stage_time(
         chunk_s[chunk] += count * (sum(f.values()) + sum(b.values()))
 
     host_fwd_issue_s = host_bwd_issue_s = 0.0  # the host's issue time of the stage's layers, one micro-batch
-    moe_bwd_host_s = 0.0  # the synchronised eager MoE blocks' backward floors (priced in the blocks' own time)
+    # the synchronised eager MoE blocks' backward floors (priced in the blocks' own time)
+    moe_bwd_host_s = 0.0
+    moe_block_bwd_host_s = moe_block_host_s(model, ctx)[1] if ctx.moe_host_bound and training else 0.0
     layers_fwd_gpu_s = 0.0  # the GPU's forward work of those layers
     for c, kinds in enumerate(per_chunk_kinds):
         for moe, full, count, layer in kinds:
@@ -642,8 +644,8 @@ def stage_time(
             host_fwd_issue_s += count * kind_host[key][0]
             host_bwd_issue_s += count * kind_host[key][1]
             layers_fwd_gpu_s += count * sum(kind_cost[key][0].values())
-            if moe and ctx.moe_host_bound and training:
-                moe_bwd_host_s += count * moe_block_host_s(model, ctx)[1]
+            if moe:
+                moe_bwd_host_s += count * moe_block_bwd_host_s
 
     if parallel.moe_a2a_overlap and training:
         saved = a2a_overlap_saving_s(
@@ -1170,7 +1172,7 @@ def queued_free_inputs(
         params = memory[st.stage].parameters.total
         out[st.stage] = QueuedFreeInputs(
             fwd_gpu_s=sum(v for k, v in st.fwd.items() if k != "host"),
-            bwd_gpu_s=sum(v for k, v in st.bwd.items() if k != "host") if moe_synced else sum(st.bwd.values()),
+            bwd_gpu_s=sum(v for k, v in st.bwd.items() if k != "host"),  # only host-bound MoE blocks have any
             host_issue_s=st.host_issue_s,
             layers=len(layers),
             tp_gt1=parallel.tp > 1,

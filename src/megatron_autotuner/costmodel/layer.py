@@ -66,6 +66,7 @@ from ..errors import ConfigError
 from ..specs.hardware import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.parallel import FLEX_DISPATCHER_BACKENDS
+from ..theory.comm import allgather_dispatch_bytes
 from ..theory.flops import attention_flops_per_token
 from ..theory.scan_mixers import SCAN_MIXERS
 from . import defaults as d
@@ -532,28 +533,40 @@ def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed
     return out
 
 
+def moe_token_movement_s(model: ModelSpec, ctx: LayerContext) -> tuple[float, float]:
+    """(forward, backward) seconds one MoE layer's dispatcher moves tokens between ranks, exposed: the allgather
+    dispatcher's gathers and reduce-scatters (`allgather_dispatch_s`); else the dispatch + combine all-to-all of the
+    routed tokens (`collectives.dispatch_time_s`, deduplicated across nodes by the flex backends) and, over expert-TP,
+    the gather / reduce-scatter of the routed tokens (`expert_tp_comm_s`), the same both passes."""
+    if ctx.moe_dispatcher == "allgather":
+        return allgather_dispatch_s(model, ctx)
+    a2a = 0.0
+    if ctx.ep > 1:
+        routed = model.routed_tokens(ctx.tokens, ctx.tp, ctx.etp, ctx.expert_load)
+        a2a = dispatch_time_s(
+            E_BF16 * routed * model.hidden_size, ctx.ep, ctx.cluster, ctx.etp, model.num_moe_experts,
+            model.moe_router_topk, ctx.moe_dispatcher in FLEX_DISPATCHER_BACKENDS, model.moe_router_num_groups,
+            model.moe_router_group_topk,
+        )  # fmt: skip
+    moved = 2 * a2a + expert_tp_comm_s(model, ctx)
+    return moved, moved
+
+
 def allgather_dispatch_s(model: ModelSpec, ctx: LayerContext) -> tuple[float, float]:
     """(forward, backward) seconds of megatron-core's allgather dispatcher (Megatron-LM's default
-    --moe-token-dispatcher-type) in one MoE layer, exposed. Over the expert tensor-and-expert parallel group of
-    G = etp x ep ranks it all-gathers every rank's T = tokens / tp rows: the hidden states (bf16), the router's
-    probabilities (fp32) and routing map (bool) for all E experts; the combine reduce-scatters the unpermuted rows of
-    the gathered shape cast to fp32 (MoEAllGatherTokenDispatcher.token_dispatch / token_combine,
-    megatron/core/transformer/moe/token_dispatcher.py @ Megatron-LM d98e8a6). Backward each turns into the other: the
-    gathers' gradients (hidden bf16, probabilities fp32) are reduce-scattered, the combine's all-gathered in fp32.
-    Every token moves, whatever the top-k or the load; with G = 1 nothing moves."""
+    --moe-token-dispatcher-type) in one MoE layer, exposed: its gathers and reduce-scatters over the etp x ep group
+    (`theory.comm.allgather_dispatch_bytes`), the backward's two reduce-scatters (hidden, probabilities) apart. Every
+    token moves, whatever the top-k or the load; with a group of one nothing moves."""
     group = ctx.ep * ctx.etp
     if group <= 1:
         return 0.0, 0.0
-    gathered = group * ctx.tokens / ctx.tp  # rows of the gathered tensor
-    h, experts = model.hidden_size, model.num_moe_experts
-    cluster = ctx.cluster
+    hidden, hidden_fp32, probs, routing_map = allgather_dispatch_bytes(model, ctx.tokens / ctx.tp, group)
 
     def coll(kind: str, nbytes: float) -> float:
-        return collective_time_s(kind, group, nbytes, cluster, 1)
+        return collective_time_s(kind, group, nbytes, ctx.cluster, 1)
 
-    hidden_bf16, hidden_fp32, probs = E_BF16 * gathered * h, 4.0 * gathered * h, 4.0 * gathered * experts
-    fwd = coll("all_gather", hidden_bf16 + probs + gathered * experts) + coll("reduce_scatter", hidden_fp32)
-    bwd = coll("reduce_scatter", hidden_bf16) + coll("reduce_scatter", probs) + coll("all_gather", hidden_fp32)
+    fwd = coll("all_gather", hidden + probs + routing_map) + coll("reduce_scatter", hidden_fp32)
+    bwd = coll("reduce_scatter", hidden) + coll("reduce_scatter", probs) + coll("all_gather", hidden_fp32)
     return fwd, bwd
 
 
@@ -755,20 +768,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 _add(bwd, "cp", collective_time_s("reduce_scatter", cp, kv_local * cp, cluster, tp))
 
     # ---- expert parallel communication ----
-    a2a = 0.0
-    if is_moe and ctx.moe_dispatcher == "allgather":
-        moved_fwd, moved_bwd = allgather_dispatch_s(model, ctx)
-    elif is_moe and ctx.ep > 1:
-        routed = model.routed_tokens(ctx.tokens, tp, ctx.etp, ctx.expert_load)
-        a2a = dispatch_time_s(
-            E_BF16 * routed * model.hidden_size, ctx.ep, cluster, ctx.etp, model.num_moe_experts,
-            model.moe_router_topk, ctx.moe_dispatcher in FLEX_DISPATCHER_BACKENDS, model.moe_router_num_groups,
-            model.moe_router_group_topk,
-        )  # fmt: skip
-    if not (is_moe and ctx.moe_dispatcher == "allgather"):
-        # the dispatcher's token movement per pass: dispatch + combine all-to-all, and over expert-TP the gather /
-        # reduce-scatter of the routed tokens
-        moved_fwd = moved_bwd = 2 * a2a + (expert_tp_comm_s(model, ctx) if is_moe else 0.0)
+    moved_fwd, moved_bwd = moe_token_movement_s(model, ctx) if is_moe else (0.0, 0.0)
     if moved_fwd:
         _add(fwd, "ep", moved_fwd)
     if moved_bwd and ctx.training:
@@ -795,20 +795,16 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
             # assumption: a padded layer's attention host has not been measured apart)
             dense_fwd, dense_bwd = dense_host_s(ctx)
             host_fwd, host_bwd = host_fwd + dense_fwd / 2, host_bwd + dense_bwd / 2
-        if not ctx.training:
-            host_bwd = 0.0
-        elif ctx.full_recompute:
-            host_bwd += host_fwd
-    if not is_moe and ctx.host_floor:
+    elif not is_moe and ctx.host_floor:
         host_fwd, host_bwd = dense_host_s(ctx)
         # the floor was measured on GPT layers of two blocks (attention and MLP); a hybrid model's layer of one block
         # is charged half of it (an assumption: no hybrid layer's host has been measured)
         share = model.residual_blocks(layer_index) / 2
         host_fwd, host_bwd = share * host_fwd, share * host_bwd
-        if not ctx.training:
-            host_bwd = 0.0
-        elif ctx.full_recompute:
-            host_bwd += host_fwd
+    if not ctx.training:
+        host_bwd = 0.0
+    elif ctx.full_recompute:
+        host_bwd += host_fwd
 
     # ---- recompute ----
     if ctx.training:

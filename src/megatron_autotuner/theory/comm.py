@@ -70,6 +70,17 @@ class CommVolume:
         return {**asdict(self), "wire_bytes": self.wire_bytes}
 
 
+def allgather_dispatch_bytes(model: ModelSpec, rows: float, group: int) -> tuple[float, float, float, float]:
+    """(hidden bf16, hidden fp32, router probabilities, routing map) bytes of the gathered tensors of megatron-core's
+    allgather dispatcher in one MoE layer, each rank holding `rows` = T / tp tokens of the etp x ep `group`: the
+    forward all-gathers the hidden states (bf16), the probabilities (fp32) and the routing map (bool) of all E experts
+    and reduce-scatters the combine cast to fp32; backward the gathers' gradients (hidden bf16, probabilities fp32)
+    are reduce-scattered and the combine's all-gathered in fp32 (MoEAllGatherTokenDispatcher.token_dispatch /
+    token_combine, megatron/core/transformer/moe/token_dispatcher.py @ Megatron-LM d98e8a6)."""
+    gathered, h, experts = group * rows, model.hidden_size, model.num_moe_experts
+    return 2.0 * gathered * h, 4.0 * gathered * h, 4.0 * gathered * experts, gathered * experts
+
+
 def stage_comm_volumes(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -130,16 +141,13 @@ def stage_comm_volumes(
 
     group = ep * etp
     if moe_layers and parallel.moe_dispatcher == "allgather" and group > 1:
-        # every rank's T/tp rows over the etp x ep group: hidden (bf16), probabilities (fp32) and routing map (bool)
-        # gathered forward, the fp32 combine reduce-scattered; backward the reverse (`layer.allgather_dispatch_s`)
-        gathered, experts = group * tokens / tp, model.num_moe_experts
+        hidden, hidden_fp32, probs, routing_map = allgather_dispatch_bytes(model, tokens / tp, group)
         n_fwd = len(moe_layers) + (sum(1 for i in moe_layers if full_mask[i]) if training else 0)
-        out.append(CommVolume("ep", "all_gather", group, gathered * (e * h + 5 * experts), m * n_fwd, "fwd"))
-        out.append(CommVolume("ep", "reduce_scatter", group, gathered * 4 * h, m * n_fwd, "fwd"))
+        out.append(CommVolume("ep", "all_gather", group, hidden + probs + routing_map, m * n_fwd, "fwd"))
+        out.append(CommVolume("ep", "reduce_scatter", group, hidden_fp32, m * n_fwd, "fwd"))
         if training:
-            bwd_rs = gathered * (e * h + 4 * experts)
-            out.append(CommVolume("ep", "reduce_scatter", group, bwd_rs, m * len(moe_layers), "bwd"))
-            out.append(CommVolume("ep", "all_gather", group, gathered * 4 * h, m * len(moe_layers), "bwd"))
+            out.append(CommVolume("ep", "reduce_scatter", group, hidden + probs, m * len(moe_layers), "bwd"))
+            out.append(CommVolume("ep", "all_gather", group, hidden_fp32, m * len(moe_layers), "bwd"))
     elif moe_layers and ep > 1:
         routed = model.routed_tokens(tokens, tp, etp, workload.expert_load)
         per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
