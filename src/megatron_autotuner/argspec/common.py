@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from ..errors import ConfigError
-from ..specs.parallel import CROSS_ENTROPY_FUSION_IMPLS, FLEX_DISPATCHER_BACKENDS, FP8_RECIPES, PRECISIONS
+from ..specs.parallel import (
+    CROSS_ENTROPY_FUSION_IMPLS,
+    FLEX_DISPATCHER_BACKENDS,
+    FP8_RECIPES,
+    PRECISIONS,
+    moe_dispatcher_name,
+)
 
 
 def add_grad_reduce_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -58,13 +64,13 @@ def add_moe_dispatcher_arguments(parser: argparse.ArgumentParser | argparse._Arg
 
 
 def moe_dispatcher_from_args(args: argparse.Namespace) -> str:
-    """`ParallelConfig.moe_dispatcher` of the dispatcher flags: the flex dispatcher by its backend (megatron-core's
-    default backend deepep, TransformerConfig.moe_flex_dispatcher_backend @ Megatron-LM d98e8a6)."""
+    """`ParallelConfig.moe_dispatcher` of the dispatcher flags (`specs.parallel.moe_dispatcher_name`; alltoall when
+    none is given)."""
     kind = getattr(args, "moe_token_dispatcher_type", None) or "alltoall"
     backend = getattr(args, "moe_flex_dispatcher_backend", None)
     if backend is not None and kind != "flex":
         raise ConfigError("moe_flex_dispatcher_backend", "needs --moe-token-dispatcher-type flex")
-    return (backend or "deepep") if kind == "flex" else kind
+    return moe_dispatcher_name(kind, backend)
 
 
 def add_cross_entropy_fusion_impl_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -42,6 +42,7 @@ from .parallel import (
     ParallelConfig,
     RecomputeConfig,
     Workload,
+    moe_dispatcher_name,
     needs_nccl_graph_register_off,
 )
 from .pipeline import PipelineLayout
@@ -882,12 +883,10 @@ def _modelled_dispatcher(launch: Launch, model: ModelSpec) -> str:
 def launch_dispatcher(launch: Launch) -> str:
     """The launch's MoE dispatcher as `ParallelConfig.moe_dispatcher` names it: alltoall, deepep or hybridep (flex
     with that backend; --moe-enable-deepep is flex over DeepEP), else Megatron-LM's own name (allgather, ncclep)."""
-    kind = _str(launch, "moe_token_dispatcher_type") or "allgather"
     if launch.value("moe_enable_deepep"):
         return "deepep"
-    if kind == "flex":
-        return _str(launch, "moe_flex_dispatcher_backend") or "deepep"
-    return kind
+    kind = _str(launch, "moe_token_dispatcher_type") or "allgather"
+    return moe_dispatcher_name(kind, _str(launch, "moe_flex_dispatcher_backend"))
 
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:

@@ -58,6 +58,15 @@ def _positive(name: str, value: Any) -> None:
 # and the flex dispatcher by backend (TransformerConfig.moe_token_dispatcher_type, Megatron-LM d98e8a6)
 FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 MOE_DISPATCHERS = ("alltoall", "allgather", *FLEX_DISPATCHER_BACKENDS)
+
+
+def moe_dispatcher_name(token_dispatcher_type: str, flex_backend: str | None) -> str:
+    """`ParallelConfig.moe_dispatcher` of Megatron-LM's --moe-token-dispatcher-type and --moe-flex-dispatcher-backend:
+    the flex dispatcher by its backend (megatron-core's default deepep, TransformerConfig.moe_flex_dispatcher_backend
+    @ Megatron-LM d98e8a6), else the type's own name."""
+    return (flex_backend or "deepep") if token_dispatcher_type == "flex" else token_dispatcher_type
+
+
 # Megatron-LM --cross-entropy-fusion-impl: megatron-core's torch-compiled kernels (its default) or Transformer Engine's
 CROSS_ENTROPY_FUSION_IMPLS = ("native", "te")
 

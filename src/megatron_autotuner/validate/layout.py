@@ -25,7 +25,6 @@ from ..specs import (
     validate_layout,
 )
 from ..specs.parallel import (
-    FLEX_DISPATCHER_BACKENDS,
     ActivationOffloadConfig,
     MoeRouting,
     check_cross_entropy_fusion_impl,
@@ -612,7 +611,7 @@ class Layout:
 def _check_runner_runs_moe(parallel: ParallelConfig, workload: Workload) -> None:
     """The runner's MoE layers use the alltoall or allgather dispatcher and whatever routing the data gives: a layout
     predicted with another is refused rather than run as something else."""
-    if parallel.moe_dispatcher in FLEX_DISPATCHER_BACKENDS:
+    if parallel.moe_dispatcher not in RUNNER_DISPATCHERS:
         raise ConfigError("moe_dispatcher", f"the {parallel.moe_dispatcher} dispatcher is not run by mat validate")
     if workload.moe_routing.load_imbalance != 1.0:
         # the runner forces balanced routing (--moe-router-force-load-balancing)
