@@ -79,6 +79,7 @@ def round_rows(name: str, folder_name: str, predicted_name: str, machine: str, f
     for r in read_records(folder / "results.jsonl"):
         layout = Layout.from_dict(r["layout"])
         measured = r.get("measured") or {}
+        now = _now(layout, None)
         row = {
             "round": name,
             "machine": machine,
@@ -88,9 +89,9 @@ def round_rows(name: str, folder_name: str, predicted_name: str, machine: str, f
             "predicted_before_step_s": before[r["layout_id"]]["step_time_s"],
             "predicted_before_peak_gib": before[r["layout_id"]]["peak_memory_gib"],
             "predicted_at_run_step_s": (r.get("predicted") or {}).get("step_time_s"),
-            "predicted_now_step_s": _now(layout, None)["step_time_s"],
+            "predicted_now_step_s": now["step_time_s"],
             "predicted_now_machine_floor_step_s": _now(layout, calibration)["step_time_s"],
-            "predicted_now_peak_gib": _now(layout, None)["peak_memory_gib"],
+            "predicted_now_peak_gib": now["peak_memory_gib"],
             "measured_step_s": measured.get("step_time_s"),
             "measured_peak_gib": measured.get("peak_gib"),
             "measured_allocated_gib": measured.get("max_allocated_gib"),
