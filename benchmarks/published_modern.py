@@ -479,10 +479,23 @@ def _group(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _signed(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The signed and absolute median error of the expressible rows (#40's MoE bar: signed median within +-5% per GPU
+    group of 5+ rows, median |error| <= 10%)."""
+    errors = [r["error"] for r in records if r["expressible"] and r["error"] is not None]
+    return {
+        "expressible": len(errors),
+        "median_error": statistics.median(errors) if errors else None,
+        "median_abs_error": statistics.median(abs(e) for e in errors) if errors else None,
+    }
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts and |error| statistics (tokens/s per GPU) over all rows and split by GPU, dense / MoE, and whether
-    the importer flagged anything as not modelled (the split is over expressible rows)."""
+    the importer flagged anything as not modelled (the split is over expressible rows); the MoE rows' signed and
+    absolute medians by GPU (`moe_by_gpu`)."""
     done = [r for r in records if r["expressible"]]
+    moe = [r for r in records if r["kind"] == "moe"]
     return {
         **_group(records),
         "by_gpu": {g: _group([r for r in records if r["gpu"] == g]) for g in GPU_GROUPS},
@@ -491,6 +504,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "none": _group([r for r in done if not r["not_modelled"]]),
             "some": _group([r for r in done if r["not_modelled"]]),
         },
+        "moe_by_gpu": {g: _signed([r for r in moe if r["gpu"] == g]) for g in GPU_GROUPS},
     }
 
 
@@ -543,6 +557,9 @@ def print_table(report: dict[str, Any], out: Any = sys.stdout) -> None:
     for key in ("by_gpu", "by_kind", "by_not_modelled"):
         for name, g in s[key].items():
             print(line(f"{key[3:]} {name}", g), file=out)
+    for name, g in s["moe_by_gpu"].items():
+        print(f"{'moe ' + name:22s} expressible {g['expressible']:3d}  median err {_pct(g['median_error']):>7s}  "
+              f"median |err| {_pct(g['median_abs_error'])[1:]:>6s}", file=out)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
