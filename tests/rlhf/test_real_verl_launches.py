@@ -190,3 +190,19 @@ def test_verl_s_deepep_overrides_set_the_planned_dispatcher(verl_tree):
 
     assert dispatcher("volcengine__verl__examples__grpo_trainer__run_qwen3-235b_megatron_96gb.sh") == "deepep"
     assert dispatcher("volcengine__verl__examples__ppo_trainer__run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh") == "alltoall"
+
+
+def test_verl_s_allgather_override_is_priced_as_allgather(verl_tree):
+    """verl's Moonlight-16B example passes `$@` to the trainer: with megatron-core's allgather dispatcher set in
+    override_transformer_config its actor is priced with that dispatcher, as `mat estimate` reads the same flag."""
+    from megatron_autotuner.costmodel import DEFAULT_MEMORY_MARGIN
+    from megatron_autotuner.rlhf import read_verl_file
+    from megatron_autotuner.rlhf.launch import launch_inputs, model_from_launch
+
+    script = str(verl_tree["volcengine__verl__examples__grpo_trainer__run_moonlight16b_math_megatron.sh"])
+    override = "+actor_rollout_ref.actor.megatron.override_transformer_config.moe_token_dispatcher_type=allgather"
+    for args, want in (([], "alltoall"), ([override], "allgather")):
+        launch = read_verl_file(script, args=args)
+        model = model_from_launch(launch, None)[0]
+        inputs = launch_inputs(launch, model, None, None, None, None, DEFAULT_MEMORY_MARGIN)
+        assert inputs.choice.parallel.moe_dispatcher == want

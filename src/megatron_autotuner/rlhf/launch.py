@@ -13,7 +13,7 @@ from ..export.verl import VERL_KEYS
 from ..specs.lengths import SequenceLengths
 from ..specs.loader import load_model_spec
 from ..specs.model import ModelSpec
-from ..specs.parallel import MOE_DISPATCHERS, ParallelConfig, RecomputeConfig
+from ..specs.parallel import MOE_DISPATCHERS, ParallelConfig, RecomputeConfig, moe_dispatcher_name
 from ..specs.pipeline import PipelineLayout, even_layout
 from ..specs.tokenizers import preset_named_by
 from .phases import Batching
@@ -216,14 +216,17 @@ def _pipeline(launch: VerlLaunch, role: str, model: ModelSpec, pp: int, vpp: int
 def _moe_options(launch: VerlLaunch, role: str, model: ModelSpec) -> dict[str, Any]:
     """The EP all-to-all overlap and the token dispatcher a role's override_transformer_config sets
     (TransformerConfig fields; verl's own default dispatcher is alltoall: transformer_impl.py @ b178a3c sets it
-    before the overrides). flex runs DeepEP unless moe_flex_dispatcher_backend says hybridep (moe_enable_deepep: the
-    older spelling of flex over DeepEP); another backend is predicted as alltoall."""
+    before the overrides), read as the Megatron-LM flags are (`specs.parallel.moe_dispatcher_name`): allgather, or flex
+    over DeepEP unless moe_flex_dispatcher_backend says hybridep (moe_enable_deepep: the older spelling of flex over
+    DeepEP); another dispatcher is predicted as alltoall."""
     name = f"{role}_transformer_overrides"
     otc = launch.pass_through(name) if name in VERL_KEYS else {}
     dispatcher = "alltoall"
-    if model.is_moe and (otc.get("moe_enable_deepep") or otc.get("moe_token_dispatcher_type") == "flex"):
-        backend = "deepep" if otc.get("moe_enable_deepep") else str(otc.get("moe_flex_dispatcher_backend") or "deepep")
-        dispatcher = backend if backend in MOE_DISPATCHERS else "alltoall"
+    if model.is_moe:
+        kind = "flex" if otc.get("moe_enable_deepep") else str(otc.get("moe_token_dispatcher_type") or "alltoall")
+        backend = None if otc.get("moe_enable_deepep") else otc.get("moe_flex_dispatcher_backend")
+        named = moe_dispatcher_name(kind, None if backend is None else str(backend))
+        dispatcher = named if named in MOE_DISPATCHERS else "alltoall"
     return {
         "moe_a2a_overlap": bool(otc.get("overlap_moe_expert_parallel_comm")),
         "delay_wgrad_compute": bool(otc.get("delay_wgrad_compute")),
