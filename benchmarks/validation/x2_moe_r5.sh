@@ -7,6 +7,8 @@
 # --delay-wgrad-compute on Mixtral, and gpt-oss-20b's padded layout with its layers' host issue times recorded.
 # The predictions with the default floors were written first (`mat validate --layouts <part's layouts> --dry-run
 # --json` > benchmarks/results/moe_r5_h200_x2/predicted_default_<part>.json).
+# PART=diag (with CAL): the allocator history of the padded Mixtral layout, whose reserved peak came out 7.5% over the
+# prediction, and profiles of Mixtral's overlap with and without --delay-wgrad-compute (12.6% apart in PART=more).
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~4 min each):
 #     PART=disp bash benchmarks/validation/x2_moe_r5.sh
 #     PART=more CAL=$OUT/disp/run/host_floor/host_floor.calibration.json bash benchmarks/validation/x2_moe_r5.sh
@@ -14,7 +16,8 @@
 case "${PART:-}" in
   disp) LAYOUTS=x2_moe_r5_disp_layouts.json ;;
   more) LAYOUTS=x2_moe_r5_more_layouts.json ;;
-  *) echo "PART must be disp or more" >&2; exit 2 ;;
+  diag) LAYOUTS=x2_moe_r5_diag_layouts.json ;;
+  *) echo "PART must be disp, more or diag" >&2; exit 2 ;;
 esac
 OUT="${OUT:-$PWD/outputs/x2_moe_r5}/$PART"
 source "$(dirname "$0")/common.sh"
@@ -23,6 +26,7 @@ if [ -f "${CAL:-}" ]; then floors=(--calibration "$CAL"); else floors=(--measure
 validate_batch "$HERE/$LAYOUTS" run 300 "${floors[@]}"
 EV="$OUT/evidence"
 collect_batch run "$EV"
+copy_memory_histories run "$EV"
 summarize_rank_traces run "$EV/traces"
 rank_waits run "$EV/traces"
 if [ -f "${CAL:-}" ]; then cp "$CAL" "$EV/calibration.json"; else copy_host_floor run "$EV"; fi
