@@ -9,6 +9,8 @@
 # --json` > benchmarks/results/moe_r5_h200_x2/predicted_default_<part>.json).
 # PART=diag (with CAL): the allocator history of the padded Mixtral layout, whose reserved peak came out 7.5% over the
 # prediction, and profiles of Mixtral's overlap with and without --delay-wgrad-compute (12.6% apart in PART=more).
+# PART=oss (with CAL): gpt-oss-20b at ep 1 and 2, with and without the overlap, and its padded layout profiled,
+# predicted with this host's floors (PART=more's) before the run (predicted_host_oss.json) as well as the default's.
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~4 min each):
 #     PART=disp bash benchmarks/validation/x2_moe_r5.sh
 #     PART=more CAL=$OUT/disp/run/host_floor/host_floor.calibration.json bash benchmarks/validation/x2_moe_r5.sh
@@ -17,7 +19,8 @@ case "${PART:-}" in
   disp) LAYOUTS=x2_moe_r5_disp_layouts.json ;;
   more) LAYOUTS=x2_moe_r5_more_layouts.json ;;
   diag) LAYOUTS=x2_moe_r5_diag_layouts.json ;;
-  *) echo "PART must be disp, more or diag" >&2; exit 2 ;;
+  oss) LAYOUTS=x2_moe_r5_oss_layouts.json ;;
+  *) echo "PART must be disp, more, diag or oss" >&2; exit 2 ;;
 esac
 OUT="${OUT:-$PWD/outputs/x2_moe_r5}/$PART"
 source "$(dirname "$0")/common.sh"
