@@ -51,11 +51,18 @@ summarize_rank_traces() {
 }
 
 # copy_host_floor NAME DEST: the host floors `--measure-host-floor` measured for validate_batch NAME (the calibration,
-# the testbench cases and their records), as DEST/host_floor/.
+# the testbench cases and their records, the first round's in collect/ and later rounds' in roundN/collect/), as
+# DEST/host_floor/.
 copy_host_floor() {
+  local round
   mkdir -p "$2/host_floor/collect"
   cp "$OUT/$1"/host_floor/host_floor.calibration.json "$OUT/$1"/host_floor/cases.json "$2/host_floor/" 2>/dev/null
   cp "$OUT/$1"/host_floor/collect/*.jsonl "$2/host_floor/collect/" 2>/dev/null
+  for round in "$OUT/$1"/host_floor/round*/; do
+    [ -d "$round/collect" ] || continue
+    mkdir -p "$2/host_floor/$(basename "$round")/collect"
+    cp "$round"/collect/*.jsonl "$2/host_floor/$(basename "$round")/collect/" 2>/dev/null
+  done
 }
 
 # rank_waits NAME DEST: `mat trace waits --json` of every profiled layout's rank traces that validate_batch NAME left,

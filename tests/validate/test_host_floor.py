@@ -237,3 +237,45 @@ def test_one_floor_per_tp_size_the_default_sequence_parallelism_kept():
         | {"dense_host_floor": [{k: v for k, v in f.items() if k != "probes"} for f in floors]}
     )
     assert calibration.dense_host_floor("bf16", "delayed", 2).fwd_s == pytest.approx(4e-3)
+
+
+REPEAT_LEASE = ROOT / "benchmarks/results/moe_floor_repeat_h200_x2"
+OSS_EP = dict(model="gpt-oss-20b", num_layers=4, seq_length=4096, global_batch_size=8, num_gpus=2)
+
+
+def replay_rounds(tmp_path, monkeypatch):
+    """`run_cases` stood in by the repeat lease's records: the round-th call gets that round's rank-0 records of the
+    same two gpt-oss-20b cases, re-pointed at this run's model files (the lease's lived on the GPU machine)."""
+    import json
+
+    calls = []
+
+    def replay(cases, out_dir, **_):
+        calls.append(out_dir)
+        by_model = {Path(c.model).name.removesuffix(".json"): c for c in cases}
+        src = REPEAT_LEASE / "collect" / f"round{len(calls)}_rank_0.jsonl"
+        rows = []
+        for rec in map(json.loads, src.read_text().splitlines()):
+            case = by_model[Path(rec["case"]["model"]).name.removesuffix(".json")]
+            rows.append(rec | {"case_id": case.case_id, "case": rec["case"] | {"model": case.model}})
+        (Path(out_dir) / "collect").mkdir(parents=True)
+        (Path(out_dir) / "collect" / "rank_0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    monkeypatch.setattr("megatron_autotuner.testbench.launcher.run_cases", replay)
+    return calls
+
+
+def test_the_moe_floor_is_the_median_over_rounds(tmp_path, monkeypatch):
+    """Three processes timed the same two cases (repeat lease). The line is fitted to each expert count's median
+    over the rounds (hand-read from the records): backward 6.61 ms at 16 local experts (rounds 6.31 / 6.61 / 9.81)
+    and 8.38 ms at 32 (8.38 / 8.51 / 8.01), so 0.111 ms per expert; forward 7.80 at 16 and 6.08 at 32 falls with
+    more experts, so flat at their mean. Each round has its own folder."""
+    calls = replay_rounds(tmp_path, monkeypatch)
+    layouts = [Layout(ep=1, **OSS_EP), Layout(ep=2, **OSS_EP)]
+    measured = host_floor.measure_host_floor(layouts, "H200", tmp_path / "hf", log=lambda *_: None)
+    assert len(calls) == host_floor.HOST_FLOOR_ROUNDS == 3 and len(set(calls)) == 3
+    (floor,) = measured.moe_host_floors
+    assert floor.bwd_per_local_expert_s == pytest.approx((8.3775 - 6.6069) / 16 * 1e-3, rel=0.01)
+    assert floor.backward_s(16) == pytest.approx(6.607e-3, rel=0.01)
+    assert floor.fwd_per_local_expert_s == 0.0
+    assert floor.forward_s(16) == pytest.approx((7.80 + 6.08) / 2 * 1e-3, rel=0.01)

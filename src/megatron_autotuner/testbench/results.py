@@ -8,6 +8,8 @@ Record schema (schema_version 1):
 
 from __future__ import annotations
 
+import copy
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ __all__ = [
     "append_record",
     "finished_case_ids",
     "latest_by_case",
+    "median_over_rounds",
     "rank_file",
     "read_records",
 ]
@@ -58,3 +61,27 @@ def latest_by_case(records: list[dict[str, Any]], rank: int | None = 0) -> dict[
             continue
         latest[rec["case_id"]] = rec
     return latest
+
+
+# the timings a round's record holds, each a {"median", "min", "max", "std", "n"} summary (`testbench.measure`)
+ROUND_TIMINGS = ("fwd_ms", "bwd_ms", "host_fwd_ms", "host_bwd_ms")
+
+
+def median_over_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One record per case that succeeded (rank 0) in every round, each a separate process: the first round's
+    record with each timing's median replaced by the median over the rounds' medians, and the rounds' medians kept
+    (`real[key]["round_medians"]`). A process's host pace is its own: one H200 host timed the same MoE block's
+    backward at 6.3, 6.6 and 9.8 ms in three processes (benchmarks/results/moe_floor_repeat_h200_x2)."""
+    per_round = [latest_by_case(records) for records in rounds]
+    merged = []
+    for case_id, first in per_round[0].items() if per_round else ():
+        recs = [r.get(case_id) for r in per_round]
+        if any(r is None or r.get("status") != "ok" for r in recs):
+            continue
+        out = copy.deepcopy(first)
+        for key in ROUND_TIMINGS:
+            medians = [(r["real"].get(key) or {}).get("median") for r in recs]
+            if None not in medians:
+                out["real"][key] = out["real"][key] | {"median": statistics.median(medians), "round_medians": medians}
+        merged.append(out)
+    return merged

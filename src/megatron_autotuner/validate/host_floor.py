@@ -38,6 +38,12 @@ HOST_FLOOR_SEQ_LENGTH = 4096  # 4k tokens, micro-batch 1: host-bound for 128-exp
 # 512 tokens at micro-batch 1: an 8B dense layer's forward is ~0.2 ms of H100 GEMMs (2 x 512 x 218M FLOPs at
 # ~600 TFLOP/s) against ~3 ms of host issue (`defaults.DENSE_HOST_FLOOR_FWD_S`), so the host sets the pace
 HOST_PROBE_SEQ_LENGTH = 512
+# each MoE case runs in this many processes and the floor takes the median of their medians
+# (`testbench.results.median_over_rounds`): the line through two expert counts, one process each, drew its slope
+# from the processes' pace. On one 2x H200 host, gpt-oss-20b's block backward at 16 local experts took 6.3, 6.6 and
+# 9.8 ms in three processes and, in a fourth, 7.5 ms beside 14.1 ms at 32, a slope that put ep 1 14% over its step
+# (benchmarks/results/moe_floor_repeat_h200_x2, moe_r5_h200_x2/oss). Three rounds triple the cases' ~15 s each.
+HOST_FLOOR_ROUNDS = 3
 HOST_PROBE_STEPS = 5
 HOST_PROBE_WARMUP_STEPS = 3
 
@@ -215,13 +221,17 @@ def measure_host_floor(
 def _moe_floors(cases: list[Any], out_dir: Path, num_gpus: int | None, log: Callable[[str], None]) -> list[Any]:
     from ..testbench.calibration import calibration_from_records
     from ..testbench.launcher import run_cases
-    from ..testbench.results import all_records
+    from ..testbench.results import all_records, median_over_rounds
 
-    log(f"host floor: {len(cases)} testbench case(s) on one GPU -> {out_dir}")
-    # medians of 20 repeats after 5 warm-ups, as the committed leases ran: the host's pace is noisy
-    run_cases(cases, out_dir, warmup=5, repeats=20, available_gpus=num_gpus, progress=False)
+    log(f"host floor: {len(cases)} testbench case(s) on one GPU, {HOST_FLOOR_ROUNDS} rounds -> {out_dir}")
+    rounds = []
+    for index in range(HOST_FLOOR_ROUNDS):
+        round_dir = out_dir if index == 0 else out_dir / f"round{index + 1}"
+        # medians of 20 repeats after 5 warm-ups per process, as the committed leases ran: the host's pace is noisy
+        run_cases(cases, round_dir, warmup=5, repeats=20, available_gpus=num_gpus, progress=False)
+        rounds.append(all_records(round_dir))
     try:
-        return calibration_from_records(all_records(out_dir)).get("moe_host_floor", [])
+        return calibration_from_records(median_over_rounds(rounds)).get("moe_host_floor", [])
     except ConfigError as exc:
         raise ConfigError("measure_host_floor", f"the testbench cases gave no result ({exc})") from exc
 
