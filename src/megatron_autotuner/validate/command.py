@@ -245,7 +245,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="first measure this machine's host floors: dense models issue a few short steps in the model at each "
         "TP size the layouts use, with each layer's host time recorded; MoE blocks run the testbench moe cases on one "
-        "GPU, each in three processes (the median of theirs); then predict with them (written to OUTPUT_DIR/host_floor/host_floor.calibration.json)",
+        "GPU, each in three processes (the median of theirs); then predict with them (written to "
+        "OUTPUT_DIR/host_floor/host_floor.calibration.json)",
     )
     add_stand_in_argument(p)
     p.add_argument("--report-only", action="store_true", help="do not run: report what is in --output-dir")
