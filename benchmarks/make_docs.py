@@ -739,7 +739,7 @@ def rank_wait(root: Path) -> str:
 
 
 def moe_ep_overlap(root: Path) -> str:
-    """EP 1 vs 2, the all-to-all overlap and token dropping on three 2-GPU H200 hosts
+    """EP 1 vs 2, the all-to-all overlap, dispatchers and token dropping on five 2-GPU H200 hosts
     (moe_ep_overlap_h200_x2/report.json)."""
     doc = load(root, "moe_ep_overlap_h200_x2/report.json")
     out = source(
@@ -751,6 +751,9 @@ def moe_ep_overlap(root: Path) -> str:
         "moe_ep_r4_h200_x2/predicted_default_oss.json",
         "moe_ep_r4_h200_x2/predicted_default_mixtral.json",
         "moe_ep_r4_h200_x2/predicted_default_diag.json",
+        *(f"moe_r5_h200_x2/predicted_default_{part}.json" for part in ("disp", "more", "diag", "oss")),
+        "moe_r5_h200_x2/predicted_host_oss.json",
+        "moe_r6_h200_x2/predicted_default.json",
     )
     rows = []
     for r in doc["rows"]:

@@ -5,6 +5,8 @@
     bash benchmarks/validation/x2_moe_ep_overlap_r3.sh   # round 3: gpt-oss-20b's overlap with / without delayed wgrad
     bash benchmarks/validation/x2_moe_ep_host.sh         # "host": local vs the model's experts, another 2-GPU host
     PART=oss|mixtral|diag bash benchmarks/validation/x2_moe_ep_r4.sh   # round 4: round 2's layouts on a third host
+    PART=disp|more|diag|oss bash benchmarks/validation/x2_moe_r5.sh    # round 5: dispatchers, padding, a fourth host
+    bash benchmarks/validation/x2_moe_r6.sh              # round 6: the three-process MoE floor on a fifth host
     python benchmarks/moe_ep_overlap.py                  # this report, from what they left
 
 Writes benchmarks/results/moe_ep_overlap_h200_x2/report.json: per round and layout the step and peak predicted before
@@ -45,6 +47,13 @@ ROUNDS = {
         "moe_ep_r4_h200_x2/oss/host_floor",
     ),
     "r4 diag": ("moe_ep_r4_h200_x2/diag", "../predicted_default_diag.json", "C", "moe_ep_r4_h200_x2/oss/host_floor"),
+    # round 5's first part measured no floor (Mixtral's block is GPU-bound there): its rows take the second part's
+    "r5 disp": ("moe_r5_h200_x2/disp", "../predicted_default_disp.json", "D", "moe_r5_h200_x2/more/host_floor"),
+    "r5 more": ("moe_r5_h200_x2/more", "../predicted_default_more.json", "D", "moe_r5_h200_x2/more/host_floor"),
+    "r5 diag": ("moe_r5_h200_x2/diag", "../predicted_default_diag.json", "D", "moe_r5_h200_x2/more/host_floor"),
+    "r5 oss": ("moe_r5_h200_x2/oss", "../predicted_default_oss.json", "D", "moe_r5_h200_x2/more/host_floor"),
+    # the first round with the three-process floor (`host_floor.HOST_FLOOR_ROUNDS`)
+    "r6": ("moe_r6_h200_x2", "predicted_default.json", "E", "moe_r6_h200_x2/host_floor"),
 }
 OUT = RESULTS / "moe_ep_overlap_h200_x2/report.json"
 

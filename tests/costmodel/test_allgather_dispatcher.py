@@ -112,18 +112,29 @@ def test_bridge_gets_the_allgather_dispatcher_named():
     assert model["moe_token_dispatcher_type"] == "allgather" and "moe_flex_dispatcher_backend" not in model
 
 
-def test_two_gpu_run_peaks_hold_and_the_dispatcher_ranking_is_a_known_miss():
-    """benchmarks/results/moe_allgather_h200_x2 (Mixtral-8x7B, 2 layers, ep 2 on 2x H200, predicted before the lease):
-    both peaks within 1%. The allgather step (profiled) ran 248 ms against alltoall's 272 ms on the same host, where
-    the model has allgather 1.2% slower for its extra bytes: its gathers and reduce-scatters moved as modelled, and
-    what alltoall lost was not its bytes (the run timed it, did not profile it). Not met: pinned so a change shows."""
-    runs = {}
+def test_two_gpu_run_peaks_hold_and_the_dispatchers_rank_within_the_regret_bar():
+    """Mixtral-8x7B, 2 layers, ep 2 on 2x H200, predicted before each lease. benchmarks/results/moe_allgather_h200_x2:
+    both peaks within 1%, but the allgather step ran 248 ms (profiled) against alltoall's 272 ms (its layers'
+    host times recorded): two runs timed differently. Round 5 (moe_r5_h200_x2/disp, another host) ran both
+    dispatchers alike, twice: unprofiled 231.6 vs 234.4 ms, profiled 240.2 vs 235.8 ms, every step within 10% of the
+    model (-3.4..-6.8%) and every peak within 1.5%. The model's pick (alltoall, 1.2% ahead) is 1.2% behind unprofiled:
+    within #40's 3% regret."""
+    first = {}
     for row, pred in runs_with_prediction_before("moe_allgather_h200_x2"):
         measured = row["measured"]
         assert abs(pred["peak_memory_gib"] / measured["peak_gib"] - 1) < 0.01, row["label"]
-        runs[row["layout"].get("moe_token_dispatcher", "alltoall")] = (pred["step_time_s"], measured["step_time_s"])
-    assert runs["allgather"][0] > runs["alltoall"][0]  # predicted: allgather slower
-    assert runs["allgather"][1] < 0.93 * runs["alltoall"][1]  # measured: 8.7% faster
+        first[row["layout"].get("moe_token_dispatcher", "alltoall")] = measured["step_time_s"]
+    assert first["allgather"] < 0.93 * first["alltoall"]  # the first lease's pair, timed differently: 8.7% apart
+    alike = {}
+    for row, pred in runs_with_prediction_before("moe_r5_h200_x2/disp", "../predicted_default_disp.json"):
+        measured = row["measured"]
+        assert abs(pred["step_time_s"] / measured["step_time_s"] - 1) < 0.10, row["label"]
+        assert abs(pred["peak_memory_gib"] / measured["peak_gib"] - 1) < 0.015, row["label"]
+        key = (row["layout"].get("moe_token_dispatcher", "alltoall"), bool(row["layout"].get("profile")))
+        alike[key] = (pred["step_time_s"], measured["step_time_s"])
+    assert alike[("alltoall", False)][0] < alike[("allgather", False)][0]  # the model's pick: alltoall
+    regret = alike[("alltoall", False)][1] / alike[("allgather", False)][1] - 1
+    assert 0 < regret < 0.03
 
 
 def test_the_command_line_takes_megatron_lms_dispatcher_flags(capsys, tmp_path):

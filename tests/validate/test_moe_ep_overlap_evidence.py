@@ -1,8 +1,9 @@
-"""The 2x H200 MoE evidence of #40 (benchmarks/results/moe_ep_overlap_h200_x2*, moe_ep_host_h200_x2, moe_ep_r4_h200_x2;
-`python benchmarks/moe_ep_overlap.py`): gpt-oss-20b (4 layers) and Mixtral-8x7B (2 layers) at ep 1 and 2, with and
-without Megatron's all-to-all overlap, and padded token dropping, on three 2-GPU hosts (A: rounds 1-3, B: the host
-experiment, C: round 4), predicted before each round. What the model gets right is held; its misses are pinned to the
-measured ranges docs/accuracy.md states, so a change in either shows."""
+"""The 2x H200 MoE evidence of #40 (benchmarks/results/moe_ep_overlap_h200_x2*, moe_ep_host_h200_x2, moe_ep_r4_h200_x2,
+moe_r5_h200_x2, moe_r6_h200_x2; `python benchmarks/moe_ep_overlap.py`): gpt-oss-20b (4 layers) and Mixtral-8x7B
+(2 layers) at ep 1 and 2, with and without Megatron's all-to-all overlap, and padded token dropping, on five 2-GPU
+hosts (A: rounds 1-3, B: the host experiment, C: round 4, D: round 5, E: round 6), predicted before each round. What
+the model gets right is held; its misses are pinned to the measured ranges docs/accuracy.md states, so a change in
+either shows."""
 
 from __future__ import annotations
 
@@ -52,8 +53,11 @@ def test_the_all_to_all_moves_as_modelled(report):
 
 
 def test_the_faster_ep_size_is_the_predicted_one(report):
-    """EP 2 against EP 1 at dp 2, both models, the unprofiled rounds on hosts A and C: regret 0."""
-    for model, rounds in (("oss20b L4", ("r1", "r2", "r4")), ("mixtral L2", ("r1", "r2", "r4 mixtral"))):
+    """EP 2 against EP 1 at dp 2, the unprofiled rounds on hosts A, C, D (gpt-oss-20b) and E: regret 0."""
+    for model, rounds in (
+        ("oss20b L4", ("r1", "r2", "r4", "r5 oss", "r6")),
+        ("mixtral L2", ("r1", "r2", "r4 mixtral", "r6")),
+    ):
         for rnd in rounds:
             ep1 = next(r for r in _ok(report, f"{model} ep1 dp2") if r["round"] == rnd)
             ep2 = next(r for r in _ok(report, f"{model} ep2 dp2") if r["round"] == rnd)
@@ -114,15 +118,40 @@ def test_known_misses_stay_where_the_docs_put_them(report):
 
 
 def test_peaks_within_5_percent_with_the_moe_backwards_queued_frees(report):
-    """Every run's peak (the allocator's reserve) within 5.5% of today's model, 29 of 31 within 5%: Mixtral's reserve
-    ran 2.4-5.8 GiB over its allocation, the expert weight gradients its GPU-paced backward had freed on the host
-    (`costmodel.queued_frees`), which the model before counted nowhere (7-15% under)."""
-    errors = [
-        r["predicted_now_peak_gib"] / r["measured_peak_gib"] - 1 for r in report["rows"] if r["measured_peak_gib"]
-    ]
-    assert len(errors) == 31
-    assert max(abs(e) for e in errors) < 0.055
-    assert sum(abs(e) < 0.05 for e in errors) >= 29
-    before = [r["predicted_before_peak_gib"] / r["measured_peak_gib"] - 1 for r in report["rows"]
-              if r["measured_peak_gib"] and r["label"].startswith("mixtral")]  # fmt: skip
+    """Hosts A-C: every run's peak (the allocator's reserve) within 5.5% of today's model, 29 of 31 within 5%:
+    Mixtral's reserve ran 2.4-5.8 GiB over its allocation, the expert weight gradients its GPU-paced backward had freed
+    on the host (`costmodel.queued_frees`), which the model before counted nowhere (7-15% under). Hosts D and E (rounds
+    5 and 6, 19 runs): 15 within 5%. Not met: the padded Mixtral layout 7.5-8.1% under (its allocator history held
+    4.2 GiB awaiting at the reserved peak against the model's 3.3, and 2.5 GiB reserved but free) and Mixtral's
+    overlap 5.3-6.3% under."""
+    rows = [r for r in report["rows"] if r["measured_peak_gib"]]
+    errors = {id(r): r["predicted_now_peak_gib"] / r["measured_peak_gib"] - 1 for r in rows}
+    first = [errors[id(r)] for r in rows if r["machine"] in "ABC"]
+    assert len(first) == 31
+    assert max(abs(e) for e in first) < 0.055
+    assert sum(abs(e) < 0.05 for e in first) >= 29
+    later = [r for r in rows if r["machine"] in "DE"]
+    assert len(later) == 19
+    misses = {r["label"]: errors[id(r)] for r in later if abs(errors[id(r)]) >= 0.05}
+    assert set(misses) == {
+        "mixtral L2 ep2 cap1-pad",
+        "mixtral L2 ep2 cap1-pad memory history",
+        "mixtral L2 ep2 a2a-overlap",
+        "mixtral L2 ep2 a2a-overlap profiled",
+    }
+    assert all(-0.085 < e < -0.05 for e in misses.values())
+    before = [r["predicted_before_peak_gib"] / r["measured_peak_gib"] - 1 for r in rows
+              if r["machine"] in "ABC" and r["label"].startswith("mixtral")]  # fmt: skip
     assert max(before) < -0.06
+
+
+def test_the_three_process_floor_on_a_new_host(report):
+    """Round 6 (host E): the MoE floor measured in three processes per case, then the layouts predicted with it before
+    they ran (`predicted_at_run_step_s`). Mixtral's steps within 4%; gpt-oss-20b's 10-15% over: this host's testbench
+    block ran ~1.6x host D's where its steps ran 5% slower, so the empty-queue testbench level overstates the in-model
+    pace here (not met, pinned). Host D's single-process floor had put gpt-oss ep 1 14% over and ep 2 within 1%."""
+    r6 = {r["label"]: _err(r, "predicted_at_run_step_s") for r in report["rows"] if r["round"] == "r6"}
+    assert abs(r6["mixtral L2 ep1 dp2"]) < 0.04 and abs(r6["mixtral L2 ep2 dp2"]) < 0.04
+    assert 0.09 < r6["oss20b L4 ep2 dp2"] < 0.11 and 0.13 < r6["oss20b L4 ep1 dp2"] < 0.16
+    r5 = {r["label"]: _err(r, "predicted_at_run_step_s") for r in report["rows"] if r["round"] == "r5 oss"}
+    assert 0.13 < r5["oss20b L4 ep1 dp2"] < 0.15 and abs(r5["oss20b L4 ep2 dp2"]) < 0.01
