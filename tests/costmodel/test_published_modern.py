@@ -131,17 +131,24 @@ def test_summary_is_computed_from_the_records(committed):
     assert summary["by_not_modelled"]["none"]["rows"] + summary["by_not_modelled"]["some"]["rows"] == len(done)
 
 
-def test_moe_rows_signed_median_within_5_percent_per_gpu_group(committed):
-    """#40's bar on the MoE rows, per GPU group of 5+ expressible rows: the signed median error within +-5% (met:
-    H100 -4.8%, B200 +1.3%, GB200 -1.8%). Its other bar, median |error| <= 10% over the MoE rows, is not met (13.6%,
-    `summary.by_kind.moe`)."""
+def test_moe_rows_signed_median_per_gpu_group(committed):
+    """#40's bar on the MoE rows, per GPU group of 5+ expressible rows: the signed median error within +-5%. Met on
+    B200 (+1.3%) and GB200 (-1.8%); not met on H100 (+10.5%): its eight dgxc Grok-1 rows (tp 4 = etp 4) had their
+    all-to-all counted etp (4) times, as the rows the expert-TP gather leaves after it, and that hid +10..+15% of
+    optimism the model has there; counted as megatron-core moves them, the H100 median went from -4.8% to +10.5%.
+    Its other bar, median |error| <= 10% over the MoE rows, is not met either (14.3%, `summary.by_kind.moe`)."""
     records, summary = committed["records"], committed["summary"]
     for gpu, got in summary["moe_by_gpu"].items():
         errors = [r["error"] for r in records if r["kind"] == "moe" and r["gpu"] == gpu and r["expressible"]]
         assert got["expressible"] == len(errors) >= 5, gpu
         assert _close(got["median_error"], statistics.median(errors)), gpu
         assert _close(got["median_abs_error"], statistics.median(abs(e) for e in errors)), gpu
-        assert abs(got["median_error"]) <= 0.05, gpu
+        if gpu == "H100":
+            assert 0.09 < got["median_error"] < 0.12
+        else:
+            assert abs(got["median_error"]) <= 0.05, gpu
+    grok_h100 = [r["error"] for r in records if r["model"].startswith("Grok 1") and r["gpu"] == "H100"]
+    assert len(grok_h100) == 8 and all(0.10 < e < 0.16 for e in grok_h100)
 
 
 def test_script_cli_writes_the_report(tmp_path, script, capsys):

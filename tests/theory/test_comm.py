@@ -91,3 +91,18 @@ def test_pp_cp_ep_volumes():
     a2a = first[("ep", "all_to_all")]
     assert a2a.calls == m * 4 * layers and a2a.message_bytes == 2 * tokens * 8 * model.hidden_size
     assert set(comm_bytes_by_dimension(list(first.values()))) == {"pp", "cp", "ep", "dp", "edp"}
+
+
+def test_the_all_to_all_moves_a_ranks_own_rows_before_the_expert_tp_gather():
+    """megatron-core's alltoall dispatcher all-to-alls a rank's permuted local rows over the EP group, then gathers
+    them over the expert-TP group (`token_dispatch`, then `dispatch_postprocess`; token_dispatcher.py @ Megatron-LM
+    d98e8a6). Grok-1's dgxc layout, tp 4 = etp 4 (sequence parallel), ep 8, 4096 tokens, top-2, hidden 6144, by
+    hand: 4096 / 4 x 2 rows x 6144 x 2 bytes = 25,165,824 bytes per all-to-all, whatever etp is (the experts then
+    see 4x the rows); it had been counted 4x."""
+    model = load_model_spec("Mixtral-8x7B").replace(hidden_size=6144, num_layers=4)
+    w = Workload(seq_length=4096, global_batch_size=1024)
+    for etp in (1, 4):
+        p = ParallelConfig(num_gpus=32, tp=4, ep=8, etp=etp, sequence_parallel=True)
+        a2a = by_key(stage_comm_volumes(model, p, w, 0))[("ep", "all_to_all")]
+        assert a2a.message_bytes == 4096 // 4 * 2 * 6144 * 2 == 25_165_824
+        assert model.routed_tokens(4096, 4, etp, 1.0) == 4096 // 4 * 2 * etp

@@ -536,15 +536,16 @@ def moe_dispatch_work(model: ModelSpec, ctx: LayerContext, tokens: float, routed
 def moe_token_movement_s(model: ModelSpec, ctx: LayerContext) -> tuple[float, float]:
     """(forward, backward) seconds one MoE layer's dispatcher moves tokens between ranks, exposed: the allgather
     dispatcher's gathers and reduce-scatters (`allgather_dispatch_s`); else the dispatch + combine all-to-all of the
-    routed tokens (`collectives.dispatch_time_s`, deduplicated across nodes by the flex backends) and, over expert-TP,
-    the gather / reduce-scatter of the routed tokens (`expert_tp_comm_s`), the same both passes."""
+    rank's own top-k rows, before any expert-TP gather (`ModelSpec.dispatched_tokens`, `collectives.dispatch_time_s`,
+    deduplicated across nodes by the flex backends) and, over expert-TP, the gather / reduce-scatter of the routed
+    tokens (`expert_tp_comm_s`), the same both passes."""
     if ctx.moe_dispatcher == "allgather":
         return allgather_dispatch_s(model, ctx)
     a2a = 0.0
     if ctx.ep > 1:
-        routed = model.routed_tokens(ctx.tokens, ctx.tp, ctx.etp, ctx.expert_load)
+        dispatched = model.dispatched_tokens(ctx.tokens, ctx.tp, ctx.expert_load)
         a2a = dispatch_time_s(
-            E_BF16 * routed * model.hidden_size, ctx.ep, ctx.cluster, ctx.etp, model.num_moe_experts,
+            E_BF16 * dispatched * model.hidden_size, ctx.ep, ctx.cluster, ctx.etp, model.num_moe_experts,
             model.moe_router_topk, ctx.moe_dispatcher in FLEX_DISPATCHER_BACKENDS, model.moe_router_num_groups,
             model.moe_router_group_topk,
         )  # fmt: skip

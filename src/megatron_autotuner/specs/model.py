@@ -369,11 +369,19 @@ class ModelSpec:
             self.has_mlp(layer_index),
         )
 
+    def dispatched_tokens(self, tokens: float, tp: int, load: float) -> float:
+        """Token rows one rank's all-to-all dispatch (or combine) moves in one MoE layer: T / tp x top-k (T the
+        micro-batch's tokens, split over the sequence-parallel TP ranks) x `load`. The expert-TP gather comes after
+        the all-to-all (megatron-core MoEAlltoAllTokenDispatcher: `token_dispatch` all-to-alls the permuted local
+        rows over the EP group, `dispatch_postprocess` then gathers them over expt_tp; token_dispatcher.py @
+        Megatron-LM d98e8a6)."""
+        return tokens * self.moe_router_topk / tp * load
+
     def routed_tokens(self, tokens: float, tp: int, etp: int, load: float) -> float:
-        """Token rows the routed experts of one rank take in one MoE layer: T x top-k x etp / tp (T the local tokens
-        of the micro-batch; an expert-TP group gathers its ranks' rows) x `load`, the busiest rank's share over the
-        mean (`Workload.expert_load`: imbalance and capacity)."""
-        return tokens * self.moe_router_topk * etp / tp * load
+        """Token rows the routed experts of one rank take in one MoE layer: the dispatched rows x etp (an expert-TP
+        group gathers its ranks' rows), T x top-k x etp / tp x `load`, the busiest rank's share over the mean
+        (`Workload.expert_load`: imbalance and capacity)."""
+        return self.dispatched_tokens(tokens, tp, load) * etp
 
     @property
     def num_moe_layers(self) -> int:

@@ -149,10 +149,11 @@ def stage_comm_volumes(
             out.append(CommVolume("ep", "reduce_scatter", group, hidden + probs, m * len(moe_layers), "bwd"))
             out.append(CommVolume("ep", "all_gather", group, hidden_fp32, m * len(moe_layers), "bwd"))
     elif moe_layers and ep > 1:
-        routed = model.routed_tokens(tokens, tp, etp, workload.expert_load)
+        # the rank's own top-k rows: the expert-TP gather follows the all-to-all (`ModelSpec.dispatched_tokens`)
+        dispatched = model.dispatched_tokens(tokens, tp, workload.expert_load)
         per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
-        out.append(CommVolume("ep", "all_to_all", ep, e * routed * h, m * calls))
+        out.append(CommVolume("ep", "all_to_all", ep, e * dispatched * h, m * calls))
 
     if cp > 1:
         out.extend(_scan_mixer_cp_volumes(model, layers, full_mask, training, e * tokens / tp, cp, m))
