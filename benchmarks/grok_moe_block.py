@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from moe_host import block_prediction
-
 ROOT = Path(__file__).resolve().parent
 CASES = ROOT / "testbench/h200_x1_grok_moe_cases.json"
 LEASE = ROOT / "results/grok_moe_block_h200"
@@ -31,8 +29,9 @@ GPU = "H200"
 
 def predict() -> dict[str, Any]:
     from megatron_autotuner import __version__
+    from megatron_autotuner.testbench.calibration import moe_block_prediction
 
-    rows = [{"case": c, **block_prediction(c)} for c in json.loads(CASES.read_text())]
+    rows = [{"case": c, **moe_block_prediction(c, GPU)} for c in json.loads(CASES.read_text())]
     doc = {"gpu": GPU, "tool_version": __version__, "date": dt.datetime.now(dt.UTC).isoformat(), "rows": rows}
     LEASE.mkdir(parents=True, exist_ok=True)
     (LEASE / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")

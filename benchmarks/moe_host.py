@@ -53,35 +53,11 @@ def _cases() -> list[dict[str, Any]]:
     return json.loads(CASES.read_text())
 
 
-def block_prediction(case: dict[str, Any]) -> dict[str, Any]:
-    """The cost model's MoE block of a testbench `moe` case on one H200: its GPU time and the time it predicts for the
-    block (the longer of GPU time and the host floor of its permute path)."""
-    from megatron_autotuner.costmodel.layer import layer_cost, moe_block_host_s
-    from megatron_autotuner.testbench.calibration import layer_context_of
-    from megatron_autotuner.testbench.cases import Case
-
-    built = Case.from_dict(case)
-    rec = {"case": built.to_dict(), "gpu_preset": GPU, "world_size": built.world_size}
-    ctx = layer_context_of(rec)
-    spec = built.model_spec()
-    cost = layer_cost(spec, built.layer_index(spec), ctx)
-    host_fwd, host_bwd = moe_block_host_s(spec, ctx)
-    return {
-        "case_id": built.case_id,
-        "local_experts": spec.num_moe_experts // built.ep,
-        "block_gpu_fwd_ms": cost.moe_gpu_fwd_s * 1e3,
-        "block_gpu_bwd_ms": cost.moe_gpu_bwd_s * 1e3,
-        "host_floor_fwd_ms": host_fwd * 1e3,
-        "host_floor_bwd_ms": host_bwd * 1e3,
-        "predicted_fwd_ms": max(cost.moe_gpu_fwd_s, host_fwd) * 1e3,
-        "predicted_bwd_ms": max(cost.moe_gpu_bwd_s, host_bwd) * 1e3,
-    }
-
-
 def predict() -> None:
     from megatron_autotuner import __version__
+    from megatron_autotuner.testbench.calibration import moe_block_prediction
 
-    rows = [{"case": c, **block_prediction(c)} for c in _cases()]
+    rows = [{"case": c, **moe_block_prediction(c, GPU)} for c in _cases()]
     LEASE.mkdir(parents=True, exist_ok=True)
     doc = {"gpu": GPU, "tool_version": __version__, "date": dt.datetime.now(dt.UTC).isoformat(), "rows": rows}
     (LEASE / "predicted.json").write_text(json.dumps(doc, indent=1) + "\n")

@@ -84,6 +84,31 @@ def predicted_phases_ms(rec: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def moe_block_prediction(case: dict[str, Any], gpu: str) -> dict[str, Any]:
+    """The cost model's MoE block of a testbench `moe` case on one `gpu` (a preset), before it runs: the block's GPU
+    time, the host floor of its permute path (`costmodel.layer.moe_block_host_s`) and the time it predicts for the
+    block, the longer of the two, forward and backward (ms)."""
+    from ..costmodel.layer import layer_cost, moe_block_host_s
+    from .cases import Case
+
+    built = Case.from_dict(case)
+    rec = {"case": built.to_dict(), "gpu_preset": gpu, "world_size": built.world_size}
+    ctx = layer_context_of(rec)
+    spec = built.model_spec()
+    cost = layer_cost(spec, built.layer_index(spec), ctx)
+    host_fwd, host_bwd = moe_block_host_s(spec, ctx)
+    return {
+        "case_id": built.case_id,
+        "local_experts": spec.num_moe_experts // built.ep,
+        "block_gpu_fwd_ms": cost.moe_gpu_fwd_s * 1e3,
+        "block_gpu_bwd_ms": cost.moe_gpu_bwd_s * 1e3,
+        "host_floor_fwd_ms": host_fwd * 1e3,
+        "host_floor_bwd_ms": host_bwd * 1e3,
+        "predicted_fwd_ms": max(cost.moe_gpu_fwd_s, host_fwd) * 1e3,
+        "predicted_bwd_ms": max(cost.moe_gpu_bwd_s, host_bwd) * 1e3,
+    }
+
+
 def _moe_point(rec: dict[str, Any]) -> dict[str, Any]:
     """One `moe` case: measured fwd / bwd, its local experts, and the GPU time the cost model gives its layer."""
     from ..costmodel.layer import layer_cost
