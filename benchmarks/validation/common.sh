@@ -100,6 +100,21 @@ validate_batch() {
   $VALIDATE --layouts "$layouts" --output-dir "$OUT/$name" --timeout-s "$timeout" "$@" 2>&1 | tee "$OUT/$name.txt"
 }
 
+# validate_part LAYOUTS: one part of a multi-part round: LAYOUTS (a file of this folder) validated into "$OUT/run" with
+# the host floors of CAL when that file exists (an earlier part's calibration), else measured first; then the
+# evidence (runs, allocator histories, every rank's trace summary and waits, the floors) as "$OUT/evidence.tgz".
+validate_part() {
+  local floors ev="$OUT/evidence"
+  if [ -f "${CAL:-}" ]; then floors=(--calibration "$CAL"); else floors=(--measure-host-floor); fi
+  validate_batch "$HERE/$1" run 300 "${floors[@]}"
+  collect_batch run "$ev"
+  copy_memory_histories run "$ev"
+  summarize_rank_traces run "$ev/traces"
+  rank_waits run "$ev/traces"
+  if [ -f "${CAL:-}" ]; then cp "$CAL" "$ev/calibration.json"; else copy_host_floor run "$ev"; fi
+  finish "$ev"
+}
+
 # collect_batch NAME DEST: what validate_batch NAME left, as evidence: copy_runs, gpus.txt and the log (run.log).
 collect_batch() {
   copy_runs "$OUT/$1" "$2"

@@ -26,5 +26,4 @@ PY
   for f in "$OUT/round$round"/collect/*.jsonl; do cp "$f" "$EV/collect/round${round}_$(basename "$f")"; done
   echo "round $round done ($(elapsed))"
 done
-cp "$0" "$EV/" 2>/dev/null
 finish "$EV"

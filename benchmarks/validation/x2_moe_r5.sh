@@ -25,12 +25,4 @@ esac
 OUT="${OUT:-$PWD/outputs/x2_moe_r5}/$PART"
 source "$(dirname "$0")/common.sh"
 record_gpus
-if [ -f "${CAL:-}" ]; then floors=(--calibration "$CAL"); else floors=(--measure-host-floor); fi
-validate_batch "$HERE/$LAYOUTS" run 300 "${floors[@]}"
-EV="$OUT/evidence"
-collect_batch run "$EV"
-copy_memory_histories run "$EV"
-summarize_rank_traces run "$EV/traces"
-rank_waits run "$EV/traces"
-if [ -f "${CAL:-}" ]; then cp "$CAL" "$EV/calibration.json"; else copy_host_floor run "$EV"; fi
-finish "$EV"
+validate_part "$LAYOUTS"

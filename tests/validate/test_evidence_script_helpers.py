@@ -69,3 +69,25 @@ def test_h200_single_layer_parts_run_their_plumbing_on_cpu(tmp_path, fake_gpu_en
     assert (tmp_path / "out" / "issue_order" / "testbench").is_dir()
     with tarfile.open(tmp_path / "out" / "issue_order.tgz") as packed:
         assert "issue_order/issue.log" in packed.getnames()
+
+
+def test_copy_host_floor_keeps_every_rounds_records(tmp_path, fake_gpu_env):
+    """`--measure-host-floor` times each MoE case in `HOST_FLOOR_ROUNDS` processes, the first round's records in
+    host_floor/collect and the later ones' in host_floor/roundN/collect: the evidence keeps them all."""
+    hf = tmp_path / "out" / "run" / "host_floor"
+    for sub in ("collect", "round2/collect", "round3/collect"):
+        (hf / sub).mkdir(parents=True)
+        (hf / sub / "rank_0.jsonl").write_text(f'{{"round": "{sub}"}}\n')
+    (hf / "host_floor.calibration.json").write_text("{}\n")
+    (hf / "cases.json").write_text("[]\n")
+    script = tmp_path / "script.sh"
+    script.write_text(
+        f'OUT="{tmp_path}/out"\nsource "{ROOT}/benchmarks/validation/common.sh"\ncopy_host_floor run "$OUT/evidence"\n'
+    )
+    done = subprocess.run(["bash", str(script)], cwd=ROOT, env=fake_gpu_env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    ev = tmp_path / "out" / "evidence" / "host_floor"
+    for sub in ("collect", "round2/collect", "round3/collect"):
+        assert (ev / sub / "rank_0.jsonl").read_text() == f'{{"round": "{sub}"}}\n'
+    assert (ev / "host_floor.calibration.json").exists() and (ev / "cases.json").exists()
