@@ -206,3 +206,21 @@ def test_the_validate_runner_runs_the_overlap_and_refuses_what_it_cannot_run():
     layout = Layout.from_configs("Qwen3-30B-A3B", ParallelConfig(num_gpus=8, ep=8), dropping)
     assert layout.moe_expert_capacity_factor == 1.25 and layout.moe_pad_expert_input_to_capacity
     assert layout.workload().moe_routing == dropping.moe_routing and "cap1.25-pad" in layout.label
+
+
+def test_the_overlap_beside_tp_or_cp_before_blackwell_is_said():
+    """Megatron-LM warns against the EP all-to-all overlap beside TP or CP on Hopper and before: the overlap wants
+    CUDA_DEVICE_MAX_CONNECTIONS above 1, TP / CP communication wants 1 (validate_args, megatron/training/arguments.py
+    @ d98e8a6). The estimate says so where it applies, and only there."""
+    model = load_model_spec("Qwen3-30B-A3B").replace(num_layers=4)
+    work = Workload(seq_length=4096, global_batch_size=32)
+
+    def said(gpu: str, **layout) -> list[str]:
+        parallel = ParallelConfig(num_gpus=16, ep=8, **layout)
+        return [n for n in estimate(model, parallel, work, get_gpu_spec(gpu)).notes if "MAX_CONNECTIONS" in n]
+
+    (note,) = said("H100-SXM", cp=2, moe_a2a_overlap=True)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=8" in note and "CP communication" in note
+    assert said("H100-SXM", tp=2, sequence_parallel=True, moe_a2a_overlap=True)
+    assert not said("B200", cp=2, moe_a2a_overlap=True)
+    assert not said("H100-SXM", cp=2) and not said("H100-SXM", moe_a2a_overlap=True)

@@ -57,6 +57,7 @@ from ..specs.parallel import (
     RecomputeConfig,
     Workload,
     check_cross_entropy_fusion_impl,
+    cuda_device_max_connections,
     num_microbatches,
     packed_batch,
     pipeline_layout_of,
@@ -102,6 +103,7 @@ from .layer import (
     moe_block_host_s,
 )
 from .moe_overlap import a2a_overlap_saving_s
+from .nccl_protocols import architecture
 from .queued_frees import QueuedFreeInputs, queued_free_bytes
 from .vision import vision_cost
 
@@ -1110,6 +1112,21 @@ def host_pace_steps(
     )
 
 
+def overlap_connections_note(parallel: ParallelConfig, gpu: GPUSpec) -> str | None:
+    """The EP all-to-all overlap beside TP or CP before Blackwell: the overlap runs with CUDA_DEVICE_MAX_CONNECTIONS
+    above 1 (`specs.parallel.cuda_device_max_connections`), while TP / CP communication needs 1 there to overlap as the
+    prediction assumes; Megatron-LM warns against the pairing on Hopper and before (validate_args,
+    megatron/training/arguments.py @ Megatron-LM d98e8a6). Not priced: said, so the user chooses."""
+    if not parallel.moe_a2a_overlap or (parallel.tp == 1 and parallel.cp == 1) or architecture(gpu) == "blackwell":
+        return None
+    which = " and ".join(name for name, size in (("TP", parallel.tp), ("CP", parallel.cp)) if size > 1)
+    return (
+        f"the EP all-to-all overlap runs with CUDA_DEVICE_MAX_CONNECTIONS={cuda_device_max_connections(parallel)}, "
+        f"where {which} communication needs 1 on {gpu.name} to overlap as predicted: Megatron-LM warns against "
+        "pairing them before Blackwell; the prediction hides it as with 1"
+    )
+
+
 def host_bound_note(
     time: TimeResult, options: CostOptions, step_range: tuple[float, float] | None = None
 ) -> str | None:
@@ -1264,6 +1281,8 @@ def estimate(
             notes.append(
                 f"calibration measured on {options.calibration.gpu}, applied to {gpu.name} as a fraction of peak"
             )
+    if (note := overlap_connections_note(parallel, gpu)) is not None:
+        notes.append(note)
     if model.vision is not None and not workload.image_tokens_per_sequence:
         notes.append(
             f"{model.name}'s vision tower is held on the first stage but sees no images: a text-only batch "
