@@ -4,6 +4,7 @@ flags read from a launch and written back; the search trying it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,16 @@ def test_the_overlap_beside_tp_or_cp_before_blackwell_is_said():
     assert said("H100-SXM", tp=2, sequence_parallel=True, moe_a2a_overlap=True)
     assert not said("B200", cp=2, moe_a2a_overlap=True)
     assert not said("H100-SXM", cp=2) and not said("H100-SXM", moe_a2a_overlap=True)
+
+
+def test_mat_plan_says_it_of_its_best_layout(capsys, tmp_path):
+    """The plan's best layout for NVIDIA's DeepSeek-V3 recipe on 1024 H100s: the pairing note is printed exactly when
+    the best runs the overlap beside TP or CP."""
+    argv = ["plan", "--megatron-args", str(LAUNCHES / "deepseek_v3_h100_1024gpu.sh"), "--gpu", "H100-SXM",
+            "--num-gpus", "1024", "--top", "1", "--json", "--output-dir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    best = doc["candidates"][0]["parallel"]
+    pairing = best["moe_a2a_overlap"] and (best["tp"] > 1 or best["cp"] > 1)
+    said = [n for n in doc["notes"] if n.startswith("best layout: the EP all-to-all overlap")]
+    assert len(said) == int(pairing)

@@ -13,7 +13,13 @@ from typing import Any
 from ..argspec.argtypes import margin_fraction, non_empty_path, positive_int
 from ..argspec.common import add_grad_reduce_argument, add_precision_arguments
 from ..costmodel.defaults import HOST_PACE_RANGE
-from ..costmodel.estimate import DEFAULT_MEMORY_MARGIN, CostOptions, estimate, run_settings
+from ..costmodel.estimate import (
+    DEFAULT_MEMORY_MARGIN,
+    CostOptions,
+    estimate,
+    overlap_connections_note,
+    run_settings,
+)
 from ..errors import AutotunerError, ConfigError
 from ..files import CONFIG_LIMIT_BYTES, ensure_output_dir, read_text_bounded, write_text_atomic
 from ..report import output_dir_for, write_plan_report
@@ -241,6 +247,8 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if runner_note:
         result = replace(result, notes=(*result.notes, runner_note))
+    if (pairing := overlap_connections_note(result.best.estimate.parallel, result.gpu)) is not None:
+        result = replace(result, notes=(*result.notes, f"best layout: {pairing}"))
     current = inputs.current
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
