@@ -279,3 +279,16 @@ def test_the_moe_floor_is_the_median_over_rounds(tmp_path, monkeypatch):
     assert floor.backward_s(16) == pytest.approx(6.607e-3, rel=0.01)
     assert floor.fwd_per_local_expert_s == 0.0
     assert floor.forward_s(16) == pytest.approx((7.80 + 6.08) / 2 * 1e-3, rel=0.01)
+
+
+def test_a_case_that_failed_in_one_round_keeps_the_others():
+    """A round whose process failed a case (an OOM, a timeout) leaves the median of the rounds that ran it."""
+    from megatron_autotuner.testbench.results import median_over_rounds
+
+    def rec(status: str, bwd_ms: float | None = None) -> dict:
+        real = {"fwd_ms": {"median": 5.0}, "bwd_ms": {"median": bwd_ms}} if status == "ok" else {}
+        return {"case_id": "c", "rank": 0, "status": status, "real": real}
+
+    (merged,) = median_over_rounds([[rec("ok", 6.0)], [rec("failed")], [rec("ok", 9.0)], [rec("ok", 7.0)]])
+    assert merged["real"]["bwd_ms"]["median"] == 7.0 and merged["real"]["bwd_ms"]["round_medians"] == [6.0, 9.0, 7.0]
+    assert median_over_rounds([[rec("failed")], [rec("failed")]]) == []

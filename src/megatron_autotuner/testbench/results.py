@@ -68,17 +68,17 @@ ROUND_TIMINGS = ("fwd_ms", "bwd_ms", "host_fwd_ms", "host_bwd_ms")
 
 
 def median_over_rounds(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One record per case that succeeded (rank 0) in every round, each a separate process: the first round's
-    record with each timing's median replaced by the median over the rounds' medians, and the rounds' medians kept
-    (`real[key]["round_medians"]`). A process's host pace is its own: one H200 host timed the same MoE block's
-    backward at 6.3, 6.6 and 9.8 ms in three processes (benchmarks/results/moe_floor_repeat_h200_x2)."""
+    """One record per case that succeeded (rank 0) in any round, each round a separate process: the first successful
+    round's record with each timing's median replaced by the median over the successful rounds' medians, which stay
+    beside it (`real[key]["round_medians"]`). A process's host pace is its own: one H200 host timed the same MoE
+    block's backward at 6.3, 6.6 and 9.8 ms in three processes (benchmarks/results/moe_floor_repeat_h200_x2)."""
     per_round = [latest_by_case(records) for records in rounds]
     merged = []
-    for case_id, first in per_round[0].items() if per_round else ():
-        recs = [r.get(case_id) for r in per_round]
-        if any(r is None or r.get("status") != "ok" for r in recs):
+    for case_id in dict.fromkeys(case_id for by_case in per_round for case_id in by_case):
+        recs = [by_case[case_id] for by_case in per_round if by_case.get(case_id, {}).get("status") == "ok"]
+        if not recs:
             continue
-        out = copy.deepcopy(first)
+        out = copy.deepcopy(recs[0])
         for key in ROUND_TIMINGS:
             medians = [(r["real"].get(key) or {}).get("median") for r in recs]
             if None not in medians:
