@@ -106,3 +106,23 @@ def test_the_all_to_all_moves_a_ranks_own_rows_before_the_expert_tp_gather():
         a2a = by_key(stage_comm_volumes(model, p, w, 0))[("ep", "all_to_all")]
         assert a2a.message_bytes == 4096 // 4 * 2 * 6144 * 2 == 25_165_824
         assert model.routed_tokens(4096, 4, etp, 1.0) == 4096 // 4 * 2 * etp
+
+
+def test_routed_experts_add_no_tp_gathers_shared_experts_do():
+    """With SP, each residual block with TP linears all-gathers before its first linear and reduce-scatters after its
+    last (backward: the mirror and, for the weight gradients, a re-gather). A MoE block's routed experts take the
+    sequence-parallel shard and move tokens in the dispatcher, so only the attention block counts for Mixtral; shared
+    experts (Qwen1.5-MoE) are TE linears like a dense MLP. 2 layers, 1 micro-batch, training: 3 gathers and 2
+    scatters per block."""
+    w = Workload(seq_length=4096, global_batch_size=2)
+    for name, blocks_per_layer in (("Mixtral-8x7B", 1), ("Qwen1.5-MoE-A2.7B", 2), ("Llama-3.1-8B", 2)):
+        model = load_model_spec(name).replace(num_layers=2)
+        p = ParallelConfig(num_gpus=8, tp=4, ep=2 if model.num_moe_experts else 1, sequence_parallel=True)
+        hidden = 2 * 4096 * model.hidden_size
+        per_block = [v for v in stage_comm_volumes(model, p, w, 0) if v.dimension == "tp"][:2]
+        assert [(v.collective, v.message_bytes) for v in per_block] == [
+            ("all_gather", hidden),
+            ("reduce_scatter", hidden),
+        ]
+        n = 2 * blocks_per_layer
+        assert [v.calls for v in per_block] == [3 * n, 2 * n], name

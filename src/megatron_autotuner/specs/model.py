@@ -415,6 +415,15 @@ class ModelSpec:
         them in a hybrid model's layer."""
         return (self.token_mixer(layer_index) is not None) + self.has_mlp(layer_index)
 
+    def tp_collective_blocks(self, layer_index: int) -> int:
+        """Residual blocks of layer `layer_index` whose linears gather / scatter the hidden states over TP: its token
+        mixer, and its MLP when dense or when a MoE block has shared experts. Routed experts take the
+        sequence-parallel shard and move their tokens in the dispatcher (megatron-core MoELayer; the expert-TP gather
+        is the dispatcher's, `costmodel.layer.expert_tp_comm_s`)."""
+        moe = self.is_moe_layer(layer_index)
+        mlp = self.has_mlp(layer_index) and (not moe or self.moe_shared_expert_intermediate_size > 0)
+        return (self.token_mixer(layer_index) is not None) + mlp
+
     def token_mixer_widths(self, layer_index: int) -> tuple[int, int] | None:
         """(output, input) widths of layer `layer_index`'s token-mixer projections, the column-parallel one into the
         mixer and the row-parallel one out of it: attention's linear_qkv / linear_proj, gated DeltaNet's and Mamba-2's

@@ -103,12 +103,12 @@ def stage_comm_volumes(
     hidden_msg = e * tokens * h  # the full (gathered) [s/cp, b, h] tensor
 
     if tp > 1:
-        # Per residual block (a layer's token mixer and MLP; one of them in a hybrid model's layer) forward: gather
-        # before its first linear (qkv / in_proj, fc1 or the MoE block), scatter/reduce after its last; full recompute
-        # repeats the forward ones. Backward mirrors each forward collective and, with SP, re-gathers the norm output
-        # for the weight gradients.
-        n = sum(model.residual_blocks(i) for i in layers)
-        n_rec = sum(model.residual_blocks(i) for i in layers if full_mask[i]) if training else 0
+        # Per residual block with TP linears (a layer's token mixer and dense MLP or shared experts: routed experts
+        # move their tokens in the dispatcher, `ModelSpec.tp_collective_blocks`) forward: gather before its first
+        # linear (qkv / in_proj, fc1), scatter/reduce after its last; full recompute repeats the forward ones.
+        # Backward mirrors each forward collective and, with SP, re-gathers the norm output for the weight gradients.
+        n = sum(model.tp_collective_blocks(i) for i in layers)
+        n_rec = sum(model.tp_collective_blocks(i) for i in layers if full_mask[i]) if training else 0
         if parallel.sequence_parallel:
             ag = n + n_rec + (2 * n if training else 0)
             rs = n + n_rec + (n if training else 0)
