@@ -71,6 +71,10 @@ def pace_spreads(ranked: list[Estimate], options: CostOptions) -> dict[int, Pace
     return {key: PaceSpread((s[0], s[2]), max(s[k] / best[k] - 1.0 for k in range(3))) for key, s in steps.items()}
 
 
+# a loss the note would print as 0.0%: no change of winner
+SAME_STEP_FRACTION = 0.0005
+
+
 def rank_with_host_pace(
     estimates: list[Estimate], options: CostOptions
 ) -> tuple[list[Estimate], dict[int, PaceSpread], tuple[int, ...], str | None]:
@@ -90,6 +94,8 @@ def rank_with_host_pace(
             first = spreads[id(ranked[0])]
             best = spreads[id(ranked[rank - 1])]
             loss = first.steps_s[end] / best.steps_s[end] - 1.0
+            if loss < SAME_STEP_FRACTION:
+                continue  # a tie at the note's precision: #1 stays as good there
             said.append(f"#{rank} on a host at {pace}x the default floor (#1 would be {loss:.1%} slower there)")
             if rank not in alternatives:
                 alternatives.append(rank)
