@@ -238,3 +238,14 @@ def test_mat_plan_says_it_of_its_best_layout(capsys, tmp_path):
     pairing = best["moe_a2a_overlap"] and (best["tp"] > 1 or best["cp"] > 1)
     said = [n for n in doc["notes"] if n.startswith("best layout: the EP all-to-all overlap")]
     assert len(said) == int(pairing)
+
+
+def test_a_forward_only_pass_says_it_runs_without_the_overlap():
+    model = load_model_spec("Mixtral-8x7B").replace(num_layers=2)
+    parallel = ParallelConfig(num_gpus=8, ep=8, moe_a2a_overlap=True, delay_wgrad_compute=True)
+    work = Workload(seq_length=4096, global_batch_size=8, mode="forward")
+    plain = estimate(model, ParallelConfig(num_gpus=8, ep=8), work, H100)
+    est = estimate(model, parallel, work, H100)
+    assert est.step_time_s == plain.step_time_s
+    assert any("a forward-only pass runs without them" in n for n in est.notes)
+    assert not any("forward-only" in n for n in estimate(model, parallel, work.replace(mode="train"), H100).notes)

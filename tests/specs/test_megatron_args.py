@@ -307,3 +307,28 @@ def test_bad_window_sink_and_glu_flags_are_one_line_errors(flags, message, tmp_p
                       f"--micro-batch-size 1 --global-batch-size 8 --vocab-size 1000 {flags}\n")  # fmt: skip
     assert main(["estimate", "--megatron-args", str(launch), "--gpu", "H100-SXM", "--num-gpus", "2"]) == 2
     assert capsys.readouterr().err.strip() == message
+
+
+MOE_FLAGS = (
+    "--num-layers 2 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 8 --seq-length 2048 "
+    "--max-position-embeddings 2048 --micro-batch-size 1 --global-batch-size 8 --num-experts 8 --moe-router-topk 2 "
+    "--moe-ffn-hidden-size 1024 --expert-model-parallel-size 4 --vocab-size 32000 --bf16 "
+)
+
+
+def test_a_negative_capacity_factor_is_dropless_as_megatron_core_reads_it():
+    """megatron-core's TransformerConfig turns a negative --moe-expert-capacity-factor into None (dropless)."""
+    imp = launch_to_specs(read_launch(MOE_FLAGS + "--moe-expert-capacity-factor -1"), num_gpus=8)
+    assert imp.workload.moe_routing.capacity_factor is None
+    assert any("--moe-expert-capacity-factor -1: read as dropless" in n for n in imp.notes)
+    with pytest.raises(ConfigError, match="moe_expert_capacity_factor"):
+        launch_to_specs(read_launch(MOE_FLAGS + "--moe-expert-capacity-factor 0"), num_gpus=8)
+
+
+def test_a_flex_backend_without_the_flex_dispatcher_is_said_ignored():
+    imp = launch_to_specs(read_launch(MOE_FLAGS + "--moe-flex-dispatcher-backend hybridep"), num_gpus=8)
+    assert imp.parallel.moe_dispatcher == "allgather"
+    assert any("--moe-flex-dispatcher-backend hybridep: ignored, the dispatcher is allgather" in n for n in imp.notes)
+    flex = MOE_FLAGS + "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"
+    imp = launch_to_specs(read_launch(flex), num_gpus=8)
+    assert imp.parallel.moe_dispatcher == "hybridep" and not any("ignored, the dispatcher" in n for n in imp.notes)

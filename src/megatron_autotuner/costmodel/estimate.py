@@ -1281,7 +1281,11 @@ def estimate(
             notes.append(
                 f"calibration measured on {options.calibration.gpu}, applied to {gpu.name} as a fraction of peak"
             )
-    if (note := overlap_connections_note(parallel, gpu)) is not None:
+    if parallel.moe_a2a_overlap and not workload.is_training:
+        # megatron-core's combined 1F1B step pairs one micro-batch's forward with another's backward
+        notes.append("the EP all-to-all overlap (and delayed wgrad) pair forwards with backwards: a forward-only pass "
+                     "runs without them, as predicted")  # fmt: skip
+    elif (note := overlap_connections_note(parallel, gpu)) is not None:
         notes.append(note)
     if model.vision is not None and not workload.image_tokens_per_sequence:
         notes.append(

@@ -874,6 +874,18 @@ def _spread_over_mamba(layers: list[str], symbol: str, gap: float) -> None:
             x -= 1
 
 
+def _capacity_factor(launch: Launch, notes: list[str]) -> float | None:
+    """--moe-expert-capacity-factor, a negative one read as dropless (None), as megatron-core's TransformerConfig
+    __post_init__ turns it (transformer_config.py @ Megatron-LM d98e8a6)."""
+    capacity = _float(launch, "moe_expert_capacity_factor")
+    if capacity is not None and capacity < 0:
+        notes.append(
+            f"--moe-expert-capacity-factor {capacity:g}: read as dropless, as megatron-core reads a negative one"
+        )
+        return None
+    return capacity
+
+
 def _modelled_dispatcher(launch: Launch, model: ModelSpec) -> str:
     """`ParallelConfig.moe_dispatcher` of a launch: its own where modelled, else alltoall (said as not modelled)."""
     dispatcher = launch_dispatcher(launch)
@@ -1381,6 +1393,11 @@ def launch_to_specs(
         dispatcher = launch_dispatcher(launch)
         if dispatcher not in MOE_DISPATCHERS:
             not_modelled.append(f"--moe-token-dispatcher-type {dispatcher} (predicted as alltoall)")
+        backend = _str(launch, "moe_flex_dispatcher_backend")
+        flex = (_str(launch, "moe_token_dispatcher_type") or "allgather") == "flex" or launch.value("moe_enable_deepep")
+        if backend and not flex:
+            # megatron-core reads the backend only for the flex dispatcher (TransformerConfig, token_dispatcher.py)
+            notes.append(f"--moe-flex-dispatcher-backend {backend}: ignored, the dispatcher is {dispatcher}, not flex")
         if not launch.value("moe_grouped_gemm"):
             not_modelled.append("--moe-grouped-gemm off: one GEMM per expert (predicted as grouped GEMMs)")
         # the host floor is the eager MoE block's, of its permute path; a graph over the whole block replays it
@@ -1480,7 +1497,7 @@ def launch_to_specs(
         fp8_param=bool(launch.value("fp8_param_gather")) and bool(fp8),
         cuda_graph=graphs,
         moe_routing=MoeRouting(
-            capacity_factor=_float(launch, "moe_expert_capacity_factor") if model.is_moe else None,
+            capacity_factor=_capacity_factor(launch, notes) if model.is_moe else None,
             pad_to_capacity=bool(launch.value("moe_pad_expert_input_to_capacity")) and model.is_moe,
         ),
     )
