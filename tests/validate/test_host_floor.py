@@ -202,8 +202,13 @@ def test_cli_dry_run_lists_the_cases(tmp_path, capsys):
     argv = ["validate", "--model", "Qwen3-30B-A3B", "--num-layers", "2", "--num-gpus", "2", "--ep", "2"]
     argv += ["--seq-len", "4096", "--global-batch-size", "8", "--gpu", "H100-SXM", "--measure-host-floor"]
     assert main([*argv, "--dry-run", "--output-dir", str(tmp_path)]) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("host floor case:")]
+    out = capsys.readouterr().out.splitlines()
+    lines = [line for line in out if line.startswith("host floor case:")]
     assert len(lines) == 2 and any("-E64.json" in line for line in lines)
+    # the predictions' advice to measure the floor is what the run will do, and the dry run says so
+    assert any(line.startswith("host floors: measured when the batch runs") for line in out)
+    assert main([*argv[:-1], "--dry-run", "--output-dir", str(tmp_path / "plain")]) == 0
+    assert "host floors: measured" not in capsys.readouterr().out
 
 
 def test_probes_at_each_tp_size_the_layouts_use():

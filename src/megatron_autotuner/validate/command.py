@@ -471,6 +471,10 @@ def _dry_run(args, layouts, gpu, out: Path, calibration) -> int:
         print(f"host floor probe: {line}")
     for line in cases:
         print(f"host floor case: {line}")
+    if probes or cases:
+        # the advice in the predictions' notes to measure the floor is what the run will do
+        print("host floors: measured when the batch runs, before its layouts; the predictions below use the default "
+              "floors until then")  # fmt: skip
     for row in rows:
         print(f"{row['label']} ({row['layout_id']}): predicted {json.dumps(row['predicted'])}")
         for cmd in row["commands"]:
