@@ -37,7 +37,7 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
 - context parallelism (p2p ring): cp-1 sends of the local K,V forward, each hidden behind one
   attention step: exposed (cp-1) * max(0, t_send - t_attn/cp); backward sends K,V and dK,dV.
   a2a (Ulysses) and all-gather CP are exposed.
-- expert parallelism: dispatch + combine all-to-all of the routed tokens forward and backward,
+- expert parallelism: dispatch + combine all-to-all of the rank's own top-k rows forward and backward,
   exposed (megatron-core's default; no EP overlap); with expert tensor parallelism the dispatcher's gather and
   reduce-scatter of the routed tokens over the etp ranks (`expert_tp_comm_s`). A MoE block's own tensor-parallel
   collectives are its shared experts' (TE linears, as a dense MLP's); routed experts with etp = 1 move nothing.

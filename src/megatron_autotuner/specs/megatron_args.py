@@ -892,13 +892,17 @@ def _modelled_dispatcher(launch: Launch, model: ModelSpec) -> str:
     return dispatcher if model.is_moe and dispatcher in MOE_DISPATCHERS else "alltoall"
 
 
+def _dispatcher_type(launch: Launch) -> str:
+    """The launch's --moe-token-dispatcher-type (Megatron-LM's default allgather); --moe-enable-deepep, the older
+    spelling of flex over DeepEP, is flex."""
+    return "flex" if launch.value("moe_enable_deepep") else (_str(launch, "moe_token_dispatcher_type") or "allgather")
+
+
 def launch_dispatcher(launch: Launch) -> str:
     """The launch's MoE dispatcher as `ParallelConfig.moe_dispatcher` names it: alltoall, deepep or hybridep (flex
     with that backend; --moe-enable-deepep is flex over DeepEP), else Megatron-LM's own name (allgather, ncclep)."""
-    if launch.value("moe_enable_deepep"):
-        return "deepep"
-    kind = _str(launch, "moe_token_dispatcher_type") or "allgather"
-    return moe_dispatcher_name(kind, _str(launch, "moe_flex_dispatcher_backend"))
+    backend = None if launch.value("moe_enable_deepep") else _str(launch, "moe_flex_dispatcher_backend")
+    return moe_dispatcher_name(_dispatcher_type(launch), backend)
 
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:
@@ -1394,8 +1398,7 @@ def launch_to_specs(
         if dispatcher not in MOE_DISPATCHERS:
             not_modelled.append(f"--moe-token-dispatcher-type {dispatcher} (predicted as alltoall)")
         backend = _str(launch, "moe_flex_dispatcher_backend")
-        flex = (_str(launch, "moe_token_dispatcher_type") or "allgather") == "flex" or launch.value("moe_enable_deepep")
-        if backend and not flex:
+        if backend and _dispatcher_type(launch) != "flex":
             # megatron-core reads the backend only for the flex dispatcher (TransformerConfig, token_dispatcher.py)
             notes.append(f"--moe-flex-dispatcher-backend {backend}: ignored, the dispatcher is {dispatcher}, not flex")
         if not launch.value("moe_grouped_gemm"):

@@ -11,8 +11,8 @@ Where the collectives come from (megatron-core):
   and fc2 (forward); backward mirrors them and re-gathers the two norm outputs for wgrad. Without
   SP: one all-reduce after proj and fc2 forward, after qkv and fc1 dgrad backward.
 - MoE layers (alltoall dispatcher): dispatch + combine all-to-all over ep forward and backward
-  (routed tokens x h), plus all-gather / reduce-scatter over etp when etp > 1. The allgather dispatcher
-  (Megatron-LM's default) gathers every token over etp x ep and reduce-scatters the combine in fp32.
+  (the rank's own top-k rows x h, before the expert-TP gather). The allgather dispatcher (Megatron-LM's
+  default) gathers every token over etp x ep and reduce-scatters the combine in fp32.
 - CP p2p ring: each layer passes K,V around the ring cp-1 times forward; backward passes K,V and
   dK,dV. a2a (Ulysses): all-to-all of Q,K,V in and of the output back, both passes.
 - PP: one activation send and one gradient send per micro-batch per stage boundary (x vpp).
