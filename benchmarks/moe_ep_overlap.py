@@ -7,6 +7,8 @@
     PART=oss|mixtral|diag bash benchmarks/validation/x2_moe_ep_r4.sh   # round 4: round 2's layouts on a third host
     PART=disp|more|diag|oss bash benchmarks/validation/x2_moe_r5.sh    # round 5: dispatchers, padding, a fourth host
     bash benchmarks/validation/x2_moe_r6.sh              # round 6: the three-process MoE floor on a fifth host
+    PART=run|probe bash benchmarks/validation/x2_moe_r7.sh   # round 7: layer host times at 4096 / 512 tokens, host F
+    bash benchmarks/validation/h200_x1_padded_host.sh    # round 7's padded layers on one of host F's GPUs
     python benchmarks/moe_ep_overlap.py                  # this report, from what they left
 
 Writes benchmarks/results/moe_ep_overlap_h200_x2/report.json: per round and layout the step and peak predicted before
@@ -54,6 +56,11 @@ ROUNDS = {
     "r5 oss": ("moe_r5_h200_x2/oss", "../predicted_default_oss.json", "D", "moe_r5_h200_x2/more/host_floor"),
     # the first round with the three-process floor (`host_floor.HOST_FLOOR_ROUNDS`)
     "r6": ("moe_r6_h200_x2", "predicted_default.json", "E", "moe_r6_h200_x2/host_floor"),
+    # round 7 (host F): every layer's host time at 4096 tokens (run) and at 512 (probe, with run's floors); then one of
+    # the host's GPUs ran the padded layers alone (h200_x1_padded_host.sh) with floors it measured itself ("F1")
+    "r7": ("moe_r7_h200_x2/run", "../predicted_default.json", "F", "moe_r7_h200_x2/run/host_floor"),
+    "r7 probe": ("moe_r7_h200_x2/probe", "../predicted_default_probe.json", "F", "moe_r7_h200_x2/run/host_floor"),
+    "r7 padded": ("padded_host_h200", "predicted_default.json", "F1", "padded_host_h200/host_floor"),
 }
 OUT = RESULTS / "moe_ep_overlap_h200_x2/report.json"
 

@@ -1,7 +1,8 @@
 """The 2x H200 MoE evidence of #40 (benchmarks/results/moe_ep_overlap_h200_x2*, moe_ep_host_h200_x2, moe_ep_r4_h200_x2,
 moe_r5_h200_x2, moe_r6_h200_x2; `python benchmarks/moe_ep_overlap.py`): gpt-oss-20b (4 layers) and Mixtral-8x7B
-(2 layers) at ep 1 and 2, with and without Megatron's all-to-all overlap, and padded token dropping, on five 2-GPU
-hosts (A: rounds 1-3, B: the host experiment, C: round 4, D: round 5, E: round 6), predicted before each round. What
+(2 layers) at ep 1 and 2, with and without Megatron's all-to-all overlap, and padded token dropping, on six 2-GPU
+hosts (A: rounds 1-3, B: the host experiment, C: round 4, D: round 5, E: round 6, F: round 7), predicted before each
+round. What
 the model gets right is held; its misses are pinned to the measured ranges docs/accuracy.md states, so a change in
 either shows."""
 
@@ -100,16 +101,13 @@ def test_with_its_machines_floors_the_dropless_steps_hold_on_hosts_b_and_c(repor
 
 def test_known_misses_stay_where_the_docs_put_them(report):
     """Not met, documented (docs/accuracy.md, "The EP all-to-all overlap on two GPUs"): on host A, with its own floors,
-    the ep 2 steps ran 14-19% (gpt-oss-20b) and 14% (Mixtral) over the model; the overlap with delayed wgrad 22-32%;
-    padded token dropping at ep 2, held to its host per micro-batch, 15% (host C) to 27% (host A) over."""
+    the ep 2 steps ran 14-19% (gpt-oss-20b) and 14% (Mixtral) over the model; the overlap with delayed wgrad 22-32%."""
     for r in _ok(report, "oss20b L4 ep2 dp2"):
         if r["machine"] == "A":
             assert -0.20 < _err(r, "predicted_now_machine_floor_step_s") < -0.13
     for r in _ok(report, "mixtral L2 ep2 dp2"):
         if r["machine"] == "A":
             assert -0.15 < _err(r, "predicted_now_machine_floor_step_s") < -0.13
-    for r in _ok(report, "oss20b L4 ep2 dp2 cap1-pad") + _ok(report, "oss20b L4 ep2 dp2 cap1-pad profiled"):
-        assert -0.28 < _err(r, "predicted_now_machine_floor_step_s") < -0.14, r["round"]
     dw = _ok(report, "mixtral L2 ep2 dp2 a2a-overlap+delay-wgrad")[0]["measured_step_s"]
     assert (
         dw
@@ -155,3 +153,20 @@ def test_the_three_process_floor_on_a_new_host(report):
     assert 0.09 < r6["oss20b L4 ep2 dp2"] < 0.11 and 0.13 < r6["oss20b L4 ep1 dp2"] < 0.16
     r5 = {r["label"]: _err(r, "predicted_at_run_step_s") for r in report["rows"] if r["round"] == "r5 oss"}
     assert 0.13 < r5["oss20b L4 ep1 dp2"] < 0.15 and abs(r5["oss20b L4 ep2 dp2"]) < 0.01
+
+
+def test_padded_gpt_oss_layers_wait_in_their_activation(report):
+    """gpt-oss-20b's padded layers stop the host once per forward in the experts' quick-GEGLU (a pageable copy of its
+    linear offset; `costmodel.layer.experts_activation_syncs_host`), so the model holds them host-bound as dropless
+    blocks. With each host's own floors, the padded gpt-oss steps on hosts A, C, D and F (2 GPUs, ep 2; and one of
+    F's GPUs, 16 and 32 experts) come within -12%..+12%, 4 of 9 within 10% (the rest 10-11.5%); held to their host
+    per micro-batch, as a padded block that never waits, they ran 15-27% over the model. Mixtral's padded layers
+    (SwiGLU, no such copy) stay within 4%."""
+    padded = [r for r in report["rows"] if "cap1-pad" in r["label"] and "s512" not in r["label"]]
+    padded = [r for r in padded if r["measured_step_s"] is not None]
+    oss = [_err(r, "predicted_now_machine_floor_step_s") for r in padded if r["label"].startswith("oss20b")]
+    assert len(oss) == 9
+    assert all(-0.12 < e < 0.12 for e in oss)
+    assert sum(abs(e) < 0.10 for e in oss) >= 4
+    mixtral = [_err(r, "predicted_now_machine_floor_step_s") for r in padded if r["label"].startswith("mixtral")]
+    assert len(mixtral) == 3 and all(abs(e) < 0.04 for e in mixtral)

@@ -97,6 +97,7 @@ from .layer import (
     LayerContext,
     LayerCost,
     dense_host_floor_of,
+    experts_activation_syncs_host,
     gemm_shapes,
     layer_cost,
     merge_parts,
@@ -551,6 +552,13 @@ def step_end_work_s(counts: ParameterCounts, parallel: ParallelConfig, workload:
     return work
 
 
+def moe_forward_waits_for_device(model: ModelSpec, workload: Workload, options: CostOptions) -> bool:
+    """Whether an eager MoE layer's forward stops the host until the GPU catches up: dropless routing waits for the
+    token counts; a block that drops and pads to capacity does not, unless its experts' activation does
+    (`experts_activation_syncs_host`)."""
+    return not workload.moe_routing.drop_and_pad or experts_activation_syncs_host(model, options.fused_bias_activation)
+
+
 def stage_time(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -569,6 +577,7 @@ def stage_time(
     tokens, seq_length = packed_microbatch_shape(model, parallel, workload)
     rc = workload.recompute
     eager_moe = options.moe_host_bound and not workload.cuda_graph.captures("moe", moe_layer=True)
+    issue_ahead = not moe_forward_waits_for_device(model, workload, options)
     ctx = LayerContext(
         cluster=cluster,
         tp=tp,
@@ -588,11 +597,13 @@ def stage_time(
         flash_attention=options.flash_attention,
         fused_bias_activation=options.fused_bias_activation,
         # a graph over the whole MoE block replays it without the host (router-only graphs leave it eager); a block
-        # that drops and pads to capacity has no host sync, so its host issues ahead of the GPU like a dense layer's
-        # (`layer` module doc): one H200, 2-layer Qwen3-30B-A3B-E16 steps with capacity 1.0 / 1.5 padded ran within
-        # 2.5% of their GPU time where the dropless step was host-bound (benchmarks/results/moe_token_drop_h200)
-        moe_host_bound=eager_moe and not workload.moe_routing.drop_and_pad,
-        moe_host_issue_ahead=eager_moe and workload.moe_routing.drop_and_pad,
+        # that drops and pads to capacity has no token-count sync, so its host issues ahead of the GPU like a dense
+        # layer's (`layer` module doc): one H200, 2-layer Qwen3-30B-A3B-E16 steps with capacity 1.0 / 1.5 padded ran
+        # within 2.5% of their GPU time where the dropless step was host-bound (benchmarks/results/moe_token_drop_h200),
+        # unless its experts' activation stops the host (`experts_activation_syncs_host`): then it is host-bound as a
+        # dropless block
+        moe_host_bound=eager_moe and not issue_ahead,
+        moe_host_issue_ahead=eager_moe and issue_ahead,
         moe_permute_fusion=options.moe_permute_fusion,
         host_floor=options.host_floor,
         calibration=options.calibration,
@@ -1182,8 +1193,11 @@ def queued_free_inputs(
     out = {}
     for st in time.stages:
         layers = layout.rank_layers(st.stage)
-        # dropless MoE layers synchronise the host in every forward, never in the backward (`queued_frees`)
-        moe_synced = any(model.is_moe_layer(i) for i in layers) and not workload.moe_routing.drop_and_pad
+        # dropless MoE layers, and padded ones whose experts' activation waits, synchronise the host in every forward,
+        # never in the backward (`queued_frees`)
+        moe_synced = any(model.is_moe_layer(i) for i in layers) and moe_forward_waits_for_device(
+            model, workload, options
+        )
         if st.stage not in memory or (moe_synced and interleaved) or (synced and st.stage > 0 and not moe_synced):
             continue
         params = memory[st.stage].parameters.total

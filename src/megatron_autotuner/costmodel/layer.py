@@ -45,10 +45,12 @@ A layer is the sum of its operators (FLOPs per operator from `theory.flops`):
   GPU time is raised to the testbench-measured host floor: the calibration's (`Calibration.moe_host_floor`,
   measured on the machine), else `defaults.MOE_HOST_FLOOR_*`; the difference is reported as "host". The
   dispatcher's wait for the token counts on the host serialises host and GPU at every block. A block that drops and
-  pads to capacity never waits (`LayerContext.moe_host_issue_ahead`): its floor is issue time like a dense layer's,
-  compared per micro-batch. On three 2-GPU H200 hosts gpt-oss-20b's padded ep 2 step ran only 7-10% faster than the
-  dropless one (benchmarks/results/moe_ep_*_h200_x2), where GPU time alone would make it 30% faster; a GPU-paced
-  padded block (one H200, Qwen3-30B-A3B-E16, benchmarks/results/moe_token_drop_h200) runs at its GPU time.
+  pads to capacity has no such wait (`LayerContext.moe_host_issue_ahead`): its floor is issue time like a dense
+  layer's, compared per micro-batch; unless its experts' activation stops the host (`experts_activation_syncs_host`,
+  gpt-oss's quick-GEGLU), which makes it host-bound as a dropless block: on three 2-GPU H200 hosts gpt-oss-20b's
+  padded ep 2 step ran only 7-10% faster than the dropless one (benchmarks/results/moe_ep_*_h200_x2), where GPU time
+  alone would make it 30% faster. A GPU-paced padded block (one H200, Qwen3-30B-A3B-E16,
+  benchmarks/results/moe_token_drop_h200) runs at its GPU time.
 - host-bound dense layer (eager megatron-core issues each layer's kernels from Python, ahead of the GPU): the
   layer's host issue time forward and backward (`LayerCost.host_fwd_s` / `host_bwd_s`: `Calibration.dense_host_floor`
   measured on the machine, else `defaults.DENSE_HOST_FLOOR_*`, plus the host of the TP collectives). CUDA graphs
@@ -865,6 +867,17 @@ def moe_host_floor_of(ctx: LayerContext) -> MoeHostFloor:
     if floor is not None:
         return floor
     return DEFAULT_FUSED_MOE_HOST_FLOOR if ctx.moe_permute_fusion else DEFAULT_MOE_HOST_FLOOR
+
+
+def experts_activation_syncs_host(model: ModelSpec, fused_bias_activation: bool) -> bool:
+    """Whether megatron-core's grouped experts stop the host once per forward in their activation, dropless or
+    padded: the fused token-weighted quick-GEGLU (gpt-oss: a gated quick_gelu) builds its linear offset with
+    `torch.tensor(linear_offset, device=input.device)`, a pageable host-to-device copy that synchronizes the stream
+    (Megatron-LM d98e8a6 megatron/core/fusions/fused_bias_geglu.py `weighted_bias_quick_geglu_impl`, called from
+    moe/experts.py TEGroupedMLP when bias_activation_fusion is on). Seen on one H200: gpt-oss-20b-E16's padded layers
+    each waited once in that copy (`aten::to` with cudaStreamSynchronize before WeightedQuickGeGLUFunction;
+    benchmarks/results/moe_timeline_h200), so its host cannot issue ahead of the GPU across the layer."""
+    return fused_bias_activation and model.gated_linear_unit and model.activation == "quick_gelu"
 
 
 def moe_block_host_s(model: ModelSpec, ctx: LayerContext) -> tuple[float, float]:
