@@ -9,6 +9,7 @@
     bash benchmarks/validation/x2_moe_r6.sh              # round 6: the three-process MoE floor on a fifth host
     PART=run|probe bash benchmarks/validation/x2_moe_r7.sh   # round 7: layer host times at 4096 / 512 tokens, host F
     bash benchmarks/validation/h200_x1_padded_host.sh    # round 7's padded layers on one of host F's GPUs
+    bash benchmarks/validation/h200_x1_padded_blind.sh   # padded gpt-oss, blind, on one GPU of host G
     python benchmarks/moe_ep_overlap.py                  # this report, from what they left
 
 Writes benchmarks/results/moe_ep_overlap_h200_x2/report.json: per round and layout the step and peak predicted before
@@ -61,6 +62,8 @@ ROUNDS = {
     "r7": ("moe_r7_h200_x2/run", "../predicted_default.json", "F", "moe_r7_h200_x2/run/host_floor"),
     "r7 probe": ("moe_r7_h200_x2/probe", "../predicted_default_probe.json", "F", "moe_r7_h200_x2/run/host_floor"),
     "r7 padded": ("padded_host_h200", "predicted_default.json", "F1", "padded_host_h200/host_floor"),
+    # blind, after the model held gpt-oss's padded layers host-bound: one GPU of a new host, two shapes no run had
+    "blind padded": ("padded_blind_h200", "predicted_default.json", "G", "padded_blind_h200/host_floor"),
 }
 OUT = RESULTS / "moe_ep_overlap_h200_x2/report.json"
 

@@ -163,10 +163,24 @@ def test_padded_gpt_oss_layers_wait_in_their_activation(report):
     per micro-batch, as a padded block that never waits, they ran 15-27% over the model. Mixtral's padded layers
     (SwiGLU, no such copy) stay within 4%."""
     padded = [r for r in report["rows"] if "cap1-pad" in r["label"] and "s512" not in r["label"]]
-    padded = [r for r in padded if r["measured_step_s"] is not None]
+    padded = [r for r in padded if r["measured_step_s"] is not None and r["round"] != "blind padded"]
     oss = [_err(r, "predicted_now_machine_floor_step_s") for r in padded if r["label"].startswith("oss20b")]
     assert len(oss) == 9
     assert all(-0.12 < e < 0.12 for e in oss)
     assert sum(abs(e) < 0.10 for e in oss) >= 4
     mixtral = [_err(r, "predicted_now_machine_floor_step_s") for r in padded if r["label"].startswith("mixtral")]
     assert len(mixtral) == 3 and all(abs(e) < 0.04 for e in mixtral)
+
+
+def test_padded_gpt_oss_blind_on_a_new_host(report):
+    """One GPU of host G, its floors measured first and the layouts predicted with them before they ran: the two shapes
+    no run had (capacity 1.5; 8192 tokens) came within 2%; the 32-expert layout 14.5% over, as gpt-oss's 32-local-expert
+    dropless steps came 14-15% over on hosts D and E (the floor's slope in local experts; not met, pinned). Peaks 2-5%
+    over."""
+    blind = {r["label"]: _err(r, "predicted_at_run_step_s") for r in report["rows"] if r["round"] == "blind padded"}
+    assert abs(blind["oss20b-E16 L4 cap1.5-pad"]) < 0.02
+    assert abs(blind["oss20b-E16 L4 s8192 cap1-pad"]) < 0.02
+    assert 0.13 < blind["oss20b L4 cap1-pad"] < 0.16
+    peaks = [r for r in report["rows"] if r["round"] == "blind padded"]
+    # peaks +1.9..+4.5% at the run (its floors), +2.0..+5.1% with the default floors' queued frees
+    assert all(0.0 < r["predicted_now_peak_gib"] / r["measured_peak_gib"] - 1 < 0.052 for r in peaks)
