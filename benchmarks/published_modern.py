@@ -58,6 +58,19 @@ OUT_PATH = ROOT / "benchmarks/results/published_modern.json"
 # CSV GPU name -> the tool's preset name (looked up with get_gpu_spec; a missing preset: not expressible)
 GPU_PRESET_NAMES = {"H100": "H100-SXM", "B200": "B200", "GB200": "GB200"}
 GPU_GROUPS = ("H100", "B200", "GB200")
+# dgxc's NeMo-1 Grok-1 proxy (the tables of grok1/README_314b.md, tags v24.11.1 to v25.04.02) runs
+# grok1/grok1_314b.yaml through configure.sh, which the rows' columns do not carry: moe_grouped_gemm false (one GEMM per
+# expert), no moe_permute_fusion, moe_pad_expert_input_to_capacity true with moe_expert_capacity_factor 1.0, hidden
+# and attention dropout 0.0;
+# configure.sh sets model.ub_tp_comm_overlap=true (NVIDIA/dgxc-benchmarking@v24.11.1 and @v25.02, grok1/). From v25.05
+# the tables (grok1/README.md) come from NeMo 2's scripts/performance/llm/pretrain_grok1_314b, not this yaml.
+DGXC_NEMO1_GROK_TABLES = "grok1/README_314b.md"
+DGXC_NEMO1_GROK_FLAGS = (
+    "--moe-expert-capacity-factor 1.0",
+    "--moe-pad-expert-input-to-capacity",
+    "--hidden-dropout 0.0",
+    "--attention-dropout 0.0",
+)
 
 # Architecture traits by `hf_config_family` (first match wins); the CSV columns do not hold them.
 _LLAMA_LIKE = {"norm": "RMSNorm", "bias": False, "tied": False, "pos": "rope", "qk_norm": False}
@@ -321,7 +334,14 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
             flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
         if "token-drop" in dispatcher:
             flags += ["--moe-expert-capacity-factor 1.0", "--moe-pad-expert-input-to-capacity"]
-        flags += ["--moe-grouped-gemm", "--moe-permute-fusion"]
+        if DGXC_NEMO1_GROK_TABLES in row["source"]:
+            flags += list(DGXC_NEMO1_GROK_FLAGS)  # nor moe_permute_fusion (megatron-core's default: off)
+            assumptions.append(
+                "grok1_314b.yaml as dgxc ran it (padded to capacity 1.0, one GEMM per expert, no permute fusion, "
+                "dropout 0); megatron-core 0.9 / 0.10's padded permute priced as today's unfused one"
+            )
+        else:
+            flags += ["--moe-grouped-gemm", "--moe-permute-fusion"]
 
     # CUDA graphs
     graph = row["cuda_graph"]

@@ -133,10 +133,13 @@ def test_summary_is_computed_from_the_records(committed):
 
 def test_moe_rows_signed_median_per_gpu_group(committed):
     """#40's bar on the MoE rows, per GPU group of 5+ expressible rows: the signed median error within +-5%. Met on
-    B200 (+1.3%) and GB200 (-1.8%); not met on H100 (+10.5%): its eight dgxc Grok-1 rows (tp 4 = etp 4) had their
-    all-to-all counted etp (4) times, as the rows the expert-TP gather leaves after it, and that hid +10..+15% of
-    optimism the model has there; counted as megatron-core moves them, the H100 median went from -4.8% to +10.5%.
-    Its other bar, median |error| <= 10% over the MoE rows, is not met either (14.3%, `summary.by_kind.moe`)."""
+    B200 (+1.3%) and GB200 (-1.8%); not met on H100 (-5.6%). Its eight dgxc Grok-1 rows (tp 4 = etp 4) are now read
+    as dgxc's NeMo-1 recipe ran them (grok1_314b.yaml through configure.sh: padded to capacity 1.0, one GEMM per
+    expert, no permute fusion, dropout 0; `DGXC_NEMO1_GROK_FLAGS`), where the rows' columns had left them dropless,
+    grouped, fused and with Megatron-LM's 0.1 dropout (+10..+15%). They came 4-29% under: the unfused padded block's
+    host floor, measured on today's megatron-core, paces them (fused, they would be 15-27% over), so the old stack's
+    permute is the unknown; each carries a not-modelled flag (one GEMM per expert). The other bar, median |error|
+    <= 10% over the MoE rows, is not met (17.9%, `summary.by_kind.moe`)."""
     records, summary = committed["records"], committed["summary"]
     for gpu, got in summary["moe_by_gpu"].items():
         errors = [r["error"] for r in records if r["kind"] == "moe" and r["gpu"] == gpu and r["expressible"]]
@@ -144,11 +147,16 @@ def test_moe_rows_signed_median_per_gpu_group(committed):
         assert _close(got["median_error"], statistics.median(errors)), gpu
         assert _close(got["median_abs_error"], statistics.median(abs(e) for e in errors)), gpu
         if gpu == "H100":
-            assert 0.09 < got["median_error"] < 0.12
+            assert -0.07 < got["median_error"] < -0.05
         else:
             assert abs(got["median_error"]) <= 0.05, gpu
-    grok_h100 = [r["error"] for r in records if r["model"].startswith("Grok 1") and r["gpu"] == "H100"]
-    assert len(grok_h100) == 8 and all(0.10 < e < 0.16 for e in grok_h100)
+    grok_h100 = [r for r in records if r["model"].startswith("Grok 1") and r["gpu"] == "H100"]
+    assert len(grok_h100) == 8 and all(-0.30 < r["error"] < -0.04 for r in grok_h100)
+    for r in grok_h100:
+        flags = r["flags"]
+        assert "--moe-pad-expert-input-to-capacity" in flags and "--hidden-dropout 0.0" in flags
+        assert "--moe-grouped-gemm" not in flags and "--moe-permute-fusion" not in flags
+        assert r["not_modelled"] == ["--moe-grouped-gemm off: one GEMM per expert (predicted as grouped GEMMs)"]
 
 
 def test_script_cli_writes_the_report(tmp_path, script, capsys):
