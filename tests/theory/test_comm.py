@@ -108,6 +108,26 @@ def test_the_all_to_all_moves_a_ranks_own_rows_before_the_expert_tp_gather():
         assert model.routed_tokens(4096, 4, etp, 1.0) == 4096 // 4 * 2 * etp
 
 
+def test_expert_tp_gathers_and_scatters_the_routed_rows():
+    """With etp > 1 the alltoall dispatcher all-gathers the routed rows over the expert-TP group after the all-to-all
+    and reduce-scatters the experts' output before the combine; backward mirrors both. Mixtral-8x7B tp 2 = etp 2,
+    ep 2, on 4 GPUs, 4096 tokens, one micro-batch, by hand: the gathered tensor is 4096 / 2 x 2 (top-2) x 2 (etp)
+    rows x 4096 x 2 bytes = 64 MiB, gathered and scattered twice per layer (forward, backward), half of it on the
+    wire each time: 32 layers x 4 x 32 MiB = 4 GiB. None with etp = 1, nor with the allgather dispatcher (its etp x ep
+    gather counts under ep)."""
+    model = load_model_spec("Mixtral-8x7B")
+    w = Workload(seq_length=4096, global_batch_size=2)
+    p = ParallelConfig(num_gpus=4, tp=2, ep=2, etp=2, sequence_parallel=True)
+    volumes = by_key(stage_comm_volumes(model, p, w, 0))
+    for collective in ("all_gather", "reduce_scatter"):
+        v = volumes[("etp", collective)]
+        assert v.message_bytes == 4096 // 2 * 2 * 2 * 4096 * 2 == 64 * 2**20
+        assert v.calls == 2 * 32
+    assert comm_bytes_by_dimension(list(volumes.values()))["etp"] == 4 * 2**30
+    for other in (p.replace(etp=1), p.replace(moe_dispatcher="allgather")):
+        assert "etp" not in comm_bytes_by_dimension(stage_comm_volumes(model, other, w, 0))
+
+
 def test_routed_experts_add_no_tp_gathers_shared_experts_do():
     """With SP, each residual block with TP linears all-gathers before its first linear and reduce-scatters after its
     last (backward: the mirror and, for the weight gradients, a re-gather). A MoE block's routed experts take the

@@ -11,7 +11,8 @@ Where the collectives come from (megatron-core):
   and fc2 (forward); backward mirrors them and re-gathers the two norm outputs for wgrad. Without
   SP: one all-reduce after proj and fc2 forward, after qkv and fc1 dgrad backward.
 - MoE layers (alltoall dispatcher): dispatch + combine all-to-all over ep forward and backward
-  (the rank's own top-k rows x h, before the expert-TP gather). The allgather dispatcher (Megatron-LM's
+  (the rank's own top-k rows x h, before the expert-TP gather); with etp > 1 an all-gather of the routed rows
+  over etp after it and a reduce-scatter before the combine, both passes. The allgather dispatcher (Megatron-LM's
   default) gathers every token over etp x ep and reduce-scatters the combine in fp32.
 - CP p2p ring: each layer passes K,V around the ring cp-1 times forward; backward passes K,V and
   dK,dV. a2a (Ulysses): all-to-all of Q,K,V in and of the output back, both passes.
@@ -154,6 +155,15 @@ def stage_comm_volumes(
         per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
         out.append(CommVolume("ep", "all_to_all", ep, e * dispatched * h, m * calls))
+    if moe_layers and parallel.moe_dispatcher != "allgather" and etp > 1:
+        # expert-TP: the dispatcher all-gathers the routed rows of the etp ranks after the all-to-all and
+        # reduce-scatters the experts' output before the combine; backward, each turns into the other
+        # (`costmodel.layer.expert_tp_comm_s`)
+        gathered = e * model.routed_tokens(tokens, tp, etp, workload.expert_load) * h
+        n_fwd = len(moe_layers) + (sum(1 for i in moe_layers if full_mask[i]) if training else 0)
+        n_bwd = len(moe_layers) if training else 0
+        out.append(CommVolume("etp", "all_gather", etp, gathered, m * (n_fwd + n_bwd)))
+        out.append(CommVolume("etp", "reduce_scatter", etp, gathered, m * (n_fwd + n_bwd)))
 
     if cp > 1:
         out.extend(_scan_mixer_cp_volumes(model, layers, full_mask, training, e * tokens / tp, cp, m))
