@@ -35,7 +35,41 @@ MOE = load_model_spec("Qwen3-30B-A3B")
     ],
 )
 def test_expert_load(routing, load):
-    assert routing.expert_load == pytest.approx(load)
+    assert routing.expert_load(8) == pytest.approx(load)
+    # one rank holds every expert: no imbalance between ranks, the capacity still bounds and pads
+    one_rank = routing.capacity_factor if routing.drop_and_pad else min(1.0, routing.capacity_factor or 1.0)
+    assert routing.expert_load(1) == pytest.approx(one_rank)
+
+
+def test_routing_bounds_on_the_layout():
+    """The busiest of ep ranks takes at most ep x the mean (more is refused; at ep 1 there is nothing to imbalance);
+    a padded capacity past num_experts / top-k rows per expert holds padding only; a dense model takes no routing.
+    Huge values had overflowed into a traceback (found by a CLI audit)."""
+    from megatron_autotuner.errors import ConfigError
+    from megatron_autotuner.specs import ParallelConfig, Workload
+    from megatron_autotuner.specs.parallel import validate_layout
+
+    def check(model, ep, routing):
+        validate_layout(
+            model,
+            ParallelConfig(num_gpus=8, ep=ep),
+            Workload(seq_length=4096, global_batch_size=64, moe_routing=routing),
+        )
+
+    check(MOE, 1, MoeRouting(3.0))
+    check(MOE, 8, MoeRouting(8.0))
+    for ep, routing, field in (
+        (8, MoeRouting(8.5), "moe_load_imbalance"),
+        (8, MoeRouting(1e308), "moe_load_imbalance"),
+        (8, MoeRouting(1.0, 17.0, True), "moe_expert_capacity_factor"),  # 128 experts / top-8 = 16
+    ):
+        with pytest.raises(ConfigError) as err:
+            check(MOE, ep, routing)
+        assert err.value.field == field
+    check(MOE, 8, MoeRouting(1.0, 16.0, True))
+    with pytest.raises(ConfigError) as err:
+        check(load_model_spec("Llama-3.1-8B"), 1, MoeRouting(1.5))
+    assert err.value.field == "moe_load_imbalance"
 
 
 @pytest.mark.parametrize(
@@ -114,3 +148,18 @@ def test_a_launch_plan_keeps_its_capacity(tmp_path, capsys):
             "--output-dir", str(tmp_path), "--top", "1"]  # fmt: skip
     assert main(argv) == 0
     assert '"load_imbalance": 1.2' in capsys.readouterr().out
+
+
+def test_the_moe_module_recompute_already_holds_the_activation():
+    """Recomputing `moe` re-runs the whole block, its activation included: adding `moe_act` costs nothing more (the
+    activation had been counted twice; a CLI audit)."""
+    from megatron_autotuner.costmodel.estimate import estimate
+    from megatron_autotuner.specs import ParallelConfig, RecomputeConfig, Workload
+
+    def recompute_s(modules):
+        w = Workload(seq_length=4096, global_batch_size=64, recompute=RecomputeConfig("selective", modules=modules))
+        est = estimate(MOE, ParallelConfig(num_gpus=8, ep=8), w, H100)
+        return est.to_dict()["time_breakdown_s"]["compute"]["recompute"]
+
+    assert recompute_s(("moe",)) > recompute_s(("moe_act",)) > 0
+    assert recompute_s(("moe", "moe_act")) == pytest.approx(recompute_s(("moe",)))

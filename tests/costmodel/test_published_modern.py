@@ -133,7 +133,7 @@ def test_summary_is_computed_from_the_records(committed):
 
 def test_moe_rows_signed_median_per_gpu_group(committed):
     """#40's bar on the MoE rows, per GPU group of 5+ expressible rows: the signed median error within +-5%. Met on
-    B200 (+1.3%) and GB200 (-1.8%); not met on H100 (-5.6%). Its eight dgxc Grok-1 rows (tp 4 = etp 4) are now read
+    B200 (+1.3%) and GB200 (-1.8%); not met on H100 (-5.1%). Its eight dgxc Grok-1 rows (tp 4 = etp 4) are now read
     as dgxc's NeMo-1 recipe ran them (grok1_314b.yaml through configure.sh: padded to capacity 1.0, one GEMM per
     expert, no permute fusion, dropout 0; `DGXC_NEMO1_GROK_FLAGS`), where the rows' columns had left them dropless,
     grouped, fused and with Megatron-LM's 0.1 dropout (+10..+15%). They came 4-29% under: the unfused padded block's

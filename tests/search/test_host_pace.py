@@ -124,3 +124,10 @@ def test_a_tie_at_the_notes_precision_names_no_alternative():
         first, alt = result.best.host_pace.steps_s, result.candidates[rank - 1].host_pace.steps_s
         assert max(first[end] / alt[end] - 1.0 for end in (0, 1)) >= SAME_STEP_FRACTION
     assert not any("0.0% slower" in note for note in result.notes)
+
+
+def test_a_forward_only_plan_offers_no_ep_overlap():
+    """Megatron's EP all-to-all overlap pairs a forward with a backward micro-batch; a forward-only plan had listed it
+    as a second candidate with the first one's numbers (a CLI audit)."""
+    result = plan(load_model_spec("Qwen3-30B-A3B"), H100, 8, 4096, 64, mode="forward")
+    assert result.candidates and not any(c.parallel.moe_a2a_overlap for c in result.candidates)

@@ -332,3 +332,6 @@ def test_a_flex_backend_without_the_flex_dispatcher_is_said_ignored():
     flex = MOE_FLAGS + "--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep"
     imp = launch_to_specs(read_launch(flex), num_gpus=8)
     assert imp.parallel.moe_dispatcher == "hybridep" and not any("ignored, the dispatcher" in n for n in imp.notes)
+    # a launch that never names a backend gets no such note (its default had been said ignored; a CLI audit)
+    imp = launch_to_specs(read_launch(MOE_FLAGS), num_gpus=8)
+    assert not any("--moe-flex-dispatcher-backend" in n for n in imp.notes)

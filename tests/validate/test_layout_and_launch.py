@@ -188,3 +188,21 @@ def test_the_worker_sets_what_expandable_segments_need(monkeypatch):
         monkeypatch.delenv("NCCL_GRAPH_REGISTER", raising=False)
         set_allocator_config([layout])
         assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == conf and os.environ.get("NCCL_GRAPH_REGISTER") == register
+
+
+@pytest.mark.parametrize(
+    "fields,field,says",
+    [
+        ({"moe_token_dispatcher": "flex"}, "moe_token_dispatcher", "alltoall, allgather"),
+        ({"recompute": "selective", "recompute_modules": "moe"}, "recompute_modules", "list of module names"),
+        ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ["moe"]}, "cuda_graph_scope", "drop-and-pad"),
+    ],
+)
+def test_layout_fields_a_cli_audit_found_misread(fields, field, says):
+    """A layouts file's flex dispatcher was refused under the ParallelConfig's field with names the runner refuses
+    next; a string of modules read as its letters; a moe-scope graph without drop-and-pad was predicted although
+    megatron-core refuses it (the --megatron-args path already said so)."""
+
+    with pytest.raises(ConfigError) as err:
+        Layout(model="Mixtral-8x7B", seq_length=4096, num_layers=2, num_gpus=2, ep=2, **fields).check()
+    assert err.value.field == field and says in str(err.value)

@@ -610,7 +610,7 @@ def stage_time(
         main_grad_bytes=parallel.main_grad_bytes,
         cuda_graph_impl=workload.cuda_graph.impl,
         cuda_graph_scope=workload.cuda_graph.scope,
-        expert_load=workload.expert_load,
+        expert_load=workload.expert_load(parallel.ep),
         moe_dispatcher=parallel.moe_dispatcher,
     )
     mg = parallel.main_grad_bytes

@@ -825,7 +825,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 redone = ("router", "activation") + GLU_CLAMP_WORK + MOE_DISPATCH_WORK
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in redone))
                 _add(rec, "ep", moved_fwd)
-            if "moe_act" in mods and is_moe:
+            if "moe_act" in mods and "moe" not in mods and is_moe:  # the moe module recomputes the activation too
                 # the checkpointed activation function includes a clamped GLU's clamps and cat (experts.py)
                 _add(rec, "memory_bound", sum(mem_fwd.get(k, 0.0) for k in ("activation", *GLU_CLAMP_WORK)))
             if "shared_experts" in mods and is_moe:

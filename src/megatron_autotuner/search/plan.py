@@ -348,7 +348,8 @@ def plan(
             layouts_by_pp[pp] = layout_choices(model, pp, space, seq_length)
         for vpp, pipeline_layout in layouts_by_pp[pp]:
             for sp in sps:
-                for a2a_overlap in a2a_overlap_choices(model, ep, pp, vpp, space):
+                # the overlap pairs a forward with a backward micro-batch: a forward-only pass has nothing to pair
+                for a2a_overlap in (False,) if forward else a2a_overlap_choices(model, ep, pp, vpp, space):
                     structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a_overlap, mbs_list))
 
     def config(

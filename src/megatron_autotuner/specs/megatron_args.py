@@ -42,6 +42,7 @@ from .parallel import (
     ParallelConfig,
     RecomputeConfig,
     Workload,
+    check_moe_graph_routing,
     moe_dispatcher_name,
     needs_nccl_graph_register_off,
 )
@@ -1397,7 +1398,7 @@ def launch_to_specs(
         dispatcher = launch_dispatcher(launch)
         if dispatcher not in MOE_DISPATCHERS:
             not_modelled.append(f"--moe-token-dispatcher-type {dispatcher} (predicted as alltoall)")
-        backend = _str(launch, "moe_flex_dispatcher_backend")
+        backend = _str(launch, "moe_flex_dispatcher_backend") if launch.gave("moe_flex_dispatcher_backend") else None
         if backend and _dispatcher_type(launch) != "flex":
             # megatron-core reads the backend only for the flex dispatcher (TransformerConfig, token_dispatcher.py)
             notes.append(f"--moe-flex-dispatcher-backend {backend}: ignored, the dispatcher is {dispatcher}, not flex")
@@ -1592,15 +1593,17 @@ def launch_cuda_graphs(launch: Launch, model: ModelSpec | None) -> CudaGraphConf
     if graphs.per_layer and (_int(launch, "cpu_offloading_num_layers") or 0) > 0:
         raise ConfigError("cuda_graph_impl", "per-layer CUDA graphs do not work with CPU offloading (megatron-core)")
     if model is not None and model.is_moe and graphs.per_layer:
-        capacity = launch.value("moe_expert_capacity_factor")
-        if "moe" in graphs.scope and (capacity is None or not launch.value("moe_pad_expert_input_to_capacity")):
-            raise ConfigError("cuda_graph_modules", "moe graphs need drop-and-pad MoE (megatron-core)")
+        capacity = _capacity_factor(launch, [])  # its note is the workload's
         dispatcher = _str(launch, "moe_token_dispatcher_type")
+        pad = capacity is not None and bool(launch.value("moe_pad_expert_input_to_capacity"))
+        routing = MoeRouting(capacity_factor=capacity, pad_to_capacity=pad)
+        check_moe_graph_routing(graphs.scope, routing, dispatcher)
+        # the router's fp8 padding, a launch flag only, syncs as dropping does
         if (
-            (capacity is None or not launch.value("moe_pad_expert_input_to_capacity"))
+            capacity is None
             and dispatcher == "alltoall"
             and "moe_preprocess" in graphs.scope
-            and (capacity is not None or launch.value("moe_router_padding_for_fp8"))
+            and launch.value("moe_router_padding_for_fp8")
         ):
             raise ConfigError(
                 "cuda_graph_modules",

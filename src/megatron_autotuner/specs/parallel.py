@@ -452,16 +452,17 @@ class MoeRouting:
         counts with torch.full; dropless and plain dropping sync them to the host)."""
         return self.capacity_factor is not None and self.pad_to_capacity
 
-    @property
-    def expert_load(self) -> float:
-        """The busiest expert-parallel rank's routed tokens over the balanced mean: padded to capacity, the capacity
-        factor c (every expert computes c x its mean share: megatron-core moe_utils.get_capacity); dropping, min
-        (imbalance, c); dropless, the imbalance. It scales that rank's expert GEMMs, all-to-all and expert activations
-        (an assumption: a rank's imbalance bounded by its experts' capacity)."""
+    def expert_load(self, ep: int) -> float:
+        """The busiest of `ep` expert-parallel ranks' routed tokens over the balanced mean: padded to capacity, the
+        capacity factor c (every expert computes c x its mean share: megatron-core moe_utils.get_capacity); dropping,
+        min(imbalance, c); dropless, the imbalance. One rank (ep = 1) holds every expert: no imbalance between ranks.
+        It scales that rank's expert GEMMs, all-to-all and expert activations (an assumption: a rank's imbalance
+        bounded by its experts' capacity)."""
         c = self.capacity_factor
         if c is not None and self.pad_to_capacity:
             return float(c)
-        return float(min(self.load_imbalance, c) if c is not None else self.load_imbalance)
+        imbalance = self.load_imbalance if ep > 1 else 1.0
+        return float(min(imbalance, c) if c is not None else imbalance)
 
 
 @dataclass(frozen=True)
@@ -577,10 +578,9 @@ class Workload:
                     f"{self.seq_length} is below the longest sequence of the lengths ({self.lengths.max_tokens})",
                 )
 
-    @property
-    def expert_load(self) -> float:
-        """The busiest expert-parallel rank's routed tokens over the balanced mean (`MoeRouting.expert_load`)."""
-        return self.moe_routing.expert_load
+    def expert_load(self, ep: int) -> float:
+        """The busiest of `ep` expert-parallel ranks' routed tokens over the mean (`MoeRouting.expert_load`)."""
+        return self.moe_routing.expert_load(ep)
 
     @property
     def tokens_per_micro_batch(self) -> int:
@@ -610,7 +610,7 @@ class Workload:
         if self.activation_offload.enabled:
             data["activation_offload"] = dataclasses.asdict(self.activation_offload)
         if self.moe_routing != MoeRouting():
-            data["moe_routing"] = {**dataclasses.asdict(self.moe_routing), "expert_load": self.expert_load}
+            data["moe_routing"] = dataclasses.asdict(self.moe_routing)
         if self.lengths is not None:
             data["lengths"] = self.lengths.to_dict()
         return data
@@ -746,6 +746,24 @@ def check_cp_attention(model: ModelSpec, parallel: ParallelConfig) -> None:
         )
 
 
+def _check_moe_routing(model: ModelSpec, ep: int, routing: MoeRouting) -> None:
+    """The routing's bounds on this model and EP size: the busiest of ep > 1 ranks takes at most every routed token,
+    ep x the mean (one rank has no imbalance between ranks: `MoeRouting.expert_load`); padded, an expert's capacity
+    (capacity factor x T x top-k / experts rows, megatron-core moe_utils.get_capacity) past the micro-batch's T tokens
+    holds padding only, which the tool refuses as a likely mistake (megatron-core would pad to it)."""
+    if ep > 1 and routing.load_imbalance > ep:
+        raise ConfigError(
+            "moe_load_imbalance", f"must be <= ep ({ep}): the busiest of ep ranks takes at most ep x the mean"
+        )
+    bound = model.num_moe_experts / model.moe_router_topk
+    if routing.drop_and_pad and routing.capacity_factor > bound:
+        raise ConfigError(
+            "moe_expert_capacity_factor",
+            f"must be <= num_moe_experts / moe_router_topk = {bound:g} when padded: past it each expert's capacity "
+            "exceeds the micro-batch's tokens",
+        )
+
+
 def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Workload) -> None:
     """Raise `ConfigError` if megatron-core would refuse this model / layout / workload combination."""
     tp, pp, cp, ep, etp = parallel.tp, parallel.pp, parallel.cp, parallel.ep, parallel.etp
@@ -791,9 +809,12 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
             raise ConfigError("etp", f"moe_ffn_hidden_size={model.moe_ffn_hidden_size} must be divisible by etp={etp}")
         if ep > 1 and tp > 1 and not parallel.sequence_parallel:
             raise ConfigError("sequence_parallel", "must be on when an MoE model uses both ep > 1 and tp > 1")
+        _check_moe_routing(model, ep, workload.moe_routing)
     else:
         if ep > 1:
             raise ConfigError("ep", "expert parallelism needs an MoE model (num_moe_experts > 0)")
+        if workload.moe_routing.load_imbalance != 1.0:
+            raise ConfigError("moe_load_imbalance", "needs an MoE model (num_moe_experts > 0)")
         if etp != tp:
             raise ConfigError("etp", "expert tensor parallelism needs an MoE model")
     if model.ffn_hidden_size % tp:
@@ -860,13 +881,28 @@ def validate_layout(model: ModelSpec, parallel: ParallelConfig, workload: Worklo
             raise ConfigError("recompute_modules", "moe / moe_act need an MoE model")
         if "shared_experts" in rc.modules and not model.moe_shared_expert_intermediate_size:
             raise ConfigError("recompute_modules", "shared_experts needs a model with shared experts")
-    validate_cuda_graphs(model, workload)
+    validate_cuda_graphs(model, workload, parallel.moe_dispatcher)
 
 
-def validate_cuda_graphs(model: ModelSpec, workload: Workload) -> None:
-    """Raise `ConfigError` where megatron-core refuses the workload's CUDA graphs for this model and recompute
-    (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py @ d98e8a6, the same in
-    core_r0.19.0). Rules that need launch flags the specs do not hold (drop-and-pad MoE for the moe module,
+def check_moe_graph_routing(scope: set[str] | tuple[str, ...], routing: MoeRouting, moe_dispatcher: str | None) -> None:
+    """What megatron-core refuses of per-layer graphs over a MoE block given its routing: the whole block (`moe`)
+    only when it drops and pads; the dispatcher's preprocess (`moe_preprocess`) not where the alltoall dispatcher
+    drops without padding, which syncs the token counts to the host before the permute (TransformerConfig,
+    token_dispatcher.py @ Megatron-LM d98e8a6)."""
+    if "moe" in scope and not routing.drop_and_pad:
+        raise ConfigError("cuda_graph_scope", "moe graphs need drop-and-pad MoE (megatron-core)")
+    dropping = routing.capacity_factor is not None and not routing.drop_and_pad
+    if moe_dispatcher == "alltoall" and "moe_preprocess" in scope and dropping:
+        raise ConfigError(
+            "cuda_graph_scope",
+            "moe_preprocess graphs do not work with the alltoall dispatcher's host syncs here (megatron-core)",
+        )
+
+
+def validate_cuda_graphs(model: ModelSpec, workload: Workload, moe_dispatcher: str | None = None) -> None:
+    """Raise `ConfigError` where megatron-core refuses the workload's CUDA graphs for this model, routing and
+    recompute (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py @ d98e8a6, the same in
+    core_r0.19.0). Rules that need launch flags the specs do not hold (--moe-router-padding-for-fp8,
     --no-check-for-nan-in-loss-and-grad, CPU offloading, the allocator / NCCL environment) are checked where the
     launch is read (`specs.megatron_args.launch_to_specs`)."""
     graphs, rc = workload.cuda_graph, workload.recompute
@@ -882,6 +918,8 @@ def validate_cuda_graphs(model: ModelSpec, workload: Workload) -> None:
     if graphs.per_layer:
         if not model.is_moe and scope & {"moe", "moe_router"}:
             raise ConfigError("cuda_graph_scope", "moe / moe_router graphs need an MoE model (megatron-core)")
+        if model.is_moe:
+            check_moe_graph_routing(scope, workload.moe_routing, moe_dispatcher)
         if model.is_moe and "mlp" in scope and not any(not model.is_moe_layer(i) for i in range(model.num_layers)):
             raise ConfigError(
                 "cuda_graph_scope", "mlp graphs capture dense layers only, and every layer is MoE (megatron-core)"

@@ -151,7 +151,7 @@ def stage_comm_volumes(
             out.append(CommVolume("ep", "all_gather", group, hidden_fp32, m * len(moe_layers), "bwd"))
     elif moe_layers and ep > 1:
         # the rank's own top-k rows: the expert-TP gather follows the all-to-all (`ModelSpec.dispatched_tokens`)
-        dispatched = model.dispatched_tokens(tokens, tp, workload.expert_load)
+        dispatched = model.dispatched_tokens(tokens, tp, workload.expert_load(ep))
         per_layer = 2 * (2 if training else 1)  # dispatch + combine, forward (+ backward)
         calls = per_layer * len(moe_layers) + (2 * sum(1 for i in moe_layers if full_mask[i]) if training else 0)
         out.append(CommVolume("ep", "all_to_all", ep, e * dispatched * h, m * calls))
@@ -159,7 +159,7 @@ def stage_comm_volumes(
         # expert-TP: the dispatcher all-gathers the routed rows of the etp ranks after the all-to-all and
         # reduce-scatters the experts' output before the combine; backward, each turns into the other
         # (`costmodel.layer.expert_tp_comm_s`)
-        gathered = e * model.routed_tokens(tokens, tp, etp, workload.expert_load) * h
+        gathered = e * model.routed_tokens(tokens, tp, etp, workload.expert_load(ep)) * h
         n_fwd = len(moe_layers) + (sum(1 for i in moe_layers if full_mask[i]) if training else 0)
         n_bwd = len(moe_layers) if training else 0
         out.append(CommVolume("etp", "all_gather", etp, gathered, m * (n_fwd + n_bwd)))

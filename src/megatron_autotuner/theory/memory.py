@@ -412,7 +412,7 @@ def mlp_activation_bytes(
         if not rc.recomputes("moe"):
             router_tokens = tokens / x
             parts["router_probs"] = FP32_BYTES * router_tokens * model.num_moe_experts
-            routed = model.routed_tokens(tokens, t, parallel.etp, workload.expert_load)
+            routed = model.routed_tokens(tokens, t, parallel.etp, workload.expert_load(parallel.ep))
             f = model.moe_ffn_hidden_size
             parts["experts_input"] = e * routed * h
             parts["experts_fc1_output"] = e * routed * gate * f / parallel.etp
@@ -961,7 +961,7 @@ def _stage_static(
         working, moe_working = [], []
         for layer in layers:
             if model.is_moe_layer(layer):
-                routed = model.routed_tokens(tokens, t, parallel.etp, workload.expert_load)
+                routed = model.routed_tokens(tokens, t, parallel.etp, workload.expert_load(parallel.ep))
                 f = model.moe_ffn_hidden_size
                 moe_working.append(e * routed * (2 * h + 3 * f / parallel.etp))
                 working.append(moe_working[-1])

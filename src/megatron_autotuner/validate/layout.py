@@ -199,7 +199,15 @@ class Layout:
     name: str = ""
 
     def __post_init__(self) -> None:
+        if isinstance(self.recompute_modules, str):  # a layouts file's "moe" would otherwise read as m, o, e
+            raise ConfigError("recompute_modules", f"must be a list of module names, got {self.recompute_modules!r}")
         object.__setattr__(self, "recompute_modules", tuple(self.recompute_modules))
+        if self.moe_token_dispatcher not in RUNNER_DISPATCHERS:  # before anything builds a ParallelConfig of it
+            raise ConfigError(
+                "moe_token_dispatcher",
+                f"must be one of {', '.join(RUNNER_DISPATCHERS)} (the runner has no DeepEP / HybridEP), "
+                f"got {self.moe_token_dispatcher!r}",
+            )
         scope = (self.cuda_graph_scope,) if isinstance(self.cuda_graph_scope, str) else tuple(self.cuda_graph_scope)
         object.__setattr__(self, "cuda_graph_scope", scope)
         self._normalise_offload()
@@ -383,12 +391,6 @@ class Layout:
         mamba_ssm, neither of which the GPU machine's install has)."""
         self.moe_routing()  # raises for a capacity megatron-core refuses
         check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
-        if self.moe_token_dispatcher not in RUNNER_DISPATCHERS:
-            raise ConfigError(
-                "moe_token_dispatcher",
-                f"must be one of {', '.join(RUNNER_DISPATCHERS)} (the runner has no DeepEP / HybridEP), "
-                f"got {self.moe_token_dispatcher!r}",
-            )
         spec = self.model_spec()
         if spec.hybrid_layer_pattern or spec.has_linear_attention:
             what = "Mamba hybrid" if spec.hybrid_layer_pattern else "gated-DeltaNet"
