@@ -180,3 +180,12 @@ def test_plan_names_tp_communication_overlap_among_its_run_settings(capsys, tmp_
     assert "TP-communication overlap off" in " ".join(capsys.readouterr().out.split())
     assert main([*argv, "--tp-comm-overlap", "--output-dir", str(tmp_path / "on")]) == 0
     assert "TP-communication overlap on with sequence parallelism" in " ".join(capsys.readouterr().out.split())
+
+
+def test_recompute_modules_without_selective_recompute_is_refused(capsys):
+    """Megatron-LM reads --recompute-modules only with selective recompute; the CLI had dropped them silently (a CLI
+    audit). One line, exit 2."""
+    args = ["estimate", "--model", "Qwen3-30B-A3B", "--gpu", "H100-SXM", "--num-gpus", "8", "--ep", "8"]
+    assert main(args + ["--seq-len", "4096", "--recompute-modules", "moe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mat: error: recompute_modules: apply only with --recompute selective"]

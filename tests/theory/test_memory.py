@@ -424,3 +424,17 @@ def test_forward_only_keeps_the_layers_working_set_beside_its_logits(model, mbs,
     assert grown.allowance_bytes == pytest.approx(
         non_torch + expandable.fragmentation_fraction * grown.activations_bytes
     )
+
+
+def test_theory_refuses_fp8_on_a_gpu_without_fp8_tensor_cores():
+    """As `estimate` does (a CLI audit found `mat theory` predicting fp8 on an A100); without a GPU, closed form."""
+    from megatron_autotuner.specs import get_gpu_spec
+    from megatron_autotuner.theory.report import theory_report
+
+    model, p = load_model_spec("Qwen3-8B"), ParallelConfig(num_gpus=8)
+    w = Workload(seq_length=4096, global_batch_size=8, precision="fp8")
+    with pytest.raises(ConfigError) as err:
+        theory_report(model, p, w, get_gpu_spec("A100-80GB"))
+    assert err.value.field == "precision"
+    assert theory_report(model, p, w, get_gpu_spec("H100-SXM")).peak_memory_gib > 0
+    assert theory_report(model, p, w).peak_memory_gib > 0

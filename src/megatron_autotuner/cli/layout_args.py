@@ -274,6 +274,9 @@ def parallel_from_args(args: argparse.Namespace, model: ModelSpec | None = None)
 def workload_from_args(args: argparse.Namespace, parallel: ParallelConfig) -> Workload:
     if args.seq_len is None:
         raise ConfigError("seq_len", "is required (or give --megatron-args with --seq-length)")
+    if args.recompute_modules and args.recompute != "selective":
+        # Megatron-LM reads --recompute-modules only with --recompute-granularity selective
+        raise ConfigError("recompute_modules", "apply only with --recompute selective")
     mbs = args.micro_batch_size or 1
     gbs = args.global_batch_size or mbs * parallel.dp
     return Workload(

@@ -78,6 +78,8 @@ def theory_report(
     `make_vocab_size_divisible_by`, 128 by default, x tp) unless `pad_vocab` is False.
     """
     validate_layout(model, parallel, workload)
+    if gpu is not None and workload.precision == "fp8":
+        gpu.peak_tflops("fp8")  # raises for GPUs without fp8, as `estimate` does
     padded = model.padded_vocab_size(parallel.tp) if pad_vocab else None
     return TheoryReport(
         model=model,
