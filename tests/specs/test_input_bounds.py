@@ -236,3 +236,10 @@ def test_a_long_double_quoted_string_reads_in_linear_time(tmp_path):
     with pytest.raises(ConfigError, match="a word grows past"):
         _read_timed(tmp_path, f'NOTE="{"x" * 3_900_000}"\n{_HEAD}\n')
     assert time.process_time() - start < 10
+
+
+def test_a_moe_layer_freq_entry_other_than_0_or_1_is_refused():
+    """megatron-core raises "Invalid layer pattern" on such an entry (gpt_layer_specs.py); it had been read as MoE."""
+    with pytest.raises(ConfigError, match="0 / 1"):
+        moe_layer_pattern("[2]*24", 24)
+    assert moe_layer_pattern("[1,0]*12", 24) == (1, 0) * 12

@@ -687,7 +687,9 @@ def _layer_pattern(field: str, freq: Any, num_layers: int, every: Callable[[int,
         pattern = _eval_list_expression(ast.parse(freq.strip(), mode="eval").body)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ConfigError(field, f"cannot read {freq[:60]!r}: {exc}") from exc
-    if not isinstance(pattern, list) or any(not isinstance(x, int) or isinstance(x, bool) for x in pattern):
+    # megatron-core builds a layer per entry and raises on one not 0 or 1 (gpt_layer_specs.py
+    # get_gpt_decoder_layer_specs, "Invalid layer pattern", Megatron-LM d98e8a6)
+    if not isinstance(pattern, list) or any(isinstance(x, bool) or x not in (0, 1) for x in pattern):
         raise ConfigError(field, f"{freq[:60]!r} must make a flat list of 0 / 1 integers")
     if len(pattern) != num_layers:
         raise ConfigError(field, f"has {len(pattern)} entries, the model has num_layers={num_layers}")
