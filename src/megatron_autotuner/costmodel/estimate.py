@@ -577,7 +577,7 @@ def stage_time(
     tokens, seq_length = packed_microbatch_shape(model, parallel, workload)
     rc = workload.recompute
     eager_moe = options.moe_host_bound and not workload.cuda_graph.captures("moe", moe_layer=True)
-    issue_ahead = not moe_forward_waits_for_device(model, workload, options)
+    moe_waits = moe_forward_waits_for_device(model, workload, options)
     ctx = LayerContext(
         cluster=cluster,
         tp=tp,
@@ -602,8 +602,8 @@ def stage_time(
         # within 2.5% of their GPU time where the dropless step was host-bound (benchmarks/results/moe_token_drop_h200),
         # unless its experts' activation stops the host (`experts_activation_syncs_host`): then it is host-bound as a
         # dropless block
-        moe_host_bound=eager_moe and not issue_ahead,
-        moe_host_issue_ahead=eager_moe and issue_ahead,
+        moe_host_bound=eager_moe and moe_waits,
+        moe_host_issue_ahead=eager_moe and not moe_waits,
         moe_permute_fusion=options.moe_permute_fusion,
         host_floor=options.host_floor,
         calibration=options.calibration,
