@@ -152,7 +152,10 @@ class CostOptions:
     free waits on that stream (`queued_frees`); off: built on the default stream;
     `memory_margin`: fraction of HBM kept free when deciding `fits` (`DEFAULT_MEMORY_MARGIN`);
     `concurrent_copy_gbps`: host <-> GPU copy bandwidth (GB/s, each way) while kernels run beside it, for activation
-    offloading (`activation_offload`); None: the calibration's host-copy table, else the GPU's host link.
+    offloading (`activation_offload`); None: the calibration's host-copy table, else the GPU's host link;
+    `cuda_device_max_connections`: the CUDA_DEVICE_MAX_CONNECTIONS the run's processes have; None: what the layout
+    needs (`specs.parallel.cuda_device_max_connections`, as the plan's launch_env.sh and the runner set it). Before
+    Blackwell, more than one decides whether TP / CP communication hides (`comm_hides_under_compute`).
     """
 
     flops_convention: str = "causal"
@@ -174,12 +177,17 @@ class CostOptions:
     ddp_side_stream: bool = True
     memory_margin: float = DEFAULT_MEMORY_MARGIN
     concurrent_copy_gbps: float | None = None
+    cuda_device_max_connections: int | None = None
 
     def __post_init__(self) -> None:
         if self.flops_convention not in ("causal", "full"):
             raise ConfigError("flops_convention", f"must be causal or full, got {self.flops_convention!r}")
         if not 0.0 <= self.memory_margin < 1.0:
             raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
+        if self.cuda_device_max_connections is not None and not 1 <= self.cuda_device_max_connections <= 32:
+            raise ConfigError(
+                "cuda_device_max_connections", f"must be 1-32 (CUDA's range), got {self.cuda_device_max_connections!r}"
+            )
         if self.concurrent_copy_gbps is not None and not self.concurrent_copy_gbps > 0:
             raise ConfigError("concurrent_copy_gbps", f"must be > 0 GB/s, got {self.concurrent_copy_gbps!r}")
         check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)
@@ -612,6 +620,7 @@ def stage_time(
         cuda_graph_scope=workload.cuda_graph.scope,
         expert_load=workload.expert_load(parallel.ep),
         moe_dispatcher=parallel.moe_dispatcher,
+        comm_hides_under_compute=comm_hides_under_compute(parallel, gpu, options),
     )
     mg = parallel.main_grad_bytes
     bf16_grads = not parallel.grad_reduce_in_fp32
@@ -1121,6 +1130,18 @@ def host_pace_steps(
         ).step_time_s
         for k in d.HOST_PACE_RANGE
     )
+
+
+def comm_hides_under_compute(parallel: ParallelConfig, gpu: GPUSpec, options: CostOptions) -> bool:
+    """Whether TP / CP communication can hide behind the computation issued after it: Megatron-LM asserts
+    CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP before Blackwell, as one hardware queue starts the kernels in issue
+    order, so a collective issued before its GEMM or attention chunk gets its SMs first (validate_args,
+    megatron/training/arguments.py @ Megatron-LM d98e8a6, "CUDA_DEVICE_MAX_CONNECTIONS requirement no longer exists
+    since the Blackwell architecture"). With more queues (the EP all-to-all overlap's 8 or 32,
+    `specs.parallel.A2A_OVERLAP_MAX_CONNECTIONS`) the computation may take the SMs first and the collective run after
+    it: the backward's TP gathers / scatters and all-reduces and CP's ring exchange are held exposed."""
+    connections = options.cuda_device_max_connections or cuda_device_max_connections(parallel) or 1
+    return connections == 1 or architecture(gpu) == "blackwell"
 
 
 def overlap_connections_note(parallel: ParallelConfig, gpu: GPUSpec) -> str | None:

@@ -95,6 +95,7 @@ class Layout:
         "moe_a2a_overlap",
         "delay_wgrad_compute",
         "moe_token_dispatcher",
+        "cuda_device_max_connections",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -193,6 +194,9 @@ class Layout:
     # --moe-token-dispatcher-type: alltoall or allgather (Megatron-LM's default); the flex dispatchers need DeepEP /
     # HybridEP, which the GPU machine's install lacks
     moe_token_dispatcher: str = "alltoall"
+    # CUDA_DEVICE_MAX_CONNECTIONS the run's processes set (the prediction reads it: `CostOptions
+    # .cuda_device_max_connections`); None: the all-to-all overlap's, else the environment's (../shared/gpu: 1)
+    cuda_device_max_connections: int | None = None
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -233,6 +237,10 @@ class Layout:
             raise ConfigError(
                 "ddp_side_stream", "CUDA graphs need DDP on a stream of its own (a capture cannot wait on the default)"
             )
+        if self.cuda_device_max_connections is not None and (
+            not isinstance(self.cuda_device_max_connections, int) or not 1 <= self.cuda_device_max_connections <= 32
+        ):
+            raise ConfigError("cuda_device_max_connections", "must be an integer 1-32 (CUDA's range)")
         if self.tp_comm_overlap_cfg is not None and not self.tp_comm_overlap:
             raise ConfigError("tp_comm_overlap_cfg", "a userbuffers yaml goes with tp_comm_overlap")
         graphs = self.workload().cuda_graph
@@ -406,7 +414,10 @@ class Layout:
     @property
     def process_max_connections(self) -> int | None:
         """The CUDA_DEVICE_MAX_CONNECTIONS the run's processes set themselves (`specs.parallel
-        .cuda_device_max_connections`) for the all-to-all overlap; None keeps the environment's."""
+        .cuda_device_max_connections`) for the all-to-all overlap, or as the layout names them; None keeps the
+        environment's."""
+        if self.cuda_device_max_connections is not None:
+            return self.cuda_device_max_connections
         return cuda_device_max_connections(self.parallel()) if self.moe_a2a_overlap else None
 
     @property
@@ -506,6 +517,8 @@ class Layout:
             parts.append("a2a-overlap" + ("+delay-wgrad" if self.delay_wgrad_compute else ""))
         if self.moe_token_dispatcher != "alltoall":
             parts.append(self.moe_token_dispatcher)
+        if self.cuda_device_max_connections is not None:
+            parts.append(f"cdmc{self.cuda_device_max_connections}")
         if self.moe_expert_capacity_factor is not None:
             parts.append(
                 f"cap{self.moe_expert_capacity_factor:g}" + ("-pad" if self.moe_pad_expert_input_to_capacity else "")

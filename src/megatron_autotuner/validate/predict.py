@@ -71,6 +71,7 @@ def cost_options(
         expandable_segments=layout.expandable_segments,
         ddp_side_stream=layout.ddp_side_stream,
         calibration=calibration,
+        cuda_device_max_connections=layout.cuda_device_max_connections,
     )
 
 

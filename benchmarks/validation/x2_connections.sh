@@ -1,0 +1,31 @@
+#!/bin/bash
+# #40 on 2 GPUs: does TP / CP communication still hide behind the computation when a process runs with more than one
+# hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=8, what the EP all-to-all overlap sets on Hopper)? Megatron-LM asserts 1
+# with TP or CP before Blackwell, and warns against the overlap beside them (megatron/training/arguments.py); the model
+# now holds the backward's TP gathers / scatters and CP's ring exchange exposed there (`estimate.comm_hides_under_
+# compute`). PART=dense: Llama-3.1-8B at 4 layers, TP 2 + SP at 8192 tokens and CP 2 at 32768, each at 1 and 8
+# connections, timed and profiled (the trace summaries say how much of each collective ran beside computation).
+# PART=moe: Mixtral-8x7B at 2 layers, CP 2 x EP 2, without and with the all-to-all overlap (which sets 8).
+# The predictions with the default floors were written first (`mat validate --layouts
+# benchmarks/validation/x2_connections[_moe]_layouts.json --dry-run --json` >
+# benchmarks/results/connections_h200_x2/predicted_default[_moe].json).
+# From the repository root on a 2-GPU host after ../shared/gpu's install (~5 min each):
+#     PART=dense bash benchmarks/validation/x2_connections.sh
+#     PART=moe bash benchmarks/validation/x2_connections.sh
+# Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/connections_h200_x2/PART.
+PART="${PART:-dense}"
+OUT="${OUT:-$PWD/outputs/x2_connections_$PART}"
+source "$(dirname "$0")/common.sh"
+record_gpus
+case "$PART" in
+  dense) LAYOUTS=x2_connections_layouts.json ;;
+  moe) LAYOUTS=x2_connections_moe_layouts.json ;;
+  *) echo "PART must be dense or moe" >&2; exit 2 ;;
+esac
+EV="$OUT/evidence"
+validate_batch "$HERE/$LAYOUTS" run 240
+collect_batch run "$EV"
+record_versions "$EV"
+summarize_rank_traces run "$EV/traces"
+rank_waits run "$EV/traces"
+finish "$EV"
