@@ -784,6 +784,22 @@ def moe_ep_overlap(root: Path) -> str:
     return out + table(head, a2a)
 
 
+def connections(root: Path) -> str:
+    """TP / CP communication at 1 and 8 hardware queues on 2x H200 (connections_h200_x2/report.json)."""
+    doc = load(root, "connections_h200_x2/report.json")
+    out = source("connections_h200_x2/report.json", "connections_h200_x2/predicted_default.json",
+                 "connections_h200_x2/predicted_default_moe.json")  # fmt: skip
+    rows = [[r["label"], f"{r['predicted_before_step_s'] * 1e3:.1f}", f"{r['predicted_now_step_s'] * 1e3:.1f}",
+             f"{r['measured_step_s'] * 1e3:.1f}", pct(r["predicted_before_step_s"] / r["measured_step_s"] - 1),
+             pct(r["predicted_now_step_s"] / r["measured_step_s"] - 1)] for r in doc["rows"]]  # fmt: skip
+    out += table(["layout", "pred before ms", "model now ms", "meas ms", "err before", "err now"], rows) + "\n"
+    rows = [[p["label"], p["kind"].upper(), f"{p['measured_step_change_ms']:+.1f}", f"{p['model_step_change_ms']:+.1f}",
+             " / ".join(f"{x:+.1f}" for x in p.get("measured_exposed_change_ms_by_rank") or []) or "-"]
+            for p in doc["pairs"]]  # fmt: skip
+    head = ["layout, 1 -> 8 connections", "comm", "step change ms", "model now ms", "exposed comm change ms per rank"]
+    return out + table(head, rows)
+
+
 def vision_tower(root: Path) -> str:
     """Qwen2.5-VL-7B's vision tower blocks on one H200 (vision_tower_comparison.json) and the GEMM alignment probe
     (gemm_alignment_h200/summary.json)."""
@@ -1293,6 +1309,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,
     "moe_ep_overlap": moe_ep_overlap,
+    "connections": connections,
     "vision_tower": vision_tower,
     "moe_host": moe_host,
     "real_launches": real_launches,

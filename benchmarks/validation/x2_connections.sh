@@ -1,9 +1,9 @@
 #!/bin/bash
 # #40 on 2 GPUs: does TP / CP communication still hide behind the computation when a process runs with more than one
 # hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=8, what the EP all-to-all overlap sets on Hopper)? Megatron-LM asserts 1
-# with TP or CP before Blackwell, and warns against the overlap beside them (megatron/training/arguments.py); the model
-# now holds the backward's TP gathers / scatters and CP's ring exchange exposed there (`estimate.comm_hides_under_
-# compute`). PART=dense: Llama-3.1-8B at 4 layers, TP 2 + SP at 8192 tokens and CP 2 at 32768, each at 1 and 8
+# with TP or CP before Blackwell, and warns against the overlap beside them (megatron/training/arguments.py); the
+# predictions held the backward's TP gathers / scatters and CP's ring exchange exposed there (the model now keeps the
+# CP part only: `estimate.cp_ring_hides`). PART=dense: Llama-3.1-8B at 4 layers, TP 2 + SP at 8192 tokens and CP 2 at 32768, each at 1 and 8
 # connections, timed and profiled (the trace summaries say how much of each collective ran beside computation).
 # PART=moe: Mixtral-8x7B at 2 layers, CP 2 x EP 2, without and with the all-to-all overlap (which sets 8).
 # The predictions with the default floors were written first (`mat validate --layouts

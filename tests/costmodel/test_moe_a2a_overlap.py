@@ -221,8 +221,9 @@ def test_the_overlap_beside_tp_or_cp_before_blackwell_is_said():
         return [n for n in estimate(model, parallel, work, get_gpu_spec(gpu)).notes if "MAX_CONNECTIONS" in n]
 
     (note,) = said("H100-SXM", cp=2, moe_a2a_overlap=True)
-    assert "CUDA_DEVICE_MAX_CONNECTIONS=8" in note and "CP communication" in note
-    assert said("H100-SXM", tp=2, sequence_parallel=True, moe_a2a_overlap=True)
+    assert "CUDA_DEVICE_MAX_CONNECTIONS=8" in note and "CP's ring exchange is predicted exposed" in note
+    (note,) = said("H100-SXM", tp=2, sequence_parallel=True, moe_a2a_overlap=True)
+    assert "TP's communication hidden as with 1" in note and "CP" not in note.split(":")[-1]
     assert not said("B200", cp=2, moe_a2a_overlap=True)
     assert not said("H100-SXM", cp=2) and not said("H100-SXM", moe_a2a_overlap=True)
 

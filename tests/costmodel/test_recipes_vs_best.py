@@ -43,7 +43,10 @@ def test_recipes_against_the_best_layout(launch, base):
         # defaults.FUSED_MOE_HOST_FLOOR_*) holds the small, host-bound layouts the tool used to pick: Qwen3-235B's
         # recipe is within 10% of the best now (32% before). DeepSeek-V3's node-limited routing (8 groups, 4 per token)
         # caps the nodes its HybridEP dispatch reaches at 3.5 of 7 on average (4.6 unlimited): 10.1% (39% before),
-        # what is left mostly the recipe's TP 2 (its GEMMs and TP collectives) against the best's TP 1 + CP 4
+        # against a best of TP 1 + CP 4 beside the all-to-all overlap. That pairing runs with 8 hardware queues, where
+        # CP's ring exchange no longer hides behind attention (estimate.cp_ring_hides, measured on 2x H200:
+        # benchmarks/results/connections_h200_x2): 8.4%, against TP 4 + the overlap; what is left mostly the
+        # recipe's slowest stage's GEMMs and TP 2 collectives against the best's GEMMs and TP 4 collectives
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]
         ep_gap = (
             row["recipe_time_breakdown_s"]["exposed_comm"]["ep"] - row["best_time_breakdown_s"]["exposed_comm"]["ep"]
@@ -53,4 +56,4 @@ def test_recipes_against_the_best_layout(launch, base):
         else:
             recipe, best = row["recipe_time_breakdown_s"], row["best_time_breakdown_s"]
             tp_gap = recipe["compute"]["gemm"] + recipe["exposed_comm"]["tp"] - best["compute"]["gemm"]
-            assert row["best_over_recipe_speedup"] < 1.11 and tp_gap > ep_gap
+            assert row["best_over_recipe_speedup"] < 1.10 and tp_gap > ep_gap

@@ -128,10 +128,9 @@ class LayerContext:
     # the busiest expert-parallel rank's routed tokens over the mean (`Workload.expert_load`)
     expert_load: float = 1.0
     moe_dispatcher: str = "alltoall"  # `ParallelConfig.moe_dispatcher`
-    # TP / CP communication kernels start before the computation they hide behind: one hardware queue
-    # (CUDA_DEVICE_MAX_CONNECTIONS=1) or Blackwell; off, the backward's TP gathers / scatters and CP's ring exchange
-    # run exposed (`specs.parallel.comm_issue_order_kept`)
-    comm_hides_under_compute: bool = True
+    # CP's ring exchange starts before the attention chunk it hides behind: one hardware queue
+    # (CUDA_DEVICE_MAX_CONNECTIONS=1) or Blackwell; off, it runs exposed (`estimate.cp_ring_hides`)
+    cp_ring_hides: bool = True
 
 
 @dataclass(frozen=True)
@@ -701,8 +700,8 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                         tp_bwd += ag
                 # column-parallel input re-gather (under dgrad) and dgrad reduce-scatter (under wgrad)
                 for ops in (attn_in,) * mixed + (([mlp_in],) if mlp_in else ()):
-                    if not ops or not ctx.comm_hides_under_compute:
-                        tp_bwd += ag + rs  # no TE linear to hide behind, or issued after it
+                    if not ops:
+                        tp_bwd += ag + rs  # no TE linear to hide behind
                         continue
                     g_d = sum(gemm[o]["dgrad"] for o in ops)
                     g_w = sum(gemm[o]["wgrad"] for o in ops)
@@ -726,9 +725,6 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
                 if model.has_mlp(layer_index):
                     tp_bwd += max(0.0, ar - w_mlp) if "fc1" in gemm else ar
                 hidden = min(ar, w_attn) * mixed + (min(ar, w_mlp) if "fc1" in gemm else 0.0)
-                if not ctx.comm_hides_under_compute:
-                    tp_bwd += hidden  # the all-reduces run after the wgrad GEMMs they would hide behind
-                    hidden = 0.0
                 tp_bwd += hidden_collective_cost_s("all_reduce", tp, cluster, 1, hidden)
     if model.gathers_qkv_over_tp(layer_index, tp):
         # fewer K / V heads than TP ranks: megatron-core all-gathers the qkv output over TP before splitting it
@@ -760,7 +756,7 @@ def _layer_cost(model: ModelSpec, layer_index: int, ctx: LayerContext) -> LayerC
             for phase, sends, attn in (
                 ((fwd, 1, attn_fwd), (bwd, 2, attn_bwd)) if ctx.training else ((fwd, 1, attn_fwd),)
             ):
-                exposed = max(0.0, sends * step - (attn / cp if ctx.comm_hides_under_compute else 0.0))
+                exposed = max(0.0, sends * step - (attn / cp if ctx.cp_ring_hides else 0.0))
                 hidden = hidden_collective_cost_s("send_recv", cp, cluster, tp, sends * step - exposed)
                 _add(phase, "cp", (cp - 1) * (exposed + hidden))
         elif ctx.cp_comm_type == "a2a":
