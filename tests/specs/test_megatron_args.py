@@ -335,3 +335,26 @@ def test_a_flex_backend_without_the_flex_dispatcher_is_said_ignored():
     # a launch that never names a backend gets no such note (its default had been said ignored; a CLI audit)
     imp = launch_to_specs(read_launch(MOE_FLAGS), num_gpus=8)
     assert not any("--moe-flex-dispatcher-backend" in n for n in imp.notes)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("--moe-token-dispatcher-type flex --moe-enable-deepep", "deepep"),  # as slime's GLM-4.7 / Qwen3-Next launch
+        ("--moe-enable-deepep", "moe_enable_deepep"),  # the default allgather
+        ("--moe-token-dispatcher-type alltoall --moe-enable-deepep", "moe_enable_deepep"),
+        ("--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend hybridep --moe-enable-deepep",
+         "moe_enable_deepep"),
+    ],
+)  # fmt: skip
+def test_the_deprecated_deepep_switch_is_read_as_megatron_core_reads_it(flags, expected):
+    """--moe-enable-deepep sets the flex backend to DeepEP, and megatron-core's TransformerConfig refuses it without
+    the flex dispatcher or beside HybridEP ("DeepEP backend is only supported with flex token dispatcher",
+    core_v0.13.0 to core_v0.19.0); it had been read as flex whatever the dispatcher flag said."""
+    text = MOE_FLAGS + flags
+    if expected == "moe_enable_deepep":
+        with pytest.raises(ConfigError) as exc:
+            launch_to_specs(read_launch(text), num_gpus=8)
+        assert exc.value.field == expected
+    else:
+        assert launch_to_specs(read_launch(text), num_gpus=8).parallel.moe_dispatcher == expected

@@ -217,15 +217,15 @@ def _moe_options(launch: VerlLaunch, role: str, model: ModelSpec) -> dict[str, A
     """The EP all-to-all overlap and the token dispatcher a role's override_transformer_config sets
     (TransformerConfig fields; verl's own default dispatcher is alltoall: transformer_impl.py @ b178a3c sets it
     before the overrides), read as the Megatron-LM flags are (`specs.parallel.moe_dispatcher_name`): allgather, or flex
-    over DeepEP unless moe_flex_dispatcher_backend says hybridep (moe_enable_deepep: the older spelling of flex over
-    DeepEP); another dispatcher is predicted as alltoall."""
+    over DeepEP unless moe_flex_dispatcher_backend says hybridep (moe_enable_deepep sets deepep, refused without flex
+    as megatron-core refuses it); another dispatcher is predicted as alltoall."""
     name = f"{role}_transformer_overrides"
     otc = launch.pass_through(name) if name in VERL_KEYS else {}
     dispatcher = "alltoall"
     if model.is_moe:
-        kind = "flex" if otc.get("moe_enable_deepep") else str(otc.get("moe_token_dispatcher_type") or "alltoall")
-        backend = None if otc.get("moe_enable_deepep") else otc.get("moe_flex_dispatcher_backend")
-        named = moe_dispatcher_name(kind, None if backend is None else str(backend))
+        kind = str(otc.get("moe_token_dispatcher_type") or "alltoall")
+        backend = otc.get("moe_flex_dispatcher_backend")
+        named = moe_dispatcher_name(kind, None if backend is None else str(backend), bool(otc.get("moe_enable_deepep")))
         dispatcher = named if named in MOE_DISPATCHERS else "alltoall"
     return {
         "moe_a2a_overlap": bool(otc.get("overlap_moe_expert_parallel_comm")),

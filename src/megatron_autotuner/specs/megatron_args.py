@@ -896,16 +896,15 @@ def _modelled_dispatcher(launch: Launch, model: ModelSpec) -> str:
 
 
 def _dispatcher_type(launch: Launch) -> str:
-    """The launch's --moe-token-dispatcher-type (Megatron-LM's default allgather); --moe-enable-deepep, the older
-    spelling of flex over DeepEP, is flex."""
-    return "flex" if launch.value("moe_enable_deepep") else (_str(launch, "moe_token_dispatcher_type") or "allgather")
+    """The launch's --moe-token-dispatcher-type (Megatron-LM's default allgather)."""
+    return _str(launch, "moe_token_dispatcher_type") or "allgather"
 
 
 def launch_dispatcher(launch: Launch) -> str:
     """The launch's MoE dispatcher as `ParallelConfig.moe_dispatcher` names it: alltoall, deepep or hybridep (flex
-    with that backend; --moe-enable-deepep is flex over DeepEP), else Megatron-LM's own name (allgather, ncclep)."""
-    backend = None if launch.value("moe_enable_deepep") else _str(launch, "moe_flex_dispatcher_backend")
-    return moe_dispatcher_name(_dispatcher_type(launch), backend)
+    with that backend; --moe-enable-deepep sets deepep), else Megatron-LM's own name (allgather, ncclep)."""
+    backend = _str(launch, "moe_flex_dispatcher_backend")
+    return moe_dispatcher_name(_dispatcher_type(launch), backend, bool(launch.value("moe_enable_deepep")))
 
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:
@@ -1596,7 +1595,7 @@ def launch_cuda_graphs(launch: Launch, model: ModelSpec | None) -> CudaGraphConf
         raise ConfigError("cuda_graph_impl", "per-layer CUDA graphs do not work with CPU offloading (megatron-core)")
     if model is not None and model.is_moe and graphs.per_layer:
         capacity = _capacity_factor(launch, [])  # its note is the workload's
-        dispatcher = _str(launch, "moe_token_dispatcher_type")
+        dispatcher = _dispatcher_type(launch)
         pad = capacity is not None and bool(launch.value("moe_pad_expert_input_to_capacity"))
         routing = MoeRouting(capacity_factor=capacity, pad_to_capacity=pad)
         check_moe_graph_routing(graphs.scope, routing, dispatcher)

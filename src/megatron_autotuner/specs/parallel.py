@@ -60,10 +60,20 @@ FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 MOE_DISPATCHERS = ("alltoall", "allgather", *FLEX_DISPATCHER_BACKENDS)
 
 
-def moe_dispatcher_name(token_dispatcher_type: str, flex_backend: str | None) -> str:
+def moe_dispatcher_name(token_dispatcher_type: str, flex_backend: str | None, enable_deepep: bool = False) -> str:
     """`ParallelConfig.moe_dispatcher` of Megatron-LM's --moe-token-dispatcher-type and --moe-flex-dispatcher-backend:
     the flex dispatcher by its backend (megatron-core's default deepep, TransformerConfig.moe_flex_dispatcher_backend
-    @ Megatron-LM d98e8a6), else the type's own name."""
+    @ Megatron-LM d98e8a6), else the type's own name. `enable_deepep` (--moe-enable-deepep, deprecated) sets the
+    backend to deepep and, as megatron-core's TransformerConfig does (core_v0.13.0 to core_v0.19.0), is refused
+    without the flex dispatcher or beside the hybridep backend."""
+    if enable_deepep:
+        if token_dispatcher_type != "flex":
+            raise ConfigError(
+                "moe_enable_deepep", "needs --moe-token-dispatcher-type flex: DeepEP runs in the flex dispatcher only"
+            )
+        if flex_backend == "hybridep":
+            raise ConfigError("moe_enable_deepep", "cannot go with --moe-flex-dispatcher-backend hybridep")
+        flex_backend = "deepep"
     return (flex_backend or "deepep") if token_dispatcher_type == "flex" else token_dispatcher_type
 
 
