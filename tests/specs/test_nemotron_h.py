@@ -91,3 +91,14 @@ def test_verl_s_model_folder_names_the_preset():
     dtype suffix is a word after the preset's name."""
     assert preset_named_by("/data/models/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16") == PRESET
     assert preset_named_by("nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16/") == PRESET
+
+
+def test_a_reduced_hybrid_moe_model_keeps_an_moe_layer():
+    """--num-layers takes the hybrid pattern's prefix; Nemotron-3-Nano's first layer is Mamba, so one layer would
+    keep its 128 experts with no E layer to hold them (megatron-core builds none). Said as the layer count it needs
+    (a CLI audit found the pattern rule's message instead)."""
+    nano = load_model_spec("NVIDIA-Nemotron-3-Nano-30B-A3B")
+    with pytest.raises(ConfigError) as exc:
+        nano.with_num_layers(1)
+    assert exc.value.field == "num_layers" and "give at least 2" in exc.value.rule
+    assert "E" in nano.with_num_layers(2).hybrid_layer_pattern

@@ -526,6 +526,15 @@ class ModelSpec:
         def cycled(pattern: tuple[int, ...]) -> tuple[int, ...]:
             return tuple(pattern[i % len(pattern)] for i in range(num_layers)) if pattern else pattern
 
+        hybrid = self.hybrid_layer_pattern.replace("|", "")
+        if "E" in hybrid and "E" not in cycled(tuple(hybrid)):
+            # megatron-core builds no experts without an E layer, while the model keeps its expert count
+            raise ConfigError(
+                "num_layers",
+                f"{num_layers} keeps no MoE layer of {self.name}'s hybrid pattern {hybrid[:8]}...: "
+                f"give at least {hybrid.index('E') + 1}",
+            )
+
         return dataclasses.replace(
             self,
             num_layers=num_layers,

@@ -450,7 +450,7 @@ class MoeRouting:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not 1.0 <= r < math.inf:
             raise ConfigError("moe_load_imbalance", f"must be a number >= 1 (busiest rank / mean), got {r!r}")
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 < c < math.inf):
-            raise ConfigError("moe_expert_capacity_factor", f"must be a number > 0, got {c!r}")
+            raise ConfigError("moe_expert_capacity_factor", f"must be a number > 0 (none: dropless), got {c!r}")
         if self.pad_to_capacity and c is None:
             # megatron-core TransformerConfig: padding to capacity needs a capacity factor
             raise ConfigError("moe_pad_expert_input_to_capacity", "needs --moe-expert-capacity-factor")
