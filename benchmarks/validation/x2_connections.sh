@@ -6,9 +6,11 @@
 # CP part only: `estimate.cp_ring_hides`). PART=dense: Llama-3.1-8B at 4 layers, TP 2 + SP at 8192 tokens and CP 2 at 32768, each at 1 and 8
 # connections, timed and profiled (the trace summaries say how much of each collective ran beside computation).
 # PART=moe: Mixtral-8x7B at 2 layers, CP 2 x EP 2, without and with the all-to-all overlap (which sets 8).
+# PART=blind: after the model kept only CP's part, Qwen3-8B's CP 2 at 32k tokens at 1, 8, 8, 1 connections (twice
+# each, in that order, for the noise between processes) on another host.
 # The predictions with the default floors were written first (`mat validate --layouts
-# benchmarks/validation/x2_connections[_moe]_layouts.json --dry-run --json` >
-# benchmarks/results/connections_h200_x2/predicted_default[_moe].json).
+# benchmarks/validation/x2_connections[_moe|_blind]_layouts.json --dry-run --json` >
+# benchmarks/results/connections_h200_x2/predicted_default[_moe|_blind].json).
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~5 min each):
 #     PART=dense bash benchmarks/validation/x2_connections.sh
 #     PART=moe bash benchmarks/validation/x2_connections.sh
@@ -20,7 +22,8 @@ record_gpus
 case "$PART" in
   dense) LAYOUTS=x2_connections_layouts.json ;;
   moe) LAYOUTS=x2_connections_moe_layouts.json ;;
-  *) echo "PART must be dense or moe" >&2; exit 2 ;;
+  blind) LAYOUTS=x2_connections_blind_layouts.json ;;
+  *) echo "PART must be dense, moe or blind" >&2; exit 2 ;;
 esac
 EV="$OUT/evidence"
 validate_batch "$HERE/$LAYOUTS" run 240
