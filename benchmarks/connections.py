@@ -2,6 +2,7 @@
 
     PART=dense bash benchmarks/validation/x2_connections.sh   # Llama-3.1-8B TP 2 + SP and CP 2, at 1 and 8
     PART=moe bash benchmarks/validation/x2_connections.sh     # Mixtral-8x7B CP 2 x EP 2 without / with the overlap
+    PART=blind bash benchmarks/validation/x2_connections.sh   # Qwen3-8B CP 2 at 1, 8, 8, 1, another host
     python benchmarks/connections.py                          # this report, from what they left
 
 Writes benchmarks/results/connections_h200_x2/report.json: per layout the step predicted before the run (each part's
@@ -25,7 +26,11 @@ from megatron_autotuner.validate.predict import predict
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results/connections_h200_x2"
 # part -> the prediction written before it
-PARTS = {"dense": "predicted_default.json", "moe": "predicted_default_moe.json"}
+PARTS = {
+    "dense": "predicted_default.json",
+    "moe": "predicted_default_moe.json",
+    "blind": "predicted_default_blind.json",
+}
 # the collectives of each kind of communication the pairs change (TP: SP's gathers / scatters; CP: the ring)
 KINDS = {"tp": ("all_gather", "reduce_scatter"), "cp": ("send_recv",)}
 
@@ -70,13 +75,15 @@ def _kind_ms(row: dict[str, Any], kind: str) -> list[float]:
 
 
 def pairs(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The dense layouts at 1 and 8 connections, side by side (timed with timed, profiled with profiled)."""
+    """The dense layouts at 1 and 8 connections, side by side (timed with timed, profiled with profiled, a repeat
+    with its repeat)."""
     out = []
-    for one in (r for r in table if r["part"] == "dense" and r["connections"] == 1):
+    for one in (r for r in table if r["part"] in ("dense", "blind") and r["connections"] == 1):
         stem = one["label"].replace("cdmc1", "cdmc8")
         eight = next(r for r in table if r["label"] == stem)
         kind = "tp" if " tp2 " in one["label"] else "cp"
         pair = {
+            "part": one["part"],
             "label": one["label"].replace(" cdmc1", ""),
             "kind": kind,
             "measured_step_change_ms": (eight["measured_step_s"] - one["measured_step_s"]) * 1e3,

@@ -44,7 +44,7 @@ def test_recipes_against_the_best_layout(launch, base):
         # recipe is within 10% of the best now (32% before). DeepSeek-V3's node-limited routing (8 groups, 4 per token)
         # caps the nodes its HybridEP dispatch reaches at 3.5 of 7 on average (4.6 unlimited): 10.1% (39% before),
         # against a best of TP 1 + CP 4 beside the all-to-all overlap. That pairing runs with 8 hardware queues, where
-        # CP's ring exchange no longer hides behind attention (estimate.cp_ring_hides, measured on 2x H200:
+        # CP's ring exchange is held exposed (estimate.cp_ring_hides: the upper bound of what 2x H200 measured,
         # benchmarks/results/connections_h200_x2): 8.4%, against TP 4 + the overlap; what is left mostly the
         # recipe's slowest stage's GEMMs and TP 2 collectives against the best's GEMMs and TP 4 collectives
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]

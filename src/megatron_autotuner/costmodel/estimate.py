@@ -1137,10 +1137,11 @@ def cp_ring_hides(parallel: ParallelConfig, gpu: GPUSpec, options: CostOptions) 
     CUDA_DEVICE_MAX_CONNECTIONS=1 with TP or CP before Blackwell: one hardware queue starts the kernels in issue order,
     so a transfer issued before its computation gets its SMs first (validate_args, megatron/training/arguments.py @
     Megatron-LM d98e8a6: the requirement "no longer exists since the Blackwell architecture"). With more queues (the
-    EP all-to-all overlap's 8 or 32, `specs.parallel.A2A_OVERLAP_MAX_CONNECTIONS`) the ring is held exposed. Measured
-    on 2x H200 (benchmarks/results/connections_h200_x2): at 8 connections Llama-3.1-8B's CP 2 step at 32k tokens
-    took 6.6-11.4 ms longer (the model: 10.5); TP 2's gathers / scatters ran 8-19 ms more exposed per rank in the trace,
-    but its step did not lengthen (-1 to -3 ms): TP stays hidden as at 1."""
+    EP all-to-all overlap's 8 or 32, `specs.parallel.A2A_OVERLAP_MAX_CONNECTIONS`) the ring is held exposed: the upper
+    bound of what was measured on 2x H200 (benchmarks/results/connections_h200_x2): at 8 connections CP 2's step at
+    32k tokens took 6.6 and 11.4 ms longer on one host, -6.4 and +6.5 on another (4.5 ms on average; the model 10.5),
+    its ring more exposed in both ranks' traces. TP 2's gathers / scatters ran 8-19 ms more exposed per rank in the
+    trace, but its step did not lengthen (-1 to -3 ms): TP stays hidden as at 1."""
     connections = options.cuda_device_max_connections or cuda_device_max_connections(parallel) or 1
     return connections == 1 or architecture(gpu) == "blackwell"
 
