@@ -788,7 +788,7 @@ def connections(root: Path) -> str:
     """TP / CP communication at 1 and 8 hardware queues on 2x H200 (connections_h200_x2/report.json)."""
     doc = load(root, "connections_h200_x2/report.json")
     out = source("connections_h200_x2/report.json", "connections_h200_x2/predicted_default.json",
-                 "connections_h200_x2/predicted_default_moe.json")  # fmt: skip
+                 *(f"connections_h200_x2/predicted_default_{p}.json" for p in ("moe", "blind")))  # fmt: skip
     rows = [[r["label"], f"{r['predicted_before_step_s'] * 1e3:.1f}", f"{r['predicted_now_step_s'] * 1e3:.1f}",
              f"{r['measured_step_s'] * 1e3:.1f}", pct(r["predicted_before_step_s"] / r["measured_step_s"] - 1),
              pct(r["predicted_now_step_s"] / r["measured_step_s"] - 1)] for r in doc["rows"]]  # fmt: skip

@@ -7,10 +7,11 @@
 # connections, timed and profiled (the trace summaries say how much of each collective ran beside computation).
 # PART=moe: Mixtral-8x7B at 2 layers, CP 2 x EP 2, without and with the all-to-all overlap (which sets 8).
 # PART=blind: after the model kept only CP's part, Qwen3-8B's CP 2 at 32k tokens at 1, 8, 8, 1 connections (twice
-# each, in that order, for the noise between processes) on another host.
+# each, in that order, for the noise between processes) on another host. PART=memory: the dense part's CP 2 and TP 2
+# layouts with the allocator's history, whose reserve ran 6-16 GiB above the allocated peak (the model allows 2-4).
 # The predictions with the default floors were written first (`mat validate --layouts
-# benchmarks/validation/x2_connections[_moe|_blind]_layouts.json --dry-run --json` >
-# benchmarks/results/connections_h200_x2/predicted_default[_moe|_blind].json).
+# benchmarks/validation/x2_connections[_moe|_blind|_memory]_layouts.json --dry-run --json` >
+# benchmarks/results/connections_h200_x2/predicted_default[_moe|_blind|_memory].json).
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~5 min each):
 #     PART=dense bash benchmarks/validation/x2_connections.sh
 #     PART=moe bash benchmarks/validation/x2_connections.sh
@@ -23,11 +24,13 @@ case "$PART" in
   dense) LAYOUTS=x2_connections_layouts.json ;;
   moe) LAYOUTS=x2_connections_moe_layouts.json ;;
   blind) LAYOUTS=x2_connections_blind_layouts.json ;;
-  *) echo "PART must be dense, moe or blind" >&2; exit 2 ;;
+  memory) LAYOUTS=x2_connections_memory_layouts.json ;;
+  *) echo "PART must be dense, moe, blind or memory" >&2; exit 2 ;;
 esac
 EV="$OUT/evidence"
 validate_batch "$HERE/$LAYOUTS" run 240
 collect_batch run "$EV"
+copy_memory_histories run "$EV"
 record_versions "$EV"
 summarize_rank_traces run "$EV/traces"
 rank_waits run "$EV/traces"
