@@ -104,11 +104,44 @@ def test_nothing_awaits_where_the_queue_never_fills():
     assert queued_free_bytes(replace(BASE, wgrad_bytes=0.0)) == 0  # gradient-accumulation fusion, no pipeline
 
 
-def test_awaiting_memory_grows_with_the_lead_and_is_capped_by_one_backward():
+def test_awaiting_memory_grows_with_the_lead_and_spans_the_backwards_within_it():
     shorter_queue = queued_free_bytes(replace(BASE, layers=32))  # twice the operations per micro-batch
     assert 0 < shorter_queue < queued_free_bytes(BASE) <= BASE.wgrad_bytes
-    idle_host = replace(BASE, layers=4, host_issue_s=0.0, num_microbatches=4)  # the queue spans a micro-batch
-    assert queued_free_bytes(idle_host) == pytest.approx(BASE.wgrad_bytes)
+    # 4 layers: a micro-batch is 326 of the queue's 1000 operations. With an idle host the lead is the 3 micro-batches
+    # issued before the peak (2.595 s of GPU time, under the full queue's 2.657): behind the forward (0.29 s) it
+    # reaches through 3 backwards, 0.29 + 0.575 + 2 x 0.865 = 2.595 exactly
+    idle_host = replace(BASE, layers=4, host_issue_s=0.0, num_microbatches=4)
+    assert host_lead_s(idle_host) == pytest.approx(3 * 0.865)
+    assert queued_free_bytes(idle_host) == pytest.approx(3 * BASE.wgrad_bytes)
+    # two micro-batches: one backward before the peak, however long the queue
+    assert queued_free_bytes(replace(idle_host, num_microbatches=2)) == pytest.approx(BASE.wgrad_bytes)
+    # half a micro-batch less lead: the oldest backward half reached
+    slower = replace(idle_host, host_issue_s=0.865 / 3 * 0.5 * 0.575 / 0.865)
+    lead = host_lead_s(slower)
+    assert queued_free_bytes(slower) == pytest.approx(BASE.wgrad_bytes * (2 + (lead - 0.29 - 2 * 0.865) / 0.575))
+
+
+def test_two_micro_batches_of_weight_gradients_awaited_at_a_short_models_peak():
+    """Llama-3.1-8B at 4 layers on 2x H200 (benchmarks/results/connections_h200_x2/memory, the allocator's history
+    of rank 0): at the reserved peak (the loss's fp32 logits of a forward) the weight gradients of two earlier
+    backwards awaited the GPU: every decoder layer's, the output layer's and the embedding's twice over, with CP 2 at
+    32k tokens (4 micro-batches); the model, at this GPU's default floors, has 2.65 backwards' worth. TP 2 at 8192
+    tokens (8 micro-batches): 4.68 GiB awaiting, the model 5.37. The one-backward cap this replaced put those peaks
+    15-19% under."""
+    root = RESULTS.parent / "connections_h200_x2/memory"
+    runs = {json.loads(line)["label"]: json.loads(line) for line in (root / "results.jsonl").open()}
+    for label, wgrad_share_lo, wgrad_share_hi in (("l8b L4 cp2 s32768 memory history", 1.9, 2.1),
+                                                  ("l8b L4 tp2 sp s8192 memory history", 2.4, 2.8)):  # fmt: skip
+        row = runs[label]
+        history = json.loads((root / "memory" / row["layout_id"] / "rank_0.history.json").read_text())
+        sites = {a["site"]: a["bytes"] for a in history["awaiting_at_peak_by_site"]}
+        weight_grads = sites["transformer_engine/pytorch/cpp_extensions/gemm.py:301 general_gemm"] + sites[
+            "megatron/core/tensor_parallel/layers.py:725 backward"] + sites["?"]  # fmt: skip
+        layout = Layout.from_record(row)
+        wgrad_bytes = predict(layout, "H200")["memory_breakdown_gib"]["weights"] * GIB  # bf16: one backward's wgrads
+        assert wgrad_share_lo < weight_grads / wgrad_bytes < wgrad_share_hi, label
+        predicted = predict(layout, "H200")["memory_breakdown_gib"]["queued_frees"] * GIB
+        assert predicted / history["awaiting_at_peak_bytes"] == pytest.approx(1.0, abs=0.16), label
 
 
 def test_interleaved_pipelines_keep_their_buffers_waiting_without_weight_gradients():

@@ -99,11 +99,16 @@ def host_lead_s(inputs: QueuedFreeInputs) -> float:
 def queued_free_bytes(inputs: QueuedFreeInputs) -> float:
     """Bytes freed on the host but still awaiting the GPU at the peak.
 
-    No pipeline: the queue holds the current micro-batch's forward and, behind it, the tail of the previous
-    backward: wgrad x clamp((lead - forward) / backward, 0, 1). Interleaved 1F1B: the steady state alternates chunk
-    forwards and backwards, so the queue holds lead / (GPU time per micro-batch) of a micro-batch's weight
-    gradients and its 4 activation-sized p2p tensors per chunk (`P2P_TENSORS_PER_CHUNK_PASS`), however many
-    micro-batches that spans."""
+    No pipeline: the queue holds the current micro-batch's forward and, behind it, the previous backwards as far as
+    the lead reaches: wgrad x sum over j of clamp((lead - forward - j x (forward + backward)) / backward, 0, 1). A
+    short model's micro-batch is a fraction of the launch queue, so the lead can span more than one: Llama-3.1-8B at 4
+    layers on 2x H200 (CP 2 at 32k tokens, 4 micro-batches; benchmarks/results/connections_h200_x2/memory) held two
+    micro-batches' weight gradients awaiting at the peak (3.25 GiB of the layers', 2 x 0.98 of the output layer's and
+    2 x 0.98 of the embedding's: 2 x 3.58), TP 2 at 8 micro-batches 2-3 micro-batches' (4.68 GiB).
+
+    Interleaved 1F1B: the steady state alternates chunk forwards and backwards, so the queue holds lead / (GPU time
+    per micro-batch) of a micro-batch's weight gradients and its 4 activation-sized p2p tensors per chunk
+    (`P2P_TENSORS_PER_CHUNK_PASS`), however many micro-batches that spans."""
     lead_s = host_lead_s(inputs)
     if lead_s <= 0:
         return 0.0
@@ -115,5 +120,11 @@ def queued_free_bytes(inputs: QueuedFreeInputs) -> float:
         return per_microbatch * min(inputs.num_microbatches, lead_s / (inputs.fwd_gpu_s + inputs.bwd_gpu_s))
     if inputs.bwd_gpu_s <= 0:
         return 0.0
-    share = min(1.0, max(0.0, (lead_s - inputs.fwd_gpu_s) / inputs.bwd_gpu_s))
+    # behind the current forward, the backwards before it, newest first, each as far as the lead reaches into it
+    # (the lead is at most the GPU time of the micro-batches issued before, so it never reaches past the first)
+    per_microbatch_s = inputs.fwd_gpu_s + inputs.bwd_gpu_s
+    share = sum(
+        min(1.0, max(0.0, (lead_s - inputs.fwd_gpu_s - j * per_microbatch_s) / inputs.bwd_gpu_s))
+        for j in range(max(inputs.num_microbatches - 1, 0))
+    )
     return inputs.wgrad_bytes * share
