@@ -9,6 +9,7 @@
 # PART=blind: after the model kept only CP's part, Qwen3-8B's CP 2 at 32k tokens at 1, 8, 8, 1 connections (twice
 # each, in that order, for the noise between processes) on another host. PART=memory: the dense part's CP 2 and TP 2
 # layouts with the allocator's history, whose reserve ran 6-16 GiB above the allocated peak (the model allows 2-4).
+# PART=moe_floors: the moe part's layouts on another host, its MoE host floors measured first (three processes).
 # The predictions with the default floors were written first (`mat validate --layouts
 # benchmarks/validation/x2_connections[_moe|_blind|_memory]_layouts.json --dry-run --json` >
 # benchmarks/results/connections_h200_x2/predicted_default[_moe|_blind|_memory].json).
@@ -25,7 +26,8 @@ case "$PART" in
   moe) LAYOUTS=x2_connections_moe_layouts.json ;;
   blind) LAYOUTS=x2_connections_blind_layouts.json ;;
   memory) LAYOUTS=x2_connections_memory_layouts.json ;;
-  *) echo "PART must be dense, moe, blind or memory" >&2; exit 2 ;;
+  moe_floors) validate_part x2_connections_moe_layouts.json; exit ;;
+  *) echo "PART must be dense, moe, blind, memory or moe_floors" >&2; exit 2 ;;
 esac
 EV="$OUT/evidence"
 validate_batch "$HERE/$LAYOUTS" run 240
