@@ -3,6 +3,7 @@
     PART=dense bash benchmarks/validation/x2_connections.sh   # Llama-3.1-8B TP 2 + SP and CP 2, at 1 and 8
     PART=moe bash benchmarks/validation/x2_connections.sh     # Mixtral-8x7B CP 2 x EP 2 without / with the overlap
     PART=blind bash benchmarks/validation/x2_connections.sh   # Qwen3-8B CP 2 at 1, 8, 8, 1, another host
+    PART=moe_floors bash benchmarks/validation/x2_connections.sh   # the moe part again, a fourth host
     python benchmarks/connections.py                          # this report, from what they left
 
 Writes benchmarks/results/connections_h200_x2/report.json: per layout the step predicted before the run (each part's
@@ -30,6 +31,7 @@ PARTS = {
     "dense": "predicted_default.json",
     "moe": "predicted_default_moe.json",
     "blind": "predicted_default_blind.json",
+    "moe_floors": "predicted_default_moe.json",  # the moe part's layouts again, on a fourth host
 }
 # the collectives of each kind of communication the pairs change (TP: SP's gathers / scatters; CP: the ring)
 KINDS = {"tp": ("all_gather", "reduce_scatter"), "cp": ("send_recv",)}

@@ -105,8 +105,19 @@ def test_the_measured_runs_bound_the_mechanism():
     exposed = [x for p in cp + tp if "measured_exposed_change_ms_by_rank" in p for x in p[
         "measured_exposed_change_ms_by_rank"]]  # fmt: skip
     assert len(exposed) == 4 and min(exposed) > 0
-    # every dense step within 10% of today's model (the MoE pair ran with the default host floors, this host's
-    # unmeasured)
+    # every dense step within 10% of today's model (the MoE pairs ran with the default host floors: no host's own)
     for r in REPORT["rows"]:
-        if r["part"] != "moe":
+        if not r["part"].startswith("moe"):
             assert abs(r["predicted_now_step_s"] / r["measured_step_s"] - 1) < 0.10
+
+
+def test_the_overlap_beside_cp_ran_faster_than_the_model_says():
+    """Mixtral-8x7B CP 2 x EP 2 on two hosts: the all-to-all overlap ran 0.7% and 4.0% faster, the model has it 0.7%
+    slower (its saving nil here, plus 3 ms of exposed ring): a miss of the ranking on the second host (4.0% > the 3%
+    bar), kept as measured. Both steps 10-15% slower than the model with the default floors."""
+    for part in ("moe", "moe_floors"):
+        plain, overlap = (r for r in REPORT["rows"] if r["part"] == part)
+        assert overlap["measured_step_s"] < plain["measured_step_s"]
+        assert overlap["predicted_now_step_s"] > plain["predicted_now_step_s"]
+        for r in (plain, overlap):
+            assert -0.16 < r["predicted_now_step_s"] / r["measured_step_s"] - 1 < -0.09
