@@ -889,6 +889,15 @@ def _capacity_factor(launch: Launch, notes: list[str]) -> float | None:
     return capacity
 
 
+def _launch_moe_routing(launch: Launch, model: ModelSpec, notes: list[str]) -> MoeRouting:
+    """The launch's token dropping: --moe-expert-capacity-factor (`_capacity_factor`) and
+    --moe-pad-expert-input-to-capacity; none for a dense model."""
+    if not model.is_moe:
+        return MoeRouting()
+    pad = bool(launch.value("moe_pad_expert_input_to_capacity"))
+    return MoeRouting(capacity_factor=_capacity_factor(launch, notes), pad_to_capacity=pad)
+
+
 def _modelled_dispatcher(launch: Launch, model: ModelSpec) -> str:
     """`ParallelConfig.moe_dispatcher` of a launch: its own where modelled, else alltoall (said as not modelled)."""
     dispatcher = launch_dispatcher(launch)
@@ -1501,10 +1510,7 @@ def launch_to_specs(
         fp8_recipe=recipe if fp8 else "delayed",
         fp8_param=bool(launch.value("fp8_param_gather")) and bool(fp8),
         cuda_graph=graphs,
-        moe_routing=MoeRouting(
-            capacity_factor=_capacity_factor(launch, notes) if model.is_moe else None,
-            pad_to_capacity=bool(launch.value("moe_pad_expert_input_to_capacity")) and model.is_moe,
-        ),
+        moe_routing=_launch_moe_routing(launch, model, notes),
     )
     if mode != "train" and granularity != "none":
         notes.append("recompute: ignored for a forward-only pass")
@@ -1594,14 +1600,12 @@ def launch_cuda_graphs(launch: Launch, model: ModelSpec | None) -> CudaGraphConf
     if graphs.per_layer and (_int(launch, "cpu_offloading_num_layers") or 0) > 0:
         raise ConfigError("cuda_graph_impl", "per-layer CUDA graphs do not work with CPU offloading (megatron-core)")
     if model is not None and model.is_moe and graphs.per_layer:
-        capacity = _capacity_factor(launch, [])  # its note is the workload's
+        routing = _launch_moe_routing(launch, model, [])  # its note is the workload's
         dispatcher = _dispatcher_type(launch)
-        pad = capacity is not None and bool(launch.value("moe_pad_expert_input_to_capacity"))
-        routing = MoeRouting(capacity_factor=capacity, pad_to_capacity=pad)
         check_moe_graph_routing(graphs.scope, routing, dispatcher)
         # the router's fp8 padding, a launch flag only, syncs as dropping does
         if (
-            capacity is None
+            routing.capacity_factor is None
             and dispatcher == "alltoall"
             and "moe_preprocess" in graphs.scope
             and launch.value("moe_router_padding_for_fp8")
