@@ -51,7 +51,7 @@ def test_the_all_to_all_overlap_brings_its_own_queues():
     assert cp_ring_hides(replace(parallel, moe_a2a_overlap=False), H100, CostOptions())
 
 
-@pytest.mark.parametrize("bad", [0, 33, -1])
+@pytest.mark.parametrize("bad", [0, 33, -1, True, 8.0, "8"])
 def test_connections_outside_cudas_range_are_refused(bad):
     with pytest.raises(ConfigError) as exc:
         CostOptions(cuda_device_max_connections=bad)

@@ -184,9 +184,12 @@ class CostOptions:
             raise ConfigError("flops_convention", f"must be causal or full, got {self.flops_convention!r}")
         if not 0.0 <= self.memory_margin < 1.0:
             raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
-        if self.cuda_device_max_connections is not None and not 1 <= self.cuda_device_max_connections <= 32:
+        connections = self.cuda_device_max_connections
+        if connections is not None and (
+            isinstance(connections, bool) or not isinstance(connections, int) or not 1 <= connections <= 32
+        ):
             raise ConfigError(
-                "cuda_device_max_connections", f"must be 1-32 (CUDA's range), got {self.cuda_device_max_connections!r}"
+                "cuda_device_max_connections", f"must be an integer 1-32 (CUDA's range), got {connections!r}"
             )
         if self.concurrent_copy_gbps is not None and not self.concurrent_copy_gbps > 0:
             raise ConfigError("concurrent_copy_gbps", f"must be > 0 GB/s, got {self.concurrent_copy_gbps!r}")

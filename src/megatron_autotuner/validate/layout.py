@@ -237,8 +237,9 @@ class Layout:
             raise ConfigError(
                 "ddp_side_stream", "CUDA graphs need DDP on a stream of its own (a capture cannot wait on the default)"
             )
-        if self.cuda_device_max_connections is not None and (
-            not isinstance(self.cuda_device_max_connections, int) or not 1 <= self.cuda_device_max_connections <= 32
+        connections = self.cuda_device_max_connections
+        if connections is not None and (
+            isinstance(connections, bool) or not isinstance(connections, int) or not 1 <= connections <= 32
         ):
             raise ConfigError("cuda_device_max_connections", "must be an integer 1-32 (CUDA's range)")
         if self.tp_comm_overlap_cfg is not None and not self.tp_comm_overlap:
