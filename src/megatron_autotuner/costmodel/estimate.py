@@ -57,6 +57,7 @@ from ..specs.parallel import (
     RecomputeConfig,
     Workload,
     check_cross_entropy_fusion_impl,
+    check_cuda_device_max_connections,
     cuda_device_max_connections,
     num_microbatches,
     packed_batch,
@@ -184,13 +185,7 @@ class CostOptions:
             raise ConfigError("flops_convention", f"must be causal or full, got {self.flops_convention!r}")
         if not 0.0 <= self.memory_margin < 1.0:
             raise ConfigError("memory_margin", f"must be in [0, 1), got {self.memory_margin!r}")
-        connections = self.cuda_device_max_connections
-        if connections is not None and (
-            isinstance(connections, bool) or not isinstance(connections, int) or not 1 <= connections <= 32
-        ):
-            raise ConfigError(
-                "cuda_device_max_connections", f"must be an integer 1-32 (CUDA's range), got {connections!r}"
-            )
+        check_cuda_device_max_connections(self.cuda_device_max_connections)
         if self.concurrent_copy_gbps is not None and not self.concurrent_copy_gbps > 0:
             raise ConfigError("concurrent_copy_gbps", f"must be > 0 GB/s, got {self.concurrent_copy_gbps!r}")
         check_cross_entropy_fusion_impl(self.cross_entropy_fusion_impl)

@@ -121,7 +121,7 @@ def queued_free_bytes(inputs: QueuedFreeInputs) -> float:
     if inputs.bwd_gpu_s <= 0:
         return 0.0
     # behind the current forward, the backwards before it, newest first, each as far as the lead reaches into it
-    # (the lead is at most the GPU time of the micro-batches issued before, so it never reaches past the first)
+    # (the lead is at most the GPU time of the micro-batches issued before: it never reaches past the step's first)
     per_microbatch_s = inputs.fwd_gpu_s + inputs.bwd_gpu_s
     share = sum(
         min(1.0, max(0.0, (lead_s - inputs.fwd_gpu_s - j * per_microbatch_s) / inputs.bwd_gpu_s))

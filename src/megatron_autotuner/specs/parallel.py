@@ -277,6 +277,14 @@ def needs_nccl_graph_register_off(cuda_graph_impl: str, expandable_segments: boo
 A2A_OVERLAP_MAX_CONNECTIONS = {"alltoall": 8, "deepep": 32, "hybridep": 32}  # the dispatchers the overlap runs with
 
 
+def check_cuda_device_max_connections(connections: object) -> None:
+    """One line for a CUDA_DEVICE_MAX_CONNECTIONS outside CUDA's range (an integer 1-32); None passes (unset)."""
+    if connections is not None and (
+        isinstance(connections, bool) or not isinstance(connections, int) or not 1 <= connections <= 32
+    ):
+        raise ConfigError("cuda_device_max_connections", f"must be an integer 1-32 (CUDA's range), got {connections!r}")
+
+
 def cuda_device_max_connections(parallel: ParallelConfig) -> int | None:
     """CUDA_DEVICE_MAX_CONNECTIONS a run of `parallel` needs: the all-to-all overlap's (`A2A_OVERLAP_MAX_CONNECTIONS`),
     else 1 with TP or CP (Megatron-LM's validate_args asserts it before Blackwell: one hardware queue keeps the TP / CP

@@ -28,6 +28,7 @@ from ..specs.parallel import (
     ActivationOffloadConfig,
     MoeRouting,
     check_cross_entropy_fusion_impl,
+    check_cuda_device_max_connections,
     check_tp_comm_overlap,
     cuda_device_max_connections,
 )
@@ -237,11 +238,7 @@ class Layout:
             raise ConfigError(
                 "ddp_side_stream", "CUDA graphs need DDP on a stream of its own (a capture cannot wait on the default)"
             )
-        connections = self.cuda_device_max_connections
-        if connections is not None and (
-            isinstance(connections, bool) or not isinstance(connections, int) or not 1 <= connections <= 32
-        ):
-            raise ConfigError("cuda_device_max_connections", "must be an integer 1-32 (CUDA's range)")
+        check_cuda_device_max_connections(self.cuda_device_max_connections)
         if self.tp_comm_overlap_cfg is not None and not self.tp_comm_overlap:
             raise ConfigError("tp_comm_overlap_cfg", "a userbuffers yaml goes with tp_comm_overlap")
         graphs = self.workload().cuda_graph
