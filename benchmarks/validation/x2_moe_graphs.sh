@@ -9,14 +9,22 @@
 # The predictions with the default floors were written first (`mat validate --layouts
 # benchmarks/validation/x2_moe_graphs_layouts.json --dry-run --json` >
 # benchmarks/results/moe_graphs_h200_x2/predicted_default.json).
-# From the repository root on a 2-GPU host after ../shared/gpu's install (~8 min):
+# PART=profile: on a second host, the 32-expert layouts again with every rank profiled (eager, attn, attn+moe_router,
+# attn+moe_router+moe_preprocess; predictions: predicted_default_profile.json), to see where the graphs' time came from.
+# From the repository root on a 2-GPU host after ../shared/gpu's install (~6-8 min each):
 #     PART=run bash benchmarks/validation/x2_moe_graphs.sh
-# Unpack "$OUT"/evidence.tgz in benchmarks/results/moe_graphs_h200_x2/run.
+#     PART=profile bash benchmarks/validation/x2_moe_graphs.sh
+# Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/moe_graphs_h200_x2/PART; PART=profile leaves rank 0's
+# raw traces in "$OUT"/raw_traces.
 PART="${PART:-run}"
 OUT="${OUT:-$PWD/outputs/x2_moe_graphs_$PART}"
 source "$(dirname "$0")/common.sh"
 record_gpus
 case "$PART" in
   run) validate_part x2_moe_graphs_layouts.json ;;
-  *) echo "PART must be run" >&2; exit 2 ;;
+  profile)
+    validate_part x2_moe_graphs_profile_layouts.json
+    copy_traces "$OUT/run" "$OUT/raw_traces"
+    ;;
+  *) echo "PART must be run or profile" >&2; exit 2 ;;
 esac
