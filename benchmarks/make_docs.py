@@ -800,6 +800,27 @@ def connections(root: Path) -> str:
     return out + table(head, rows)
 
 
+def moe_graphs(root: Path) -> str:
+    """CUDA graphs over an eager MoE layer's attention / router / preprocess on 2x H200 (moe_graphs_h200_x2)."""
+    doc = load(root, "moe_graphs_h200_x2/report.json")
+    out = source("moe_graphs_h200_x2/report.json", "moe_graphs_h200_x2/predicted_default.json",
+                 "moe_graphs_h200_x2/predicted_default_profile.json")  # fmt: skip
+    rows = []
+    for r in doc["rows"]:
+        t = r.get("trace")
+        spans = f"{t['median_span_ms']:.1f} / {t['median_compute_ms']:.1f} / {t['median_wait_ms']:.1f}" if t else "-"
+        rows.append([r["host"], r["label"], f"{r['predicted_before_step_s'] * 1e3:.1f}",
+                     f"{r['predicted_now_step_s'] * 1e3:.1f}", f"{r['measured_step_s'] * 1e3:.1f}",
+                     pct(r["predicted_before_step_s"] / r["measured_step_s"] - 1),
+                     pct(r["predicted_now_step_s"] / r["measured_step_s"] - 1),
+                     pct(r["predicted_now_peak_gib"] / r["measured_peak_gib"] - 1), spans])  # fmt: skip
+    head = ["host", "layout", "pred before ms", "model now ms (host's floors)", "meas ms", "err before", "err now",
+            "peak err now", "forward span / GPU compute / wait ms (profiled)"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    rows = [[c["label"], pct(c["measured_change"]), pct(c["model_change"])] for c in doc["graph_changes"]]
+    return out + table(["graphed layout against its eager one", "measured step change", "model"], rows)
+
+
 def vision_tower(root: Path) -> str:
     """Qwen2.5-VL-7B's vision tower blocks on one H200 (vision_tower_comparison.json) and the GEMM alignment probe
     (gemm_alignment_h200/summary.json)."""
@@ -1310,6 +1331,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "rank_wait": rank_wait,
     "moe_ep_overlap": moe_ep_overlap,
     "connections": connections,
+    "moe_graphs": moe_graphs,
     "vision_tower": vision_tower,
     "moe_host": moe_host,
     "real_launches": real_launches,

@@ -1,0 +1,70 @@
+"""CUDA graphs over an eager MoE layer's attention, router and preprocess on 2x H200 (benchmarks/validation/
+x2_moe_graphs.sh, benchmarks/results/moe_graphs_h200_x2, `python benchmarks/moe_graphs.py`): what held, and the miss
+the model keeps (it credits the graphs with 0-8% of the step where they took 11-33%)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import moe_graphs  # noqa: E402
+
+E32 = "30B-A3B-E32 L4 ep2"
+
+
+@pytest.fixture(scope="module")
+def table() -> list[dict]:
+    return moe_graphs.rows()
+
+
+@pytest.fixture(scope="module")
+def changes(table) -> dict[tuple[str, str], dict]:
+    return {(c["part"], c["label"]): c for c in moe_graphs.graph_changes(table)}
+
+
+def test_each_run_stored_todays_model_with_its_hosts_floor(table):
+    """The prediction made at the run, after the host's floors were measured, is today's model."""
+    for row in table:
+        assert row["predicted_now_step_s"] == pytest.approx(row["predicted_at_run_step_s"], rel=0.02), row["label"]
+
+
+def test_the_eager_32_expert_steps_are_within_10_percent_on_both_hosts(table):
+    eager = [r for r in table if r["label"].startswith(f"{E32} eager")]
+    assert len(eager) == 2
+    for row in eager:
+        assert abs(row["predicted_now_step_s"] / row["measured_step_s"] - 1) < 0.10, row["label"]
+
+
+def test_the_three_scopes_took_a_quarter_to_a_third_off_on_both_hosts(changes):
+    for key in (
+        ("run", f"{E32} graphs attn+router+preprocess"),
+        ("profile", f"{E32} graphs attn+router+preprocess profiled"),
+    ):
+        assert -0.35 < changes[key]["measured_change"] < -0.25, key
+
+
+def test_the_model_credits_the_graphs_far_less_than_they_took(changes):
+    """The known miss: the model takes the router's and preprocess's measured shares of the block's forward host off
+    (`costmodel.layer.moe_block_host_s`) and gives the attention graph nothing on a MoE layer; the graphs took 20-28
+    points more. Update this test when the model prices the attention's host of a synchronised MoE layer."""
+    for key, change in changes.items():
+        if "E32" not in key[1] or "mbs4" in key[1]:
+            continue
+        assert change["model_change"] > change["measured_change"] + 0.10, key
+        assert change["model_change"] > -0.10, key
+
+
+def test_the_forward_is_host_paced_between_the_token_count_waits(table):
+    """In every profiled step a forward span between two of the dispatcher's waits held 1.5 ms of computation, and
+    each scope graphed shortened it: eager 17.1 ms, attn 11.0, +router 8.6, +preprocess 7.6 (profiled)."""
+    profiled = [r for r in table if r["part"] == "profile"]
+    spans = [r["trace"]["median_span_ms"] for r in profiled]
+    assert len(profiled) == 4 and spans == sorted(spans, reverse=True)
+    for row in profiled:
+        trace = row["trace"]
+        assert trace["syncs"] == 16  # 4 layers x 4 micro-batches: one wait per layer forward
+        assert trace["median_compute_ms"] < 0.25 * trace["median_span_ms"], row["label"]
