@@ -11,9 +11,12 @@
 # benchmarks/results/moe_graphs_h200_x2/predicted_default.json).
 # PART=profile: on a second host, the 32-expert layouts again with every rank profiled (eager, attn, attn+moe_router,
 # attn+moe_router+moe_preprocess; predictions: predicted_default_profile.json), to see where the graphs' time came from.
+# PART=timed: on a third host, eager / attn / all three scopes with every layer's forward and backward time recorded
+# on both ranks, unprofiled (`host_timing`; predictions: predicted_default_timed.json).
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~6-8 min each):
 #     PART=run bash benchmarks/validation/x2_moe_graphs.sh
 #     PART=profile bash benchmarks/validation/x2_moe_graphs.sh
+#     PART=timed bash benchmarks/validation/x2_moe_graphs.sh
 # Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/moe_graphs_h200_x2/PART; PART=profile leaves rank 0's
 # raw traces in "$OUT"/raw_traces.
 PART="${PART:-run}"
@@ -26,5 +29,6 @@ case "$PART" in
     validate_part x2_moe_graphs_profile_layouts.json
     copy_traces "$OUT/run" "$OUT/raw_traces"
     ;;
-  *) echo "PART must be run or profile" >&2; exit 2 ;;
+  timed) validate_part x2_moe_graphs_timed_layouts.json ;;
+  *) echo "PART must be run, profile or timed" >&2; exit 2 ;;
 esac
