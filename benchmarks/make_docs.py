@@ -808,14 +808,17 @@ def moe_graphs(root: Path) -> str:
     rows = []
     for r in doc["rows"]:
         t = r.get("trace")
-        spans = f"{t['median_span_ms']:.1f} / {t['median_compute_ms']:.1f} / {t['median_wait_ms']:.1f}" if t else "-"
+        spans = "-"
+        if t:
+            parts = (t["median_span_ms"], t["median_compute_ms"], t["mean_issue_ms"], t["mean_wait_ms"])
+            spans = " / ".join(f"{x:.1f}" for x in parts)
         rows.append([r["host"], r["label"], f"{r['predicted_before_step_s'] * 1e3:.1f}",
                      f"{r['predicted_now_step_s'] * 1e3:.1f}", f"{r['measured_step_s'] * 1e3:.1f}",
                      pct(r["predicted_before_step_s"] / r["measured_step_s"] - 1),
                      pct(r["predicted_now_step_s"] / r["measured_step_s"] - 1),
                      pct(r["predicted_now_peak_gib"] / r["measured_peak_gib"] - 1), spans])  # fmt: skip
     head = ["host", "layout", "pred before ms", "model now ms (host's floors)", "meas ms", "err before", "err now",
-            "peak err now", "forward span / GPU compute / wait ms (profiled)"]  # fmt: skip
+            "peak err now", "forward span / GPU compute (medians) / rank 0 issuing / waiting (means) ms"]  # fmt: skip
     out += table(head, rows) + "\n"
     rows = [[c["label"], pct(c["measured_change"]), pct(c["model_change"])] for c in doc["graph_changes"]]
     return out + table(["graphed layout against its eager one", "measured step change", "model"], rows)

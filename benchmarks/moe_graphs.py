@@ -2,6 +2,7 @@
 
     PART=run bash benchmarks/validation/x2_moe_graphs.sh       # host L: eager vs graphed, timed
     PART=profile bash benchmarks/validation/x2_moe_graphs.sh   # host M: the 32-expert layouts, profiled
+    PART=timed bash benchmarks/validation/x2_moe_graphs.sh     # host N: eager / attn / all, layers' host timed
     python benchmarks/moe_graphs.py                            # this report, from what they left
 
 Writes benchmarks/results/moe_graphs_h200_x2/report.json: per layout the step predicted before the run (default
@@ -11,7 +12,8 @@ against the model's. For the profiled part, from rank 0's raw trace of the profi
 synchronisation points (megatron-core's alltoall dispatcher waits on the host for the token counts once per layer,
 `cudaEventSynchronize`), the span between consecutive ones inside a micro-batch (one layer's MoE after the wait, the
 next layer's attention, router and preprocess), the GPU's computation in it (kernels other than NCCL's) and the host's
-wait at its end.
+wait at its end. For the timed part, each rank's median layer forward / backward time (`host_timing`; the eager
+layout's only: the hooks recorded nothing under TE's graphs).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ from megatron_autotuner.costmodel.calibration import load_calibration
 from megatron_autotuner.launch.records import read_records
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
+from megatron_autotuner.validate.results import layer_host_ms_by_rank
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks/results/moe_graphs_h200_x2"
 # part -> (the prediction written before it, the 2-GPU lease it ran on)
-PARTS = {"run": ("predicted_default.json", "L"), "profile": ("predicted_default_profile.json", "M")}
+PARTS = {
+    "run": ("predicted_default.json", "L"),
+    "profile": ("predicted_default_profile.json", "M"),
+    "timed": ("predicted_default_timed.json", "N"),
+}
 # the layers' forward synchronisation: the dispatcher's wait for the token counts
 SYNC_EVENT = "cudaEventSynchronize"
 
@@ -73,6 +80,9 @@ def forward_segments(trace_path: Path) -> dict[str, Any]:
         "compute_ms": _union_us(compute) / 1e3,
         "forward_spans": len(inside),
         **{f"median_{k}": statistics.median(s[k] for s in inside) for k in ("span_ms", "compute_ms", "wait_ms")},
+        # the rank's own issue time of a span (the span less its wait at the end), and that wait, on average
+        "mean_issue_ms": statistics.mean(s["span_ms"] - s["wait_ms"] for s in inside),
+        "mean_wait_ms": statistics.mean(s["wait_ms"] for s in inside),
     }
 
 
@@ -97,6 +107,9 @@ def rows() -> list[dict[str, Any]]:
                 "predicted_now_peak_gib": predict(layout, "H200", calibration)["peak_memory_gib"],
                 "measured_peak_gib": rec["measured"]["peak_gib"],
             }
+            timed = layer_host_ms_by_rank(folder, rec["layout_id"])
+            if timed:
+                row["layer_host_ms_by_rank"] = timed
             trace = folder / "raw_traces" / f"{rec['layout_id']}.rank_0.json.gz"
             if trace.exists():
                 row["trace"] = forward_segments(trace)

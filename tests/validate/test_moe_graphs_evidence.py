@@ -1,6 +1,6 @@
 """CUDA graphs over an eager MoE layer's attention, router and preprocess on 2x H200 (benchmarks/validation/
 x2_moe_graphs.sh, benchmarks/results/moe_graphs_h200_x2, `python benchmarks/moe_graphs.py`): what held, and the miss
-the model keeps (it credits the graphs with 0-8% of the step where they took 11-33%)."""
+the model keeps (it credits the graphs with 0-8% of the step where they took 11-39%)."""
 
 from __future__ import annotations
 
@@ -32,19 +32,25 @@ def test_each_run_stored_todays_model_with_its_hosts_floor(table):
         assert row["predicted_now_step_s"] == pytest.approx(row["predicted_at_run_step_s"], rel=0.02), row["label"]
 
 
-def test_the_eager_32_expert_steps_are_within_10_percent_on_both_hosts(table):
-    eager = [r for r in table if r["label"].startswith(f"{E32} eager")]
-    assert len(eager) == 2
-    for row in eager:
-        assert abs(row["predicted_now_step_s"] / row["measured_step_s"] - 1) < 0.10, row["label"]
+def test_the_eager_32_expert_steps(table):
+    """Within 10% on hosts L and M; host N's ran 15% over the model, its layers timed (unprofiled) at 14.0-14.3 ms
+    forward and 10.8-10.9 ms backward on both ranks against its floor's 7.0 ms MoE block each way."""
+    eager = {r["host"]: r for r in table if r["label"].startswith(f"{E32} eager")}
+    assert sorted(eager) == ["L", "M", "N"]
+    for host in ("L", "M"):
+        assert abs(eager[host]["predicted_now_step_s"] / eager[host]["measured_step_s"] - 1) < 0.10, host
+    assert -0.20 < eager["N"]["predicted_now_step_s"] / eager["N"]["measured_step_s"] - 1 < -0.10
+    for rank in eager["N"]["layer_host_ms_by_rank"]:
+        assert 13.5 < rank["fwd_ms"] < 15.0 and 10.0 < rank["bwd_ms"] < 11.5
 
 
-def test_the_three_scopes_took_a_quarter_to_a_third_off_on_both_hosts(changes):
+def test_the_three_scopes_took_30_to_35_percent_off_on_three_hosts(changes):
     for key in (
         ("run", f"{E32} graphs attn+router+preprocess"),
         ("profile", f"{E32} graphs attn+router+preprocess profiled"),
+        ("timed", f"{E32} graphs attn+router+preprocess host-timed"),
     ):
-        assert -0.35 < changes[key]["measured_change"] < -0.25, key
+        assert -0.36 < changes[key]["measured_change"] < -0.29, key
 
 
 def test_the_model_credits_the_graphs_far_less_than_they_took(changes):
