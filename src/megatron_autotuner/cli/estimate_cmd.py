@@ -15,6 +15,7 @@ from .layout_args import (
     add_model_arguments,
     add_workload_arguments,
     gpu_from_args,
+    launch_run_options,
     layout_summary,
     specs_from_args,
 )
@@ -205,7 +206,10 @@ def run(args: argparse.Namespace) -> int:
         parallel = parallel.replace(tp_comm_overlap=overlap)
     else:
         reject_assumptions_with_launch(args)
-    est = estimate(model, parallel, workload, gpu, cost_options_from_args(args, specs.options))
+    options = cost_options_from_args(args, specs.options)
+    if specs.imported is not None:
+        options = launch_run_options(specs.imported, options, gpu)
+    est = estimate(model, parallel, workload, gpu, options)
     est = est.with_notes(specs.notes, specs.not_modelled)
     if args.json:
         print_json(est.to_dict())

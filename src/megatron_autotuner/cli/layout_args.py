@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ..argspec.argtypes import non_empty_path, positive_int
 from ..argspec.common import (
@@ -19,7 +20,13 @@ from ..errors import ConfigError
 from ..specs import MoeRouting, ParallelConfig, RecomputeConfig, Workload, get_gpu_spec, load_model_spec
 from ..specs.hardware import GPUSpec
 from ..specs.lengths import SequenceLengths, parse_mean_max, read_length_histogram
-from ..specs.megatron_args import ImportedLaunch, launch_to_specs, read_launch_file
+from ..specs.megatron_args import (
+    ImportedLaunch,
+    check_launch_device_max_connections,
+    launch_device_max_connections,
+    launch_to_specs,
+    read_launch_file,
+)
 from ..specs.model import ModelSpec
 from ..specs.pipeline import PipelineLayout
 
@@ -364,6 +371,16 @@ def import_launch(args: argparse.Namespace, need_layout: bool = True) -> Importe
     if need_layout and imported.parallel is None:
         raise ConfigError("num_gpus", "the launch does not say how many GPUs: give --num-gpus")
     return imported
+
+
+def launch_run_options(imported: ImportedLaunch, options: Any, gpu: GPUSpec) -> Any:
+    """The cost options of the launch itself: `options` with the CUDA_DEVICE_MAX_CONNECTIONS it exports, which
+    Megatron-LM must accept on `gpu` (`check_launch_device_max_connections`). The plan's candidates keep `options`."""
+    from ..costmodel.nccl_protocols import architecture
+
+    check_launch_device_max_connections(imported.launch, imported.parallel, architecture(gpu) == "blackwell")
+    connections = launch_device_max_connections(imported.launch)
+    return options if connections is None else replace(options, cuda_device_max_connections=connections)
 
 
 def specs_from_args(args: argparse.Namespace) -> ResolvedSpecs:

@@ -43,6 +43,7 @@ from .layout_args import (
     add_moe_routing_argument,
     gpu_from_args,
     import_launch,
+    launch_run_options,
     lengths_from_args,
     model_from_args,
     moe_routing_from_args,
@@ -188,7 +189,8 @@ def plan_inputs(args: argparse.Namespace, gpu) -> PlanInputs:
         options = cost_options_from_args(args, imported.options)  # the launch's own run settings, for every layout
         current, refused = None, None
         try:
-            current = estimate(model, mine, work, gpu, options).with_notes(imported.notes, imported.not_modelled)
+            launch_options = launch_run_options(imported, options, gpu)
+            current = estimate(model, mine, work, gpu, launch_options).with_notes(imported.notes, imported.not_modelled)
         except ConfigError as exc:
             # a layout Megatron-LM would refuse (24 layers on 16 stages): the model, workload and GPUs still plan
             refused = (str(exc), imported)

@@ -1144,20 +1144,25 @@ def cp_ring_hides(parallel: ParallelConfig, gpu: GPUSpec, options: CostOptions) 
     return connections == 1 or architecture(gpu) == "blackwell"
 
 
-def overlap_connections_note(parallel: ParallelConfig, gpu: GPUSpec) -> str | None:
+def overlap_connections_note(parallel: ParallelConfig, gpu: GPUSpec, connections: int | None = None) -> str | None:
     """The EP all-to-all overlap beside TP or CP before Blackwell: the overlap runs with CUDA_DEVICE_MAX_CONNECTIONS
-    above 1 (`specs.parallel.cuda_device_max_connections`), where Megatron-LM asks for 1 with TP / CP and warns against
-    the pairing on Hopper and before (validate_args, megatron/training/arguments.py @ Megatron-LM d98e8a6). What the
-    prediction does with it (`cp_ring_hides`): CP's ring exchange exposed, TP's communication as with 1."""
+    above 1 (`specs.parallel.cuda_device_max_connections`; `connections`: a launch's own value), where Megatron-LM asks
+    for 1 with TP / CP and warns against the pairing on Hopper and before (validate_args,
+    megatron/training/arguments.py @ Megatron-LM d98e8a6). What the prediction does with it (`cp_ring_hides`): CP's
+    ring exchange exposed above 1, TP's communication as with 1."""
     if not parallel.moe_a2a_overlap or (parallel.tp == 1 and parallel.cp == 1) or architecture(gpu) == "blackwell":
         return None
+    connections = connections or cuda_device_max_connections(parallel)
     said = []
     if parallel.cp > 1:
-        said.append("CP's ring exchange is predicted exposed")
+        said.append("CP's ring exchange is predicted " + ("exposed" if connections != 1 else "hidden"))
     if parallel.tp > 1:
         said.append("TP's communication hidden as with 1 (2x H200 at 8: a TP 2 step unchanged)")
+    if connections == 1:
+        # Megatron-LM's warning: "1 or 32, which depends on which parallelization you want to prioritize"
+        said.append("the overlap's own saving is priced as at 8 (not measured at 1, where it has one hardware queue)")
     return (
-        f"the EP all-to-all overlap runs with CUDA_DEVICE_MAX_CONNECTIONS={cuda_device_max_connections(parallel)} "
+        f"the EP all-to-all overlap runs with CUDA_DEVICE_MAX_CONNECTIONS={connections} "
         f"on {gpu.name}, where Megatron-LM asks for 1 beside TP / CP and warns against the pairing before Blackwell: "
         + "; ".join(said)
     )
@@ -1324,7 +1329,7 @@ def estimate(
         # megatron-core's combined 1F1B step pairs one micro-batch's forward with another's backward
         notes.append("the EP all-to-all overlap (and delayed wgrad) pair forwards with backwards: a forward-only pass "
                      "runs without them, as predicted")  # fmt: skip
-    elif (note := overlap_connections_note(parallel, gpu)) is not None:
+    elif (note := overlap_connections_note(parallel, gpu, options.cuda_device_max_connections)) is not None:
         notes.append(note)
     if model.vision is not None and not workload.image_tokens_per_sequence:
         notes.append(

@@ -42,6 +42,7 @@ from .parallel import (
     ParallelConfig,
     RecomputeConfig,
     Workload,
+    check_cuda_device_max_connections,
     check_moe_graph_routing,
     moe_dispatcher_name,
     needs_nccl_graph_register_off,
@@ -914,6 +915,46 @@ def launch_dispatcher(launch: Launch) -> str:
     with that backend; --moe-enable-deepep sets deepep), else Megatron-LM's own name (allgather, ncclep)."""
     backend = _str(launch, "moe_flex_dispatcher_backend")
     return moe_dispatcher_name(_dispatcher_type(launch), backend, bool(launch.value("moe_enable_deepep")))
+
+
+def launch_device_max_connections(launch: Launch) -> int | None:
+    """The CUDA_DEVICE_MAX_CONNECTIONS the launch exports (None: it sets none). Read for the launch itself (`mat
+    estimate`, `mat validate`, the plan's row for the launch), never for the plan's candidates, which each run with
+    what their layout needs (`specs.parallel.cuda_device_max_connections`)."""
+    text = launch.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
+    if text is None:
+        return None
+    try:
+        connections = int(text)
+    except ValueError:
+        raise ConfigError(
+            "CUDA_DEVICE_MAX_CONNECTIONS", f"must be an integer 1-32 (CUDA's range), got {text!r}"
+        ) from None
+    check_cuda_device_max_connections(connections)
+    return connections
+
+
+def check_launch_device_max_connections(launch: Launch, parallel: ParallelConfig, blackwell: bool) -> None:
+    """Megatron-LM's rules for the CUDA_DEVICE_MAX_CONNECTIONS a launch exports (validate_args,
+    megatron/training/arguments.py @ Megatron-LM d98e8a6): FSDP (--use-megatron-fsdp, --use-torch-fsdp2) asserts it is
+    not 1; with TP or CP before Blackwell, and neither FSDP nor the EP all-to-all overlap (which only warn), it asserts
+    exactly 1. A launch that breaks them does not start; one that exports nothing is taken to get what it needs from
+    its cluster's environment."""
+    connections = launch_device_max_connections(launch)
+    if connections is None:
+        return
+    fsdp = bool(launch.value("use_megatron_fsdp")) or bool(launch.value("use_torch_fsdp2"))
+    if fsdp and connections == 1:
+        raise ConfigError(
+            "CUDA_DEVICE_MAX_CONNECTIONS", "is 1: Megatron-LM asserts FSDP runs with more than 1 (or unset)"
+        )
+    if connections == 1 or blackwell or fsdp or parallel.moe_a2a_overlap:
+        return
+    if parallel.tp > 1 or parallel.cp > 1:
+        raise ConfigError(
+            "CUDA_DEVICE_MAX_CONNECTIONS",
+            f"is {connections}: Megatron-LM asserts 1 with tensor or context parallelism before Blackwell",
+        )
 
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:

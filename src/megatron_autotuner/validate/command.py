@@ -321,7 +321,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
     from ..argspec.common import launch_variables
     from ..files import ensure_output_dir
     from ..specs import load_model_spec
-    from ..specs.megatron_args import launch_to_specs, read_launch_file
+    from ..specs.megatron_args import launch_device_max_connections, launch_to_specs, read_launch_file
     from .layout import Layout
 
     base = load_model_spec(args.model) if args.model else None
@@ -343,6 +343,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
         profile=bool(args.profile), use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
         moe_permute_fusion=options.get("moe_permute_fusion", False),
         cross_entropy_fusion_impl=options.get("cross_entropy_fusion_impl", "native"),
+        cuda_device_max_connections=launch_device_max_connections(launch),
     )  # fmt: skip
 
 
