@@ -5,6 +5,7 @@ the model keeps (it credits the graphs with 0-8% of the step where they took 11-
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,18 @@ def test_the_forward_is_host_paced_between_the_token_count_waits(table):
         trace = row["trace"]
         assert trace["syncs"] == 16  # 4 layers x 4 micro-batches: one wait per layer forward
         assert trace["median_compute_ms"] < 0.25 * trace["median_span_ms"], row["label"]
+
+
+def test_estimates_of_host_paced_dropless_moe_layers_say_what_the_graphs_took():
+    """`estimate.moe_graphs_note`: on the eager and graphed host-paced layouts of this evidence, none on the GPU-paced
+    micro-batch-4 one, nor on a dense model."""
+    from megatron_autotuner.validate.layout import load_layouts_file
+    from megatron_autotuner.validate.predict import estimate_layout
+
+    layouts, _ = load_layouts_file(ROOT / "benchmarks/validation/x2_moe_graphs_layouts.json")
+    notes = {lay.name: [n for n in estimate_layout(lay, "H200").notes if "30-35%" in n] for lay in layouts}
+    assert notes[f"{E32} eager"][0].startswith("the MoE layers wait on the host for their token counts")
+    assert notes[f"{E32} graphs attn"][0].startswith("graphs of attn over the eager MoE layers")
+    assert notes[f"{E32} mbs4 graphs attn+router+preprocess"] == []
+    dense = replace(layouts[0], model="Qwen3-4B", ep=1)
+    assert not [n for n in estimate_layout(dense, "H200").notes if "30-35%" in n]

@@ -1195,6 +1195,38 @@ def host_bound_note(
     )
 
 
+# The graph scopes a dropless MoE layer can take (a whole-block "moe" graph needs padded routing), and what they took
+# off eager steps on three 2x H200 hosts (Qwen3-30B-A3B shapes at ep 2, 4096 tokens, bf16; benchmarks/results/
+# moe_graphs_h200_x2, `python benchmarks/moe_graphs.py`): attn alone 11-39%, all three 30-35% at 16 local experts, 7%
+# at 64, where the model credits 0-8% (it takes only the router's and preprocess's shares of the block's forward host
+# off, `layer.moe_block_host_s`).
+MOE_LAYER_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
+
+
+def moe_graphs_note(model: ModelSpec, workload: Workload, options: CostOptions, time: TimeResult) -> str | None:
+    """Say what graphs do to a host-paced eager MoE layer that waits for its token counts: the model credits
+    `MOE_LAYER_GRAPH_SCOPES` far less than they took on 2x H200, so a graphed prediction is likely slow and an eager
+    one's alternative understated. None for other layouts."""
+    if not model.is_moe or not workload.is_training or not options.moe_host_bound or not _waits_on_host(time):
+        return None
+    if not moe_forward_waits_for_device(model, workload, options):
+        return None
+    graphs = workload.cuda_graph
+    graphed = [part for part in MOE_LAYER_GRAPH_SCOPES if graphs.captures(part, moe_layer=True)]
+    measured = (
+        "attn alone took 11-39% off eager steps and all three 30-35% at 16 local experts (7% at 64) on three 2x H200 "
+        "hosts, where this model credits 0-8% (docs/accuracy.md, 'CUDA graphs over the eager MoE layer')"
+    )
+    if not graphed:
+        return (
+            "the MoE layers wait on the host for their token counts at every forward: CUDA graphs of "
+            f"--cuda-graph-scope {' '.join(MOE_LAYER_GRAPH_SCOPES)} (--cuda-graph-impl transformer_engine): {measured}"
+        )
+    return (
+        f"graphs of {' '.join(graphed)} over the eager MoE layers: {measured}; this step is likely slower than the run"
+    )
+
+
 def queued_free_inputs(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -1319,6 +1351,8 @@ def estimate(
     if host_paced_by_default(time, options):
         step_range = host_pace_steps(model, parallel, workload, gpu, options, padded)
     notes = [note] if (note := host_bound_note(time, options, step_range)) else []
+    if (note := moe_graphs_note(model, workload, options, time)) is not None:
+        notes.append(note)
     if options.calibration is not None:
         spec = options.calibration.gpu_spec()
         if spec is None or spec.name != gpu.name:
