@@ -13,10 +13,14 @@
 # attn+moe_router+moe_preprocess; predictions: predicted_default_profile.json), to see where the graphs' time came from.
 # PART=timed: on a third host, eager / attn / all three scopes with every layer's forward and backward time recorded
 # on both ranks, unprofiled (`host_timing`; predictions: predicted_default_timed.json).
+# PART=ranks: eager and all three scopes profiled again, with host M's floors (CAL, no floor measurement: a short
+# lease), keeping both ranks' raw traces: does the slower rank's pace (rank 0 waited 4.7 ms a forward span for rank 1
+# on host M, eager) come from one rank's host throughout? Predictions: predicted_default_ranks.json.
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~6-8 min each):
 #     PART=run bash benchmarks/validation/x2_moe_graphs.sh
 #     PART=profile bash benchmarks/validation/x2_moe_graphs.sh
 #     PART=timed bash benchmarks/validation/x2_moe_graphs.sh
+#     PART=ranks CAL=benchmarks/results/moe_graphs_h200_x2/profile/host_floor/host_floor.calibration.json bash ...
 # Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/moe_graphs_h200_x2/PART; PART=profile leaves rank 0's
 # raw traces in "$OUT"/raw_traces.
 PART="${PART:-run}"
@@ -30,5 +34,12 @@ case "$PART" in
     copy_traces "$OUT/run" "$OUT/raw_traces"
     ;;
   timed) validate_part x2_moe_graphs_timed_layouts.json ;;
-  *) echo "PART must be run, profile or timed" >&2; exit 2 ;;
+  ranks)
+    validate_part x2_moe_graphs_ranks_layouts.json
+    mkdir -p "$OUT/raw_traces"
+    for trace in "$OUT"/run/traces/*/rank_*.json.gz; do
+      cp "$trace" "$OUT/raw_traces/$(basename "$(dirname "$trace")").$(basename "$trace")"
+    done
+    ;;
+  *) echo "PART must be run, profile, timed or ranks" >&2; exit 2 ;;
 esac
