@@ -3,6 +3,7 @@
     PART=run bash benchmarks/validation/x2_moe_graphs.sh       # host L: eager vs graphed, timed
     PART=profile bash benchmarks/validation/x2_moe_graphs.sh   # host M: the 32-expert layouts, profiled
     PART=timed bash benchmarks/validation/x2_moe_graphs.sh     # host N: eager / attn / all, layers' host timed
+    PART=ranks CAL=... bash benchmarks/validation/x2_moe_graphs.sh  # host O: eager / all profiled, both ranks kept
     python benchmarks/moe_graphs.py                            # this report, from what they left
 
 Writes benchmarks/results/moe_graphs_h200_x2/report.json: per layout the step predicted before the run (default
@@ -13,7 +14,8 @@ synchronisation points (megatron-core's alltoall dispatcher waits on the host fo
 `cudaEventSynchronize`), the span between consecutive ones inside a micro-batch (one layer's MoE after the wait, the
 next layer's attention, router and preprocess), the GPU's computation in it (kernels other than NCCL's) and the host's
 wait at its end. For the timed part, each rank's median layer forward / backward time (`host_timing`; the eager
-layout's only: the hooks recorded nothing under TE's graphs).
+layout's only: the hooks recorded nothing under TE's graphs). For the ranks part, the spans of every rank's trace
+(`traces_by_rank`): which rank issued slower, and how long the other waited for it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ PARTS = {
     "run": ("predicted_default.json", "L"),
     "profile": ("predicted_default_profile.json", "M"),
     "timed": ("predicted_default_timed.json", "N"),
+    "ranks": ("predicted_default_ranks.json", "O"),
 }
 # the layers' forward synchronisation: the dispatcher's wait for the token counts
 SYNC_EVENT = "cudaEventSynchronize"
@@ -91,7 +94,9 @@ def rows() -> list[dict[str, Any]]:
     for part, (predicted_file, host) in PARTS.items():
         folder = RESULTS / part
         before = {p["layout_id"]: p["predicted"] for p in json.loads((RESULTS / predicted_file).read_text())["layouts"]}
-        calibration = load_calibration(str(folder / "host_floor/host_floor.calibration.json"))
+        # the floors the part measured, or those it was given (CAL: host M's, copied in as calibration.json)
+        measured = folder / "host_floor/host_floor.calibration.json"
+        calibration = load_calibration(str(measured if measured.exists() else folder / "calibration.json"))
         for rec in read_records(folder / "results.jsonl"):
             layout = Layout.from_record(rec)
             row = {
@@ -110,9 +115,12 @@ def rows() -> list[dict[str, Any]]:
             timed = layer_host_ms_by_rank(folder, rec["layout_id"])
             if timed:
                 row["layer_host_ms_by_rank"] = timed
-            trace = folder / "raw_traces" / f"{rec['layout_id']}.rank_0.json.gz"
-            if trace.exists():
-                row["trace"] = forward_segments(trace)
+            traces = sorted((folder / "raw_traces").glob(f"{rec['layout_id']}.rank_*.json.gz"))
+            if traces:
+                by_rank = [forward_segments(trace) for trace in traces]
+                row["trace"] = by_rank[0]
+                if len(by_rank) > 1:
+                    row["traces_by_rank"] = by_rank
             out.append(row)
     return out
 
