@@ -103,3 +103,17 @@ def test_one_ranks_host_paces_the_other(table):
         slow, fast = sorted(row["traces_by_rank"], key=lambda t: -t["mean_issue_ms"])
         assert slow["mean_issue_ms"] > 1.25 * fast["mean_issue_ms"], row["label"]
         assert slow["mean_wait_ms"] < 0.5 < 1.5 < fast["mean_wait_ms"], row["label"]
+
+
+def test_the_plan_says_it_of_a_host_paced_moe_best(tmp_path, capsys):
+    """Qwen3-30B-A3B on 8 H100s at 4k tokens: the plan's best waits on the host for most of its step, so its notes
+    carry `moe_graphs_note` beside the plan's own CUDA-graph note."""
+    import json
+
+    from megatron_autotuner.cli import main
+
+    args = ["plan", "--model", "Qwen3-30B-A3B", "--gpu", "H100-SXM", "--num-gpus", "8", "--seq-len", "4096"]
+    args += ["--global-batch-size", "64", "--top", "1", "--no-chart", "--json", "--output-dir", str(tmp_path / "p")]
+    assert main(args) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n.startswith("best layout: the MoE layers wait on the host") and "30-35%" in n for n in notes)

@@ -17,6 +17,7 @@ from ..costmodel.estimate import (
     DEFAULT_MEMORY_MARGIN,
     CostOptions,
     estimate,
+    moe_graphs_note,
     overlap_connections_note,
     run_settings,
 )
@@ -251,6 +252,9 @@ def run(args: argparse.Namespace) -> int:
         result = replace(result, notes=(*result.notes, runner_note))
     if (pairing := overlap_connections_note(result.best.estimate.parallel, result.gpu)) is not None:
         result = replace(result, notes=(*result.notes, f"best layout: {pairing}"))
+    best = result.best.estimate
+    if (graphs := moe_graphs_note(best.model, best.workload, best.options, best.time)) is not None:
+        result = replace(result, notes=(*result.notes, f"best layout: {graphs}"))
     current = inputs.current
     comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
