@@ -924,13 +924,11 @@ def launch_device_max_connections(launch: Launch) -> int | None:
     text = launch.env.get("CUDA_DEVICE_MAX_CONNECTIONS")
     if text is None:
         return None
+    connections = int(text) if text.strip().lstrip("+-").isdigit() else text
     try:
-        connections = int(text)
-    except ValueError:
-        raise ConfigError(
-            "CUDA_DEVICE_MAX_CONNECTIONS", f"must be an integer 1-32 (CUDA's range), got {text!r}"
-        ) from None
-    check_cuda_device_max_connections(connections)
+        check_cuda_device_max_connections(connections)
+    except ConfigError as exc:  # the rule, named as the launch names it
+        raise ConfigError("CUDA_DEVICE_MAX_CONNECTIONS", exc.rule) from None
     return connections
 
 
