@@ -28,6 +28,7 @@ from typing import Any
 
 from megatron_autotuner.costmodel.calibration import load_calibration
 from megatron_autotuner.launch.records import read_records
+from megatron_autotuner.trace.intervals import busy_time, clip, union
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
 from megatron_autotuner.validate.results import layer_host_ms_by_rank
@@ -45,18 +46,6 @@ PARTS = {
 SYNC_EVENT = "cudaEventSynchronize"
 
 
-def _union_us(spans: list[tuple[float, float]]) -> float:
-    total, end = 0.0, None
-    start = 0.0
-    for s, e in sorted(spans):
-        if end is None or s > end:
-            total += 0.0 if end is None else end - start
-            start, end = s, e
-        else:
-            end = max(end, e)
-    return total + (0.0 if end is None else end - start)
-
-
 def forward_segments(trace_path: Path) -> dict[str, Any]:
     """The profiled step's forward synchronisation spans (see the module doc): median span, GPU computation in it
     and the host's wait at its end, in ms, over the spans inside a micro-batch (those holding no backward)."""
@@ -65,22 +54,22 @@ def forward_segments(trace_path: Path) -> dict[str, Any]:
     step = next(e for e in events if e.get("name") == "train_step" and e.get("cat") == "user_annotation")
     t0, t1 = step["ts"], step["ts"] + step["dur"]
     syncs = sorted((e for e in events if e.get("name") == SYNC_EVENT and t0 <= e["ts"] <= t1), key=lambda e: e["ts"])
-    compute = [
+    compute = union(
         (e["ts"], e["ts"] + e["dur"])
         for e in events
         if e.get("cat") == "kernel" and t0 <= e["ts"] <= t1 and not e["name"].startswith("nccl")
-    ]
+    )
     spans = []
     for a, b in zip(syncs, syncs[1:], strict=False):
         start, end = a["ts"] + a["dur"], b["ts"] + b["dur"]
-        busy = _union_us([(max(s, start), min(e, end)) for s, e in compute if e > start and s < end])
+        busy = busy_time(clip(compute, start, end))
         spans.append({"span_ms": (end - start) / 1e3, "compute_ms": busy / 1e3, "wait_ms": b["dur"] / 1e3})
     # a span holding a backward carries tens of ms of computation; the forward's hold one layer's (under 5 ms)
     inside = [s for s in spans if s["compute_ms"] < 5.0]
     return {
         "syncs": len(syncs),
         "step_ms": (t1 - t0) / 1e3,
-        "compute_ms": _union_us(compute) / 1e3,
+        "compute_ms": busy_time(compute) / 1e3,
         "forward_spans": len(inside),
         **{f"median_{k}": statistics.median(s[k] for s in inside) for k in ("span_ms", "compute_ms", "wait_ms")},
         # the rank's own issue time of a span (the span less its wait at the end), and that wait, on average
@@ -99,6 +88,7 @@ def rows() -> list[dict[str, Any]]:
         calibration = load_calibration(str(measured if measured.exists() else folder / "calibration.json"))
         for rec in read_records(folder / "results.jsonl"):
             layout = Layout.from_record(rec)
+            now = predict(layout, "H200", calibration)
             row = {
                 "part": part,
                 "host": host,
@@ -107,9 +97,9 @@ def rows() -> list[dict[str, Any]]:
                 "cuda_graph_scope": list(layout.cuda_graph_scope) if layout.cuda_graph_impl != "none" else [],
                 "predicted_before_step_s": before[rec["layout_id"]]["step_time_s"],
                 "predicted_at_run_step_s": rec["predicted"]["step_time_s"],
-                "predicted_now_step_s": predict(layout, "H200", calibration)["step_time_s"],
+                "predicted_now_step_s": now["step_time_s"],
                 "measured_step_s": rec["measured"]["step_time_s"],
-                "predicted_now_peak_gib": predict(layout, "H200", calibration)["peak_memory_gib"],
+                "predicted_now_peak_gib": now["peak_memory_gib"],
                 "measured_peak_gib": rec["measured"]["peak_gib"],
             }
             timed = layer_host_ms_by_rank(folder, rec["layout_id"])

@@ -378,8 +378,10 @@ def launch_run_options(imported: ImportedLaunch, options: Any, gpu: GPUSpec) -> 
     Megatron-LM must accept on `gpu` (`check_launch_device_max_connections`). The plan's candidates keep `options`."""
     from ..costmodel.nccl_protocols import architecture
 
-    check_launch_device_max_connections(imported.launch, imported.parallel, architecture(gpu) == "blackwell")
     connections = launch_device_max_connections(imported.launch)
+    check_launch_device_max_connections(
+        imported.launch, imported.parallel, connections, architecture(gpu) == "blackwell"
+    )
     return options if connections is None else replace(options, cuda_device_max_connections=connections)
 
 

@@ -250,13 +250,13 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if runner_note:
         result = replace(result, notes=(*result.notes, runner_note))
-    if (pairing := overlap_connections_note(result.best.estimate.parallel, result.gpu)) is not None:
-        result = replace(result, notes=(*result.notes, f"best layout: {pairing}"))
     best = result.best.estimate
+    if (pairing := overlap_connections_note(best.parallel, result.gpu)) is not None:
+        result = replace(result, notes=(*result.notes, f"best layout: {pairing}"))
     if (graphs := moe_graphs_note(best.model, best.workload, best.options, best.time)) is not None:
         result = replace(result, notes=(*result.notes, f"best layout: {graphs}"))
     current = inputs.current
-    comparison = compare_with_best(current, result.best.estimate, result.options) if current is not None else None
+    comparison = compare_with_best(current, best, result.options) if current is not None else None
     out_dir = ensure_output_dir(out_dir)
     settings = run_settings(result.model, result.options, inputs.tp_overlap)
     files = write_plan_report(result, out_dir, args.top, not args.no_chart, comparison, tuned, run_settings=settings)

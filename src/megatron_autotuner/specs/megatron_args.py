@@ -932,13 +932,14 @@ def launch_device_max_connections(launch: Launch) -> int | None:
     return connections
 
 
-def check_launch_device_max_connections(launch: Launch, parallel: ParallelConfig, blackwell: bool) -> None:
-    """Megatron-LM's rules for the CUDA_DEVICE_MAX_CONNECTIONS a launch exports (validate_args,
-    megatron/training/arguments.py @ Megatron-LM d98e8a6): FSDP (--use-megatron-fsdp, --use-torch-fsdp2) asserts it is
-    not 1; with TP or CP before Blackwell, and neither FSDP nor the EP all-to-all overlap (which only warn), it asserts
-    exactly 1. A launch that breaks them does not start; one that exports nothing is taken to get what it needs from
-    its cluster's environment."""
-    connections = launch_device_max_connections(launch)
+def check_launch_device_max_connections(
+    launch: Launch, parallel: ParallelConfig, connections: int | None, blackwell: bool
+) -> None:
+    """Megatron-LM's rules for the CUDA_DEVICE_MAX_CONNECTIONS a launch exports (`connections`, as
+    `launch_device_max_connections` reads it; validate_args, megatron/training/arguments.py @ Megatron-LM d98e8a6):
+    FSDP (--use-megatron-fsdp, --use-torch-fsdp2) asserts it is not 1; with TP or CP before Blackwell, and neither FSDP
+    nor the EP all-to-all overlap (which only warn), it asserts exactly 1. A launch that breaks them does not start;
+    one that exports nothing is taken to get what it needs from its cluster's environment."""
     if connections is None:
         return
     fsdp = bool(launch.value("use_megatron_fsdp")) or bool(launch.value("use_torch_fsdp2"))
