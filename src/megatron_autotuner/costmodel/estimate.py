@@ -1196,10 +1196,10 @@ def host_bound_note(
 
 
 # The graph scopes a dropless MoE layer can take (a whole-block "moe" graph needs padded routing), and what they took
-# off eager steps on three 2x H200 hosts (Qwen3-30B-A3B shapes at ep 2, 4096 tokens, bf16; benchmarks/results/
-# moe_graphs_h200_x2, `python benchmarks/moe_graphs.py`): attn alone 11-39%, all three 30-35% at 16 local experts, 7%
-# at 64, where the model credits 0-8% (it takes only the router's and preprocess's shares of the block's forward host
-# off, `layer.moe_block_host_s`).
+# off eager steps on four 2x H200 hosts (Qwen3-30B-A3B shapes at ep 2, 4096 tokens, bf16; benchmarks/results/
+# moe_graphs_h200_x2, `python benchmarks/moe_graphs.py`): attn alone 11-39% (three of them), all three 30-35% at 16
+# local experts, 7% at 64, where the model credits 0-8% (it takes only the router's and preprocess's shares of the
+# block's forward host off, `layer.moe_block_host_s`).
 MOE_LAYER_GRAPH_SCOPES = ("attn", "moe_router", "moe_preprocess")
 
 
@@ -1214,8 +1214,9 @@ def moe_graphs_note(model: ModelSpec, workload: Workload, options: CostOptions, 
     graphs = workload.cuda_graph
     graphed = [part for part in MOE_LAYER_GRAPH_SCOPES if graphs.captures(part, moe_layer=True)]
     measured = (
-        "attn alone took 11-39% off eager steps and all three 30-35% at 16 local experts (7% at 64) on three 2x H200 "
-        "hosts, where this model credits 0-8% (docs/accuracy.md, 'CUDA graphs over the eager MoE layer')"
+        "on 2x H200 hosts attn alone took 11-39% off eager steps (three hosts) and all three 30-35% at 16 local "
+        "experts (four hosts; 7% at 64), where this model credits 0-8% (docs/accuracy.md, 'CUDA graphs over the eager "
+        "MoE layer')"
     )
     if not graphed:
         return (
