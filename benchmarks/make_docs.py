@@ -824,6 +824,35 @@ def moe_graphs(root: Path) -> str:
     return out + table(["graphed layout against its eager one", "measured step change", "model"], rows)
 
 
+def rank_pace(root: Path) -> str:
+    """Each rank's host pace, unbound and bound to its GPU's NUMA node, and the MoE floor per GPU on 2x H200
+    (rank_pace_h200_x2)."""
+    doc = load(root, "rank_pace_h200_x2/report.json")
+    topo = doc["topology"]
+    out = source("rank_pace_h200_x2/report.json", "rank_pace_h200_x2/predicted.json")
+    out += (f"Host {doc['host']}: {topo['sockets']} socket, {topo['numa_nodes']} NUMA node, {topo['cpus']} CPUs; "
+            f"GPU CPU affinity {', '.join(f'{g} {c}' for g, c in topo['gpu_cpu_affinity'].items())}.\n\n")  # fmt: skip
+    rows = []
+    for r in doc["rows"]:
+        ranks = r["placement_by_rank"]
+        where = "; ".join(f"{p['allowed_cpus']} CPUs, node {'/'.join(map(str, p['numa_nodes']))}" for p in ranks)
+        spans = " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in r["forward_spans_by_rank"])
+        steps = f"{r['measured_step_min_s'] * 1e3:.0f}-{r['measured_step_max_s'] * 1e3:.0f}"
+        rows.append([r["label"], where, f"{r['predicted_before_step_s'] * 1e3:.1f}",
+                     f"{r['measured_step_s'] * 1e3:.1f}", steps,
+                     pct(r["predicted_before_step_s"] / r["measured_step_s"] - 1), spans])  # fmt: skip
+    head = ["layout", "where each rank could run", "pred before ms", "meas ms (median)", "steps ms", "err",
+            "forward span issuing / waiting ms, rank 0 · rank 1"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    rows = [[f["binding"], f"GPU {f['gpu']}", f"{f['fwd_ms']:.2f}", f"{f['bwd_ms']:.2f}"]
+            for f in doc["floors_at_16_local_experts"]]  # fmt: skip
+    out += table(["binding", "GPU (both at once)", "MoE block host fwd ms (16 local experts)", "bwd ms"], rows) + "\n"
+    rows = [[e["host"], e["label"], f"{e['measured_step_s'] * 1e3:.1f}",
+             " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in e["spans_by_rank"]) or "-"]
+            for e in doc["earlier_hosts"]]  # fmt: skip
+    return out + table(["earlier host", "layout", "meas ms", "issuing / waiting ms by rank profiled"], rows)
+
+
 def vision_tower(root: Path) -> str:
     """Qwen2.5-VL-7B's vision tower blocks on one H200 (vision_tower_comparison.json) and the GEMM alignment probe
     (gemm_alignment_h200/summary.json)."""
@@ -1335,6 +1364,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_ep_overlap": moe_ep_overlap,
     "connections": connections,
     "moe_graphs": moe_graphs,
+    "rank_pace": rank_pace,
     "vision_tower": vision_tower,
     "moe_host": moe_host,
     "real_launches": real_launches,

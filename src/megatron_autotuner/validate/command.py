@@ -208,6 +208,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "a few microseconds per layer; with --layouts: every layout; default: off, or what each layout says)",
     )
     p.add_argument(
+        "--cpu-affinity",
+        choices=("inherit", "gpu_numa"),
+        default=None,
+        help="where each rank's process runs: inherit the launcher's CPUs, or gpu_numa, the CPUs of its GPU's NUMA "
+        "node (as NUMA-binding launchers; each rank's record says where it ran); with --layouts: every layout; "
+        "default: inherit, or what each layout says",
+    )
+    p.add_argument(
         "--output-dir", type=non_empty_path, help="results directory (default outputs/<UTC timestamp>-validate/)"
     )
     p.add_argument(
@@ -307,7 +315,7 @@ def _layouts(args: argparse.Namespace, out: Path):
                 raise ConfigError("gpu", f"--num-layers {edge} needs --gpu")
             layout = layout.replace(num_layers=edge_num_layers(layout, gpu, edge), name=f"{edge}")
         layouts = [layout]
-    for key in ("expandable_segments", "memory_history", "host_timing", "profile"):
+    for key in ("expandable_segments", "memory_history", "host_timing", "profile", "cpu_affinity"):
         if getattr(args, key) is not None:
             layouts = [lay.replace(**{key: getattr(args, key)}) for lay in layouts]
     for lay in layouts:

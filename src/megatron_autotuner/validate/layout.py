@@ -60,6 +60,8 @@ def ran_with_expandable_segments(record: dict[str, Any]) -> bool:
 
 # the MoE token dispatchers the runner builds (`Layout.moe_token_dispatcher`)
 RUNNER_DISPATCHERS = ("alltoall", "allgather")
+# where the runner lets each rank's process run (`Layout.cpu_affinity`)
+CPU_AFFINITIES = ("inherit", "gpu_numa")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Layout:
         "delay_wgrad_compute",
         "moe_token_dispatcher",
         "cuda_device_max_connections",
+        "cpu_affinity",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -198,6 +201,10 @@ class Layout:
     # CUDA_DEVICE_MAX_CONNECTIONS the run's processes set (the prediction reads it: `CostOptions
     # .cuda_device_max_connections`); None: the all-to-all overlap's, else the environment's (../shared/gpu: 1)
     cuda_device_max_connections: int | None = None
+    # the CPUs each rank's process runs on (`affinity`): "inherit" leaves the launcher's, as Megatron-LM's pretrain
+    # does outside fine-grained offloading (which binds as "gpu_numa" does); "gpu_numa" binds each rank to its GPU's
+    # NUMA node (megatron-core's set_ideal_affinity_for_current_gpu), as NUMA-binding launchers do
+    cpu_affinity: str = "inherit"
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -213,6 +220,8 @@ class Layout:
                 f"must be one of {', '.join(RUNNER_DISPATCHERS)} (the runner has no DeepEP / HybridEP), "
                 f"got {self.moe_token_dispatcher!r}",
             )
+        if self.cpu_affinity not in CPU_AFFINITIES:
+            raise ConfigError("cpu_affinity", f"must be one of {', '.join(CPU_AFFINITIES)}, got {self.cpu_affinity!r}")
         scope = (self.cuda_graph_scope,) if isinstance(self.cuda_graph_scope, str) else tuple(self.cuda_graph_scope)
         object.__setattr__(self, "cuda_graph_scope", scope)
         self._normalise_offload()
@@ -517,6 +526,8 @@ class Layout:
             parts.append(self.moe_token_dispatcher)
         if self.cuda_device_max_connections is not None:
             parts.append(f"cdmc{self.cuda_device_max_connections}")
+        if self.cpu_affinity != "inherit":
+            parts.append("numa-bound")
         if self.moe_expert_capacity_factor is not None:
             parts.append(
                 f"cap{self.moe_expert_capacity_factor:g}" + ("-pad" if self.moe_pad_expert_input_to_capacity else "")

@@ -55,6 +55,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..testbench.measure import export_trace_gz
+from .affinity import bind_to_gpu_numa_node, cpu_placement
 from .layout import Layout
 
 GIB = 2**30
@@ -729,19 +730,13 @@ def start_fine_grained_offloading() -> str:
     """A fresh fine-grained offload manager for this layout (megatron-core keeps one per process), and the CPU
     affinity Megatron-LM's `pretrain` sets for fine-grained offloading (megatron/training/training.py:
     `set_ideal_affinity_for_current_gpu`, the CPUs of the GPU's NUMA node, near the pinned buffers' memory).
-    Returns what became of the affinity: "gpu numa node", or why it was left as it was."""
+    Returns what became of the affinity (`affinity.bind_to_gpu_numa_node`)."""
     from megatron.core.pipeline_parallel.fine_grained_activation_offload import (
         FineGrainedActivationOffloadingInterface as off_interface,
     )
 
     off_interface.reset_instance()
-    try:
-        from megatron.core.pipeline_parallel.utils import set_ideal_affinity_for_current_gpu
-
-        set_ideal_affinity_for_current_gpu()
-    except Exception as exc:  # noqa: BLE001 - the run goes on with the process's affinity; the record says so
-        return f"not set ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
-    return "gpu numa node"
+    return bind_to_gpu_numa_node()
 
 
 def fine_grained_offloaded() -> dict[str, Any]:
@@ -945,6 +940,9 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         init_parallel(layout, device, timeout_s)
         if offload is not None and offload.fine_grained:
             record["activation_offload"]["cpu_affinity"] = start_fine_grained_offloading()
+        elif layout.cpu_affinity == "gpu_numa":
+            record["cpu_affinity"] = bind_to_gpu_numa_node()
+        record["cpu_placement"] = cpu_placement()
         config, chunks = build_model(layout, device, use_te)
         # on or off decides whether each micro-batch adds its weight gradients into main_grad in a separate
         # fp32 kernel; the prediction models the same (`CostOptions.gradient_accumulation_fusion`)
