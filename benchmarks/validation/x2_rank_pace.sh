@@ -11,10 +11,16 @@
 # > benchmarks/results/rank_pace_h200_x2/predicted.json.
 # PART=floors: the MoE host floor of the same layouts measured on GPU 0 and GPU 1 at once, unbound, then bound
 # (`moe_floor_on_gpu.py`), and the host's CPU / NUMA / GPU topology.
-# From the repository root on a 2-GPU host after ../shared/gpu's install (~6 and ~5 min):
+# PART=repeats: in fresh processes, six eager and four graphed repeats of those layouts (each its own timed step count, so
+# each its own id), every rank profiled, with host M's floors: how often one rank issues slower, and whether the step
+# follows the slower rank. Each rank's spans are read from its trace there (`forward_spans.py`: spans.json), the raw
+# traces stay. Predictions: `mat validate --layouts benchmarks/validation/x2_rank_repeats_layouts.json --calibration ...
+# --dry-run --json` > benchmarks/results/rank_pace_h200_x2/predicted_repeats.json.
+# From the repository root on a 2-GPU host after ../shared/gpu's install (~6, ~5 and ~8 min):
 #     PART=run CAL=benchmarks/results/moe_graphs_h200_x2/profile/host_floor/host_floor.calibration.json \
 #         bash benchmarks/validation/x2_rank_pace.sh
 #     PART=floors bash benchmarks/validation/x2_rank_pace.sh
+#     PART=repeats CAL=... bash benchmarks/validation/x2_rank_pace.sh
 # Unpack "$OUT"/evidence.tgz in benchmarks/results/rank_pace_h200_x2/PART.
 PART="${PART:-run}"
 OUT="${OUT:-$PWD/outputs/x2_rank_pace_$PART}"
@@ -50,5 +56,13 @@ case "$PART" in
     done
     finish "$ev"
     ;;
-  *) echo "PART must be run or floors" >&2; exit 2 ;;
+  repeats)
+    validate_batch "$HERE/x2_rank_repeats_layouts.json" run 300 --calibration "$CAL"
+    ev="$OUT/evidence"
+    collect_batch run "$ev"
+    cp "$CAL" "$ev/calibration.json"
+    $PY "$HERE/forward_spans.py" "$OUT/run" "$ev/spans.json"
+    finish "$ev"
+    ;;
+  *) echo "PART must be run, floors or repeats" >&2; exit 2 ;;
 esac
