@@ -850,7 +850,22 @@ def rank_pace(root: Path) -> str:
     rows = [[e["host"], e["label"], f"{e['measured_step_s'] * 1e3:.1f}",
              " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in e["spans_by_rank"]) or "-"]
             for e in doc["earlier_hosts"]]  # fmt: skip
-    return out + table(["earlier host", "layout", "meas ms", "issuing / waiting ms by rank profiled"], rows)
+    out += table(["earlier host", "layout", "meas ms", "issuing / waiting ms by rank profiled"], rows) + "\n"
+    out += f"Host {doc['repeats_host']}, each repeat a fresh process (predicted before: eager "
+    out += f"{doc['repeats'][0]['predicted_before_step_s'] * 1e3:.1f} ms, graphed "
+    out += f"{next(r for r in doc['repeats'] if r['mode'] == 'graphed')['predicted_before_step_s'] * 1e3:.1f} ms):\n\n"
+    rows = [[r["label"], f"{r['measured_step_s'] * 1e3:.1f}", f"{r['profiled_step_ms']:.0f}",
+             " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in r["spans_by_rank"]),
+             f"{r['rank_issue_ratio']:.2f}"] for r in doc["repeats"]]  # fmt: skip
+    head = ["repeat", "timed step ms", "profiled step ms", "issuing / waiting ms per span, rank 0 · rank 1",
+            "slower / faster rank"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    rows = [[m["mode"], str(m["repeats"]), f"{m['step_min_s'] * 1e3:.0f}-{m['step_max_s'] * 1e3:.0f}",
+             f"{m['slower_issue_mean_ms']:.1f}", pct(m["slower_issue_cv"], False), str(m["repeats_with_gap"])]
+            for m in doc["repeat_spread"]]  # fmt: skip
+    head = ["mode", "repeats", "timed steps ms", "slower rank's issue per span, mean ms", "its spread (CV)",
+            "repeats with a rank 15%+ slower"]  # fmt: skip
+    return out + table(head, rows)
 
 
 def vision_tower(root: Path) -> str:

@@ -2,6 +2,8 @@
 
     PART=run CAL=... bash benchmarks/validation/x2_rank_pace.sh   # host P: eager / graphed, unbound and NUMA-bound
     PART=floors bash benchmarks/validation/x2_rank_pace.sh        # host P: the MoE floor on GPU 0 and 1 at once
+    PART=repeats CAL=... bash benchmarks/validation/x2_rank_pace.sh   # host Q: ten fresh-process repeats
+    PART=floors OUT=... bash benchmarks/validation/x2_rank_pace.sh    # host Q: its floors (unpacked as repeats_floors)
     python benchmarks/rank_pace.py                                # this report, from what they left
 
 Writes benchmarks/results/rank_pace_h200_x2/report.json: the host's CPU topology (from `lscpu` / `nvidia-smi topo -m`);
@@ -9,13 +11,18 @@ per layout the step predicted before the run (host M's floors, predicted.json), 
 each rank could run (`cpu_placement`) and what the binding did, and each rank's forward synchronisation spans
 (`moe_graphs.forward_segments`: issuing and waiting per span); per mode the bound layout's step against the unbound
 one; and per binding the MoE block's host floor at the layouts' 16 local experts measured on each GPU at once. Beside
-them, the same eager and graphed layouts on the four earlier hosts (moe_graphs_h200_x2/report.json).
+them, the same eager and graphed layouts on the four earlier hosts (moe_graphs_h200_x2/report.json). For host Q's
+repeats (each in a fresh process, every rank profiled after its timed steps; spans read on the GPU machine,
+repeats/spans.json): per repeat the timed and profiled step and each rank's issue / wait per span, and per mode the
+spread of the timed steps and of the slower rank's issue time, and how many repeats had one rank issue over
+`GAP_RATIO` times slower than the other.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,7 @@ EARLIER = ROOT / "benchmarks/results/moe_graphs_h200_x2/report.json"
 LOCAL_EXPERTS = 16  # Qwen3-30B-A3B-E32 at ep 2
 EAGER_STEM = "30B-A3B-E32 L4 ep2 eager"
 GRAPHED_STEM = "30B-A3B-E32 L4 ep2 graphs attn+router+preprocess"
+GAP_RATIO = 1.15  # a rank pace gap: the slower rank's mean issue time per span over the faster's
 
 
 def topology(path: Path) -> dict[str, Any]:
@@ -84,11 +92,11 @@ def binding_changes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def floors() -> list[dict[str, Any]]:
+def floors(part: str = "floors") -> list[dict[str, Any]]:
     """The MoE block's forward / backward host floor at `LOCAL_EXPERTS`, per binding and GPU (measured at once)."""
     out = []
     for binding in ("unbound", "bound"):
-        for gpu_dir in sorted((RESULTS / "floors" / binding).glob("gpu*")):
+        for gpu_dir in sorted((RESULTS / part / binding).glob("gpu*")):
             floor = json.loads((gpu_dir / "host_floor.calibration.json").read_text())["moe_host_floor"][0]
             placement = json.loads((gpu_dir / "placement.json").read_text())
             out.append({
@@ -99,6 +107,50 @@ def floors() -> list[dict[str, Any]]:
                 "fwd_ms": (floor["fwd_s"] + LOCAL_EXPERTS * floor["fwd_per_local_expert_s"]) * 1e3,
                 "bwd_ms": (floor["bwd_s"] + LOCAL_EXPERTS * floor["bwd_per_local_expert_s"]) * 1e3,
             })  # fmt: skip
+    return out
+
+
+def repeat_rows() -> list[dict[str, Any]]:
+    """Host Q's fresh-process repeats: timed step (median of the timed steps), profiled step, each rank's spans."""
+    folder = RESULTS / "repeats"
+    spans = json.loads((folder / "spans.json").read_text())
+    before = {
+        p["layout_id"]: p["predicted"] for p in json.loads((RESULTS / "predicted_repeats.json").read_text())["layouts"]
+    }
+    out = []
+    for rec in read_records(folder / "results.jsonl"):
+        ranks = spans[rec["layout_id"]]
+        issue = [r["mean_issue_ms"] for r in ranks]
+        out.append({
+            "label": rec["label"],
+            "mode": "eager" if rec["label"].startswith(EAGER_STEM) else "graphed",
+            "predicted_before_step_s": before[rec["layout_id"]]["step_time_s"],
+            "measured_step_s": rec["measured"]["step_time_s"],
+            "profiled_step_ms": ranks[0]["step_ms"],
+            "spans_by_rank": [{k: r[k] for k in ("mean_issue_ms", "mean_wait_ms", "median_span_ms")} for r in ranks],
+            "slower_issue_ms": max(issue),
+            "rank_issue_ratio": max(issue) / min(issue),
+        })  # fmt: skip
+    return out
+
+
+def repeat_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per mode: the timed steps' range, the slower rank's issue time per span (mean and coefficient of variation over
+    the processes), and the repeats with a rank pace gap (`GAP_RATIO`)."""
+    out = []
+    for mode in ("eager", "graphed"):
+        group = [r for r in rows if r["mode"] == mode]
+        steps = [r["measured_step_s"] for r in group]
+        issue = [r["slower_issue_ms"] for r in group]
+        out.append({
+            "mode": mode,
+            "repeats": len(group),
+            "step_min_s": min(steps),
+            "step_max_s": max(steps),
+            "slower_issue_mean_ms": statistics.mean(issue),
+            "slower_issue_cv": statistics.stdev(issue) / statistics.mean(issue),
+            "repeats_with_gap": sum(r["rank_issue_ratio"] > GAP_RATIO for r in group),
+        })  # fmt: skip
     return out
 
 
@@ -124,7 +176,12 @@ def main() -> int:
         "binding_changes": binding_changes(rows),
         "floors_at_16_local_experts": floors(),
         "earlier_hosts": earlier_hosts(),
+        "repeats_host": "Q",
+        "repeats_topology": topology(RESULTS / "repeats_floors/topology.txt"),
+        "repeats": repeat_rows(),
+        "repeats_floors_at_16_local_experts": floors("repeats_floors"),
     }
+    report["repeat_spread"] = repeat_spread(report["repeats"])
     (RESULTS / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["topology"]))
     for r in rows:
@@ -134,6 +191,11 @@ def main() -> int:
         print(f"{c['mode']}: bound {c['change']:+.1%}")
     for f in report["floors_at_16_local_experts"]:
         print(f"{f['binding']} gpu{f['gpu']}: fwd {f['fwd_ms']:.2f} ms, bwd {f['bwd_ms']:.2f} ms")
+    for r in report["repeats"]:
+        spans = ", ".join(f"{s['mean_issue_ms']:.1f}/{s['mean_wait_ms']:.1f}" for s in r["spans_by_rank"])
+        print(f"Q {r['label']:58s} {r['measured_step_s'] * 1e3:6.1f} ms (profiled {r['profiled_step_ms']:.0f}) {spans}")
+    for m in report["repeat_spread"]:
+        print(json.dumps(m))
     for e in report["earlier_hosts"]:
         print(f"{e['host']} {e['label']:50s} {e['measured_step_s'] * 1e3:6.1f} ms {e['spans_by_rank']}")
     return 0
