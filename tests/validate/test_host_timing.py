@@ -64,3 +64,15 @@ def test_cli_flag_sets_it_on_every_layout(tmp_path, capsys):
     assert main([*argv, "--dry-run", "--output-dir", str(tmp_path)]) == 0
     (entry,) = json.loads((tmp_path / "layouts.json").read_text())["layouts"]
     assert entry["layout"]["host_timing"] is True
+
+
+def test_a_layout_that_timed_nothing_says_why():
+    """Under CUDA graphs or the all-to-all overlap no layer forward runs to be timed: the record's note says so."""
+    from megatron_autotuner.validate.runner import host_timing_missing
+
+    base = Layout(model="Mixtral-8x7B", num_layers=2, num_gpus=2, ep=2, seq_length=4096, host_timing=True)
+    graphed = base.replace(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",), warmup_steps=3)
+    assert "under CUDA graphs" in host_timing_missing(graphed, None)
+    assert "all-to-all overlap" in host_timing_missing(base.replace(moe_a2a_overlap=True), None)
+    assert host_timing_missing(base, {"fwd_ms": 1.0}) is None
+    assert host_timing_missing(base.replace(host_timing=False), None) is None

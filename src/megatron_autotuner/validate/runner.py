@@ -726,6 +726,19 @@ class CudaGraphs:
             self._calculator = False
 
 
+def host_timing_missing(layout: Layout, summary: dict[str, Any] | None) -> str | None:
+    """Why a layout that asked for `host_timing` recorded nothing (None when it recorded, or did not ask): a CUDA
+    graph's replay runs no layer's forward hooks, and the all-to-all overlap's combined step runs each layer's pieces,
+    never the layer's forward."""
+    if not layout.host_timing or summary is not None:
+        return None
+    if layout.cuda_graph_impl != "none":
+        return "host timing: not recorded under CUDA graphs (a replay runs no layer's hooks)"
+    if layout.moe_a2a_overlap:
+        return "host timing: not recorded under the all-to-all overlap (its combined step runs no layer's forward)"
+    return "host timing: no layer forward was timed"
+
+
 def start_fine_grained_offloading() -> str:
     """A fresh fine-grained offload manager for this layout (megatron-core keeps one per process), and the CPU
     affinity Megatron-LM's `pretrain` sets for fine-grained offloading (megatron/training/training.py:
@@ -984,6 +997,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         measured.update(step_times_s=times, loss=loss, **_memory(device))
         if host_timer is not None:
             measured["host_timing"] = host_timer.summary()
+        if (why := host_timing_missing(layout, measured.get("host_timing"))) is not None:
+            record["note"] = "; ".join(filter(None, [record.get("note"), why]))
         if offload is not None and offload.fine_grained:
             measured.update(fine_grained_offloaded())
         # the running peak after each step (warm-up included): the step in which the reservation stopped growing
