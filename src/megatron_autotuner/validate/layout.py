@@ -175,8 +175,8 @@ class Layout:
     activation_offload: ActivationOffloadConfig | None = None
     # time each decoder layer's host issue in the timed steps (`host_timing.LayerHostTimer`, measured["host_timing"]);
     # the hooks cost a few microseconds per layer. Not under CUDA graphs (a replay issues no layer) nor the all-to-all
-    # overlap (its combined step runs each layer's pieces, never the layer's forward): the record's note says why; with full
-    # recompute the forwards recomputed in the backward are timed as forwards too.
+    # overlap (its combined step runs each layer's pieces, never the layer's forward): the record's note says why;
+    # with full recompute the forwards recomputed in the backward are timed as forwards too.
     host_timing: bool = False
     # What the run executes beyond the split, as the plan assumed it (`costmodel.CostOptions`; Megatron-LM's flags of
     # the same names): TE userbuffers overlap of the TP collectives (needs sequence parallelism; the userbuffers
