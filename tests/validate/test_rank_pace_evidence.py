@@ -123,3 +123,26 @@ def test_the_repeats_were_predicted_first(repeats):
     for row in repeats:
         err = row["predicted_before_step_s"] / row["measured_step_s"] - 1
         assert (0.05 < err < 0.27) if row["mode"] == "eager" else (0.20 < err < 0.35), row["label"]
+
+
+def test_the_process_pace_range_is_these_repeats_rounded_outward(repeats):
+    """`defaults.HOST_PROCESS_PACE_RANGE`: each mode's slower-rank issue time over its median, pooled, rounded
+    outward to the hundredth; a host-bound prediction with the machine's own floor says it."""
+    import math
+    import statistics
+
+    from megatron_autotuner.costmodel import defaults
+    from megatron_autotuner.costmodel.calibration import load_calibration
+    from megatron_autotuner.validate.layout import load_layouts_file
+    from megatron_autotuner.validate.predict import predict
+
+    ratios = []
+    for mode in ("eager", "graphed"):
+        issue = [r["slower_issue_ms"] for r in repeats if r["mode"] == mode]
+        ratios += [x / statistics.median(issue) for x in issue]
+    lo, hi = defaults.HOST_PROCESS_PACE_RANGE
+    assert (lo, hi) == (math.floor(min(ratios) * 100) / 100, math.ceil(max(ratios) * 100) / 100)
+    layouts, _ = load_layouts_file("benchmarks/validation/x2_rank_pace_layouts.json")
+    calibration = load_calibration(str(rank_pace.RESULTS / "run/calibration.json"))
+    notes = predict(layouts[0], "H200", calibration)["notes"]
+    assert any(f"issued at {lo}x to {hi}x their median pace" in n for n in notes)

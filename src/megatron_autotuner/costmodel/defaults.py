@@ -290,6 +290,12 @@ NO_GRAD_FWD_HOST_RATIO = 0.895
 # of Qwen3-0.6B) to 2.227x (an H100 process's Qwen3-1.7B backward), rounded outward. A prediction paced by the
 # default floor gives the step at both ends (`Estimate.step_time_range_s`).
 HOST_PACE_RANGE = (0.54, 2.23)
+# How far one process's host pace strays from another's on the same machine, where a calibration file gives the
+# machine's own floor: ten fresh processes of one 2x H200 host ran the same Qwen3-30B-A3B-E32 ep 2 step (six eager,
+# four graphed); the slower rank's issue time per forward span over its mode's median, 0.764x to 1.501x, rounded
+# outward (benchmarks/results/rank_pace_h200_x2/report.json, "repeats"). The floor's own median over three processes
+# does not tell which draw a run gets.
+HOST_PROCESS_PACE_RANGE = (0.76, 1.51)
 DENSE_HOST_MICROBATCH_PER_LAYER_FWD = 1.105
 DENSE_HOST_STEP_PER_LAYER = 3.76
 # A layer's forward started from an empty launch queue (the testbench times each phase right after a synchronize)

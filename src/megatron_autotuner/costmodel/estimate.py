@@ -1178,7 +1178,11 @@ def host_bound_note(
         return None
     host = time.breakdown["host_bound"]
     if _measured_floor(options):
-        pace = "the host floor of the calibration file"
+        lo, hi = d.HOST_PROCESS_PACE_RANGE
+        pace = (
+            f"the host floor of the calibration file (fresh processes of one machine issued at {lo}x to {hi}x their "
+            "median pace: a run's step strays with its process's)"
+        )
     else:
         lo, hi = d.HOST_PACE_RANGE
         pace = (
