@@ -38,6 +38,17 @@ copy_traces() {
   done
 }
 
+# copy_rank_traces NAME DEST: every rank's raw torch-profiler trace that validate_batch NAME recorded, as
+# DEST/LAYOUT.rank_R.json.gz (both ranks' spans and waits can then be read off the machine).
+copy_rank_traces() {
+  local trace
+  mkdir -p "$2"
+  for trace in "$OUT/$1"/traces/*/rank_*.json.gz; do
+    [ -f "$trace" ] || continue
+    cp "$trace" "$2/$(basename "$(dirname "$trace")").$(basename "$trace")"
+  done
+}
+
 # summarize_rank_traces NAME DEST: `mat trace summary --json` of every rank's trace that validate_batch NAME recorded,
 # as DEST/LAYOUT.rank_R.summary.json (a collective waits for the last rank to arrive: the ranks' summaries say which).
 summarize_rank_traces() {

@@ -36,10 +36,7 @@ case "$PART" in
   timed) validate_part x2_moe_graphs_timed_layouts.json ;;
   ranks)
     validate_part x2_moe_graphs_ranks_layouts.json
-    mkdir -p "$OUT/raw_traces"
-    for trace in "$OUT"/run/traces/*/rank_*.json.gz; do
-      cp "$trace" "$OUT/raw_traces/$(basename "$(dirname "$trace")").$(basename "$trace")"
-    done
+    copy_rank_traces run "$OUT/raw_traces"
     ;;
   *) echo "PART must be run, profile, timed or ranks" >&2; exit 2 ;;
 esac

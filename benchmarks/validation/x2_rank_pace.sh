@@ -29,10 +29,7 @@ record_gpus
 case "$PART" in
   run)
     validate_part x2_rank_pace_layouts.json
-    mkdir -p "$OUT/evidence/raw_traces"
-    for trace in "$OUT"/run/traces/*/rank_*.json.gz; do
-      cp "$trace" "$OUT/evidence/raw_traces/$(basename "$(dirname "$trace")").$(basename "$trace")"
-    done
+    copy_rank_traces run "$OUT/evidence/raw_traces"
     finish "$OUT/evidence"
     ;;
   floors)

@@ -91,3 +91,25 @@ def test_copy_host_floor_keeps_every_rounds_records(tmp_path, fake_gpu_env):
     for sub in ("collect", "round2/collect", "round3/collect"):
         assert (ev / sub / "rank_0.jsonl").read_text() == f'{{"round": "{sub}"}}\n'
     assert (ev / "host_floor.calibration.json").exists() and (ev / "cases.json").exists()
+
+
+def test_copy_rank_traces_keeps_every_ranks_trace_flat(tmp_path, fake_gpu_env):
+    """Both ranks' raw traces of every profiled layout, named LAYOUT.rank_R.json.gz (what benchmarks/moe_graphs.py and
+    rank_pace.py read); a run that profiled nothing leaves an empty folder."""
+    traces = tmp_path / "out" / "run" / "traces"
+    for layout in ("a.g2", "b.g2"):
+        (traces / layout).mkdir(parents=True)
+        for rank in (0, 1):
+            (traces / layout / f"rank_{rank}.json.gz").write_bytes(f"{layout}/{rank}".encode())
+    script = tmp_path / "script.sh"
+    script.write_text(
+        f'OUT="{tmp_path}/out"\nsource "{ROOT}/benchmarks/validation/common.sh"\n'
+        'copy_rank_traces run "$OUT/raw"\ncopy_rank_traces none "$OUT/empty"\n'
+    )
+    done = subprocess.run(["bash", str(script)], cwd=ROOT, env=fake_gpu_env, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    raw = tmp_path / "out" / "raw"
+    assert sorted(p.name for p in raw.iterdir()) == [f"{x}.g2.rank_{r}.json.gz" for x in "ab" for r in (0, 1)]
+    assert (raw / "b.g2.rank_1.json.gz").read_bytes() == b"b.g2/1"
+    assert list((tmp_path / "out" / "empty").iterdir()) == []
