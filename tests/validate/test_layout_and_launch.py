@@ -149,6 +149,20 @@ def test_stand_in_ranks_are_the_first_of_each_pipeline_stage_and_refuse_moe_expe
         Layout(model="Qwen3-30B-A3B", seq_length=4096, num_gpus=2, ep=2).stand_in_ranks()
 
 
+def test_every_rank_alone_stops_at_a_world_one_could_run_in_turn(capsys):
+    """A fuzzed `--stand-in all --num-gpus 2**63-1` listed every rank's command and ran the machine out of memory."""
+    from megatron_autotuner.cli import main
+
+    huge = Layout(model="Qwen3-0.6B", seq_length=1024, num_gpus=2**20)
+    assert huge.stand_in_ranks() == [0]
+    with pytest.raises(ConfigError, match="at most 65536"):
+        huge.stand_in_ranks(all_ranks=True)
+    argv = ["validate", "--model", "Qwen3-0.6B", "--gpu", "H100-SXM", "--seq-len", "1024", "--stand-in", "all",
+            "--num-gpus", str(2**63 - 1), "--dry-run"]  # fmt: skip
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("mat: error: stand_in: --stand-in all runs each of the")
+
+
 def test_from_configs_keeps_packing_and_lengths():
     """A packed plan (verl's dynamic batching with variable lengths) validates packed: max_token_len, the prompt /
     response [mean, max] and the seed survive, and the layout's workload is the planned one."""

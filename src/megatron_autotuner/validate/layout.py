@@ -60,6 +60,9 @@ def ran_with_expandable_segments(record: dict[str, Any]) -> bool:
 
 # the MoE token dispatchers the runner builds (`Layout.moe_token_dispatcher`)
 RUNNER_DISPATCHERS = ("alltoall", "allgather")
+# `--stand-in all` runs every rank alone, one process after another, each tens of seconds (a build and a few steps):
+# 65,536 ranks is already a day or more of runs
+STAND_IN_ALL_MAX_RANKS = 65536
 # where the runner lets each rank's process run (`Layout.cpu_affinity`)
 CPU_AFFINITIES = ("inherit", "gpu_numa")
 
@@ -451,6 +454,12 @@ class Layout:
                 "process group does not deliver; stand-ins need ep = etp = 1 for MoE layouts",
             )
         if all_ranks:
+            if self.world_size > STAND_IN_ALL_MAX_RANKS:
+                raise ConfigError(
+                    "stand_in",
+                    f"--stand-in all runs each of the {self.world_size} ranks alone, one process after another: at "
+                    f"most {STAND_IN_ALL_MAX_RANKS} (--stand-in stages runs the first rank of each pipeline stage)",
+                )
             return list(range(self.world_size))
         return [stage * (self.world_size // self.pp) for stage in range(self.pp)]
 
