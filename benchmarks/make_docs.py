@@ -868,6 +868,21 @@ def rank_pace(root: Path) -> str:
     return out + table(head, rows)
 
 
+def delay_wgrad(root: Path) -> str:
+    """Mixtral's overlap with and without delayed wgrad in fresh-process pairs on 2x H200 (delay_wgrad_h200_x2)."""
+    doc = load(root, "delay_wgrad_h200_x2/report.json")
+    out = source("delay_wgrad_h200_x2/report.json", "delay_wgrad_h200_x2/predicted.json")
+    rows = [[r["label"], f"{r['predicted_before_step_s'] * 1e3:.1f}", f"{r['measured_step_s'] * 1e3:.1f}",
+             pct(r["predicted_before_step_s"] / r["measured_step_s"] - 1),
+             pct(r["predicted_before_peak_gib"] / r["measured_peak_gib"] - 1)] for r in doc["rows"]]  # fmt: skip
+    out += table(["layout", "pred before ms", "meas ms", "step err", "peak err"], rows) + "\n"
+    rows = [[f"host {doc['host']} pair {p['repeat']}", f"{p['without_s'] * 1e3:.1f}", f"{p['with_s'] * 1e3:.1f}",
+             pct(p["change"])] for p in doc["pairs"]]  # fmt: skip
+    rows += [[f"host {e['host']} (`{e['folder']}`)", f"{e['without_s'] * 1e3:.1f}", f"{e['with_s'] * 1e3:.1f}",
+              pct(e["change"])] for e in doc["earlier"]]  # fmt: skip
+    return out + table(["runs", "without delayed wgrad ms", "with ms", "change"], rows)
+
+
 def vision_tower(root: Path) -> str:
     """Qwen2.5-VL-7B's vision tower blocks on one H200 (vision_tower_comparison.json) and the GEMM alignment probe
     (gemm_alignment_h200/summary.json)."""
@@ -1380,6 +1395,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "connections": connections,
     "moe_graphs": moe_graphs,
     "rank_pace": rank_pace,
+    "delay_wgrad": delay_wgrad,
     "vision_tower": vision_tower,
     "moe_host": moe_host,
     "real_launches": real_launches,

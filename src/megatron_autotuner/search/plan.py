@@ -349,18 +349,18 @@ def plan(
         for vpp, pipeline_layout in layouts_by_pp[pp]:
             for sp in sps:
                 # the overlap pairs a forward with a backward micro-batch: a forward-only pass has nothing to pair
-                for a2a_overlap in (False,) if forward else a2a_overlap_choices(model, ep, pp, vpp, space):
-                    structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a_overlap, mbs_list))
+                for a2a in ((False, False),) if forward else a2a_overlap_choices(model, ep, pp, vpp, space):
+                    structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a, mbs_list))
 
     def config(
         st: tuple, dist: bool, rc_name: str, mbs: int, graphs: CudaGraphConfig | None = None
     ) -> tuple[ParallelConfig, Workload]:
-        tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a_overlap, _ = st
+        tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, (a2a_overlap, delay_wgrad), _ = st
         work = base if graphs is None else base.replace(cuda_graph=graphs)
         parallel = ParallelConfig(
             num_gpus, tp, pp, cp, ep, etp, vpp, sp, dist, grad_reduce_in_fp32, tp_comm_overlap and sp and tp > 1,
             pipeline_layout=pipeline_layout, cp_comm_type=cp_comm_type_for(model, cp),
-            moe_a2a_overlap=a2a_overlap, delay_wgrad_compute=a2a_overlap,
+            moe_a2a_overlap=a2a_overlap, delay_wgrad_compute=delay_wgrad,
         )  # fmt: skip
         if budgets is not None:
             return parallel, work.replace(max_token_len=mbs, recompute=RECOMPUTE_CHOICES[rc_name])
@@ -391,7 +391,7 @@ def plan(
 
     def recomputes_of(st: tuple, names: list[str]) -> list[str]:
         # megatron-core refuses full recompute beside the EP all-to-all overlap (`specs.check_moe_a2a_overlap`)
-        return [r for r in names if not (st[8] and r == "full")] or names
+        return [r for r in names if not (st[8][0] and r == "full")] or names
 
     dist_probe = True in dist_opts
     screened: list[tuple[float, tuple]] = []
