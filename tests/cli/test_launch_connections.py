@@ -77,6 +77,12 @@ def test_tp_at_eight_before_blackwell_is_refused_as_megatron_lm_refuses_it(tmp_p
         "before Blackwell"
     )
     _estimate(capsys, launch, "B200")  # the requirement "no longer exists since the Blackwell architecture"
+    # `mat validate` of the same launch: refused as estimate refuses it, on that GPU
+    dry = ["validate", "--megatron-args", launch, "--dry-run", "--json", "--output-dir", str(tmp_path / "v")]
+    assert main([*dry, "--gpu", "H100-SXM"]) == 2
+    assert capsys.readouterr().err.strip().startswith("mat: error: CUDA_DEVICE_MAX_CONNECTIONS: is 8: Megatron-LM")
+    assert main([*dry, "--gpu", "B200"]) == 0
+    assert json.loads(capsys.readouterr().out)["layouts"][0]["layout"]["cuda_device_max_connections"] == 8
     fsdp = _write(tmp_path, "f.sh", TP2.format(extra=" --use-megatron-fsdp"), "8")
     _estimate(capsys, fsdp)  # FSDP beside TP only warns
 
