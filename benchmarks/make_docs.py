@@ -865,6 +865,16 @@ def rank_pace(root: Path) -> str:
             for m in doc["repeat_spread"]]  # fmt: skip
     head = ["mode", "repeats", "timed steps ms", "slower rank's issue per span, mean ms", "its spread (CV)",
             "repeats with a rank 15%+ slower"]  # fmt: skip
+    out += table(head, rows) + "\n"
+    own: dict[tuple[str, str], dict[str, dict]] = {}
+    for o in doc["own_floor_predictions"]:
+        own.setdefault((o["host"], o["floor"].split("/host_floor")[0]), {})[o["mode"]] = o
+    rows = [[host, f"`{floor}`"] + [x for m in ("eager", "graphed") for x in (
+                f"{modes[m]['predicted_step_s'] * 1e3:.1f}",
+                pct(modes[m]["predicted_step_s"] / modes[m]["measured_median_step_s"] - 1))]
+            for (host, floor), modes in own.items()]  # fmt: skip
+    head = ["host", "its floor (binding / GPU)", "eager model now ms", "vs its median", "graphed model now ms",
+            "vs its median"]  # fmt: skip
     return out + table(head, rows)
 
 

@@ -154,6 +154,35 @@ def repeat_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def own_floor_predictions() -> list[dict[str, Any]]:
+    """Today's model of the eager and graphed layouts with each floor hosts P and Q measured (four processes each),
+    beside the median of that host's measured steps of the mode."""
+    from megatron_autotuner.costmodel.calibration import load_calibration
+    from megatron_autotuner.validate.layout import load_layouts_file
+    from megatron_autotuner.validate.predict import predict
+
+    layouts, extra = load_layouts_file(ROOT / "benchmarks/validation/x2_rank_pace_layouts.json")
+    by_mode = {"eager": layouts[0], "graphed": layouts[2]}  # the unbound ones (binding changed nothing)
+    measured = {
+        "P": {m: [r["measured_step_s"] for r in layout_rows() if r["label"].startswith(stem)]
+              for m, stem in (("eager", EAGER_STEM), ("graphed", GRAPHED_STEM))},
+        "Q": {m: [r["measured_step_s"] for r in repeat_rows() if r["mode"] == m] for m in by_mode},
+    }  # fmt: skip
+    out = []
+    for host, part in (("P", "floors"), ("Q", "repeats_floors")):
+        for floor_file in sorted((RESULTS / part).glob("*/gpu*/host_floor.calibration.json")):
+            calibration = load_calibration(str(floor_file))
+            for mode, layout in by_mode.items():
+                out.append({
+                    "host": host,
+                    "floor": str(floor_file.relative_to(RESULTS)),
+                    "mode": mode,
+                    "predicted_step_s": predict(layout, extra["gpu"], calibration)["step_time_s"],
+                    "measured_median_step_s": statistics.median(measured[host][mode]),
+                })  # fmt: skip
+    return out
+
+
 def earlier_hosts() -> list[dict[str, Any]]:
     """The same eager and graphed layouts on the earlier hosts (measured step, rank 0's mean issue / wait per span)."""
     rows = json.loads(EARLIER.read_text())["rows"]
@@ -182,6 +211,7 @@ def main() -> int:
         "repeats_floors_at_16_local_experts": floors("repeats_floors"),
     }
     report["repeat_spread"] = repeat_spread(report["repeats"])
+    report["own_floor_predictions"] = own_floor_predictions()
     (RESULTS / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["topology"]))
     for r in rows:
@@ -196,6 +226,9 @@ def main() -> int:
         print(f"Q {r['label']:58s} {r['measured_step_s'] * 1e3:6.1f} ms (profiled {r['profiled_step_ms']:.0f}) {spans}")
     for m in report["repeat_spread"]:
         print(json.dumps(m))
+    for o in report["own_floor_predictions"]:
+        err = o["predicted_step_s"] / o["measured_median_step_s"] - 1
+        print(f"{o['host']} {o['floor']:45s} {o['mode']:8s} {o['predicted_step_s'] * 1e3:6.1f} ms  {err:+.1%}")
     for e in report["earlier_hosts"]:
         print(f"{e['host']} {e['label']:50s} {e['measured_step_s'] * 1e3:6.1f} ms {e['spans_by_rank']}")
     return 0
