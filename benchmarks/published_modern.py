@@ -48,7 +48,8 @@ from typing import Any
 from megatron_autotuner import SCHEMA_VERSION, __version__
 from megatron_autotuner.costmodel.estimate import CostOptions, estimate
 from megatron_autotuner.errors import ConfigError, SpecNotFoundError
-from megatron_autotuner.specs import get_gpu_spec
+from megatron_autotuner.specs import get_gpu_spec, load_model_spec
+from megatron_autotuner.specs.loader import preset_names
 from megatron_autotuner.specs.megatron_args import launch_to_specs, read_launch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,11 +160,32 @@ def _mla_flags(family: str) -> list[str]:
     ]
 
 
+def with_preset_shape(row: dict[str, str]) -> dict[str, str] | None:
+    """The row with the shape of the tool's preset of its model (by its exact name) where the source gives none (the
+    published NeMo Mixtral-8x7B rows): the layers, widths and experts of the model's public HF config. None where the
+    row has a shape or no preset has the name."""
+    if row["hidden"] or row["model"] not in preset_names():
+        return None
+    spec = load_model_spec(row["model"])
+    shape = {
+        "hidden": spec.hidden_size, "layers": spec.num_layers, "heads": spec.num_attention_heads,
+        "query_groups": spec.num_query_groups, "head_dim": spec.kv_channels, "ffn": spec.ffn_hidden_size,
+        "vocab": spec.vocab_size, "gated": "yes" if spec.gated_linear_unit else "no", "activation": spec.activation,
+    }  # fmt: skip
+    if spec.is_moe:
+        shape.update(num_experts=spec.num_moe_experts, top_k=spec.moe_router_topk, moe_ffn=spec.moe_ffn_hidden_size)
+    return {**row, **{k: str(v) for k, v in shape.items()}}
+
+
 def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
     """(Megatron-LM launch text, assumptions, reason the row cannot be written) of one CSV row."""
     flags: list[str] = []
     assumptions: list[str] = []
     reason = None
+    shaped = with_preset_shape(row)
+    if shaped is not None:
+        row = shaped
+        assumptions.append(f"model shape: not in the source, the tool's {row['model']} preset (its HF config)")
     family = row["hf_config_family"]
     traits = next(t for key, t in FAMILIES if key in family)
     moe = is_moe(row)
