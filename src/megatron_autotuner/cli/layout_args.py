@@ -22,8 +22,7 @@ from ..specs.hardware import GPUSpec
 from ..specs.lengths import SequenceLengths, parse_mean_max, read_length_histogram
 from ..specs.megatron_args import (
     ImportedLaunch,
-    check_launch_device_max_connections,
-    launch_device_max_connections,
+    accepted_launch_device_max_connections,
     launch_to_specs,
     read_launch_file,
 )
@@ -375,13 +374,12 @@ def import_launch(args: argparse.Namespace, need_layout: bool = True) -> Importe
 
 def launch_run_options(imported: ImportedLaunch, options: Any, gpu: GPUSpec) -> Any:
     """The cost options of the launch itself: `options` with the CUDA_DEVICE_MAX_CONNECTIONS it exports, which
-    Megatron-LM must accept on `gpu` (`check_launch_device_max_connections`). The plan's candidates keep `options`."""
+    Megatron-LM must accept on `gpu` (`accepted_launch_device_max_connections`). The plan's candidates keep
+    `options`."""
     from ..costmodel.nccl_protocols import architecture
 
-    connections = launch_device_max_connections(imported.launch)
-    check_launch_device_max_connections(
-        imported.launch, imported.parallel, connections, architecture(gpu) == "blackwell"
-    )
+    blackwell = architecture(gpu) == "blackwell"
+    connections = accepted_launch_device_max_connections(imported.launch, imported.parallel, blackwell)
     return options if connections is None else replace(options, cuda_device_max_connections=connections)
 
 

@@ -932,28 +932,28 @@ def launch_device_max_connections(launch: Launch) -> int | None:
     return connections
 
 
-def check_launch_device_max_connections(
-    launch: Launch, parallel: ParallelConfig, connections: int | None, blackwell: bool
-) -> None:
-    """Megatron-LM's rules for the CUDA_DEVICE_MAX_CONNECTIONS a launch exports (`connections`, as
-    `launch_device_max_connections` reads it; validate_args, megatron/training/arguments.py @ Megatron-LM d98e8a6):
-    FSDP (--use-megatron-fsdp, --use-torch-fsdp2) asserts it is not 1; with TP or CP before Blackwell, and neither FSDP
-    nor the EP all-to-all overlap (which only warn), it asserts exactly 1. A launch that breaks them does not start;
-    one that exports nothing is taken to get what it needs from its cluster's environment."""
+def accepted_launch_device_max_connections(launch: Launch, parallel: ParallelConfig, blackwell: bool) -> int | None:
+    """The CUDA_DEVICE_MAX_CONNECTIONS the launch exports (`launch_device_max_connections`), held to Megatron-LM's rules
+    for it (validate_args, megatron/training/arguments.py @ Megatron-LM d98e8a6): FSDP (--use-megatron-fsdp,
+    --use-torch-fsdp2) asserts it is not 1; with TP or CP before Blackwell, and neither FSDP nor the EP all-to-all
+    overlap (which only warn), it asserts exactly 1. A launch that breaks them does not start (ConfigError); one that
+    exports nothing (None) is taken to get what it needs from its cluster's environment."""
+    connections = launch_device_max_connections(launch)
     if connections is None:
-        return
+        return None
     fsdp = bool(launch.value("use_megatron_fsdp")) or bool(launch.value("use_torch_fsdp2"))
     if fsdp and connections == 1:
         raise ConfigError(
             "CUDA_DEVICE_MAX_CONNECTIONS", "is 1: Megatron-LM asserts FSDP runs with more than 1 (or unset)"
         )
     if connections == 1 or blackwell or fsdp or parallel.moe_a2a_overlap:
-        return
+        return connections
     if parallel.tp > 1 or parallel.cp > 1:
         raise ConfigError(
             "CUDA_DEVICE_MAX_CONNECTIONS",
             f"is {connections}: Megatron-LM asserts 1 with tensor or context parallelism before Blackwell",
         )
+    return connections
 
 
 def _hybrid_num_layers(launch: Launch, text: str, notes: list[str]) -> int:

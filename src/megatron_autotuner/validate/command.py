@@ -337,15 +337,16 @@ def _launch_layout(args: argparse.Namespace, out: Path):
     imported = launch_to_specs(launch, base, mode=args.mode)
     if imported.model is None or imported.parallel is None:
         raise ConfigError("megatron_args", "the launch must describe the model (or give --model) and its GPU count")
-    connections = launch_device_max_connections(launch)
     if args.gpu:
         # the launch as Megatron-LM would start it on that GPU, as `mat estimate` and the plan's row for it hold it
         from ..costmodel.nccl_protocols import architecture
         from ..specs import get_gpu_spec
-        from ..specs.megatron_args import check_launch_device_max_connections
+        from ..specs.megatron_args import accepted_launch_device_max_connections
 
         blackwell = architecture(get_gpu_spec(args.gpu)) == "blackwell"
-        check_launch_device_max_connections(launch, imported.parallel, connections, blackwell)
+        connections = accepted_launch_device_max_connections(launch, imported.parallel, blackwell)
+    else:
+        connections = launch_device_max_connections(launch)
     model_ref = args.model
     if model_ref is None or imported.model != base:
         ensure_output_dir(out)
