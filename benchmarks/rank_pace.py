@@ -154,9 +154,10 @@ def repeat_spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def own_floor_predictions() -> list[dict[str, Any]]:
+def own_floor_predictions(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Today's model of the eager and graphed layouts with each floor hosts P and Q measured (four processes each),
-    beside the median of that host's measured steps of the mode."""
+    beside the median of that host's measured steps of the mode (`rows`: host P's `layout_rows`, `repeats`: host Q's
+    `repeat_rows`)."""
     from megatron_autotuner.costmodel.calibration import load_calibration
     from megatron_autotuner.validate.layout import load_layouts_file
     from megatron_autotuner.validate.predict import predict
@@ -164,9 +165,9 @@ def own_floor_predictions() -> list[dict[str, Any]]:
     layouts, extra = load_layouts_file(ROOT / "benchmarks/validation/x2_rank_pace_layouts.json")
     by_mode = {"eager": layouts[0], "graphed": layouts[2]}  # the unbound ones (binding changed nothing)
     measured = {
-        "P": {m: [r["measured_step_s"] for r in layout_rows() if r["label"].startswith(stem)]
+        "P": {m: [r["measured_step_s"] for r in rows if r["label"].startswith(stem)]
               for m, stem in (("eager", EAGER_STEM), ("graphed", GRAPHED_STEM))},
-        "Q": {m: [r["measured_step_s"] for r in repeat_rows() if r["mode"] == m] for m in by_mode},
+        "Q": {m: [r["measured_step_s"] for r in repeats if r["mode"] == m] for m in by_mode},
     }  # fmt: skip
     out = []
     for host, part in (("P", "floors"), ("Q", "repeats_floors")):
@@ -211,7 +212,7 @@ def main() -> int:
         "repeats_floors_at_16_local_experts": floors("repeats_floors"),
     }
     report["repeat_spread"] = repeat_spread(report["repeats"])
-    report["own_floor_predictions"] = own_floor_predictions()
+    report["own_floor_predictions"] = own_floor_predictions(rows, report["repeats"])
     (RESULTS / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["topology"]))
     for r in rows:
