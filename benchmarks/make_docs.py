@@ -824,6 +824,11 @@ def moe_graphs(root: Path) -> str:
     return out + table(["graphed layout against its eager one", "measured step change", "model"], rows)
 
 
+def issuing_waiting(spans_by_rank: list[dict]) -> str:
+    """Each rank's mean issue / wait time per forward span, "rank 0 · rank 1"."""
+    return " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in spans_by_rank)
+
+
 def rank_pace(root: Path) -> str:
     """Each rank's host pace, unbound and bound to its GPU's NUMA node, and the MoE floor per GPU on 2x H200
     (rank_pace_h200_x2)."""
@@ -836,7 +841,7 @@ def rank_pace(root: Path) -> str:
     for r in doc["rows"]:
         ranks = r["placement_by_rank"]
         where = "; ".join(f"{p['allowed_cpus']} CPUs, node {'/'.join(map(str, p['numa_nodes']))}" for p in ranks)
-        spans = " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in r["forward_spans_by_rank"])
+        spans = issuing_waiting(r["forward_spans_by_rank"])
         steps = f"{r['measured_step_min_s'] * 1e3:.0f}-{r['measured_step_max_s'] * 1e3:.0f}"
         rows.append([r["label"], where, f"{r['predicted_before_step_s'] * 1e3:.1f}",
                      f"{r['measured_step_s'] * 1e3:.1f}", steps,
@@ -848,14 +853,14 @@ def rank_pace(root: Path) -> str:
             for f in doc["floors_at_16_local_experts"]]  # fmt: skip
     out += table(["binding", "GPU (both at once)", "MoE block host fwd ms (16 local experts)", "bwd ms"], rows) + "\n"
     rows = [[e["host"], e["label"], f"{e['measured_step_s'] * 1e3:.1f}",
-             " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in e["spans_by_rank"]) or "-"]
+             issuing_waiting(e["spans_by_rank"]) or "-"]
             for e in doc["earlier_hosts"]]  # fmt: skip
     out += table(["earlier host", "layout", "meas ms", "issuing / waiting ms by rank profiled"], rows) + "\n"
     out += f"Host {doc['repeats_host']}, each repeat a fresh process (predicted before: eager "
     out += f"{doc['repeats'][0]['predicted_before_step_s'] * 1e3:.1f} ms, graphed "
     out += f"{next(r for r in doc['repeats'] if r['mode'] == 'graphed')['predicted_before_step_s'] * 1e3:.1f} ms):\n\n"
     rows = [[r["label"], f"{r['measured_step_s'] * 1e3:.1f}", f"{r['profiled_step_ms']:.0f}",
-             " · ".join(f"{s['mean_issue_ms']:.1f} / {s['mean_wait_ms']:.1f}" for s in r["spans_by_rank"]),
+             issuing_waiting(r["spans_by_rank"]),
              f"{r['rank_issue_ratio']:.2f}"] for r in doc["repeats"]]  # fmt: skip
     head = ["repeat", "timed step ms", "profiled step ms", "issuing / waiting ms per span, rank 0 · rank 1",
             "slower / faster rank"]  # fmt: skip
