@@ -114,7 +114,8 @@ def test_mat_plan_tries_the_overlap_for_a_moe_model(capsys, tmp_path):
 def test_flex_dispatchers_send_a_token_to_each_other_node_once():
     """Qwen3-30B-A3B's 128 experts top-8 over 2 nodes: the alltoall dispatcher sends 4 of a token's 8 copies across
     on average; DeepEP / HybridEP send it once to a node holding any of its experts (1 - C(64, 8) / C(128, 8) of
-    the time); inside one node both move the same bytes."""
+    the time). Inside one node (ep 8, 16 experts a rank) they send it once to each rank holding any of its experts:
+    8 (1 - C(112, 8) / C(128, 8)) = 5.34 ranks, its own among them, where the alltoall dispatcher moves all 8 copies."""
     from math import comb
 
     from megatron_autotuner.costmodel.collectives import collective_time_s, dispatch_time_s, remote_nodes_per_token
@@ -131,9 +132,31 @@ def test_flex_dispatchers_send_a_token_to_each_other_node_once():
     assert dispatch_time_s(routed, 16, two_nodes, 1, 128, 8, False) == collective_time_s(
         "all_to_all", 16, routed, two_nodes, 1
     )
-    assert dispatch_time_s(routed, 8, one_node, 1, 128, 8, True) == dispatch_time_s(
-        routed, 8, one_node, 1, 128, 8, False
+    reached = 8 * (1 - comb(112, 8) / comb(128, 8))
+    assert reached == pytest.approx(5.34, abs=0.01)
+    assert dispatch_time_s(routed, 8, one_node, 1, 128, 8, True) == pytest.approx(
+        collective_time_s("all_to_all", 8, routed * reached / 8, one_node, 1)
     )
+    assert dispatch_time_s(routed, 8, one_node, 1, 128, 8, False) == collective_time_s(
+        "all_to_all", 8, routed, one_node, 1
+    )
+
+
+def test_ranks_reached_per_token_hand_counted():
+    """Expected ranks a token's top-k experts sit on: one for top-1, every rank when it picks every expert, two for
+    top-2 of 8 experts on 8 ranks, 2 - 1/15 for top-2 of 16 on 8 (the second pick is the first's rank-mate 1 time in
+    15), and never more than min(k, ranks)."""
+    from megatron_autotuner.costmodel.collectives import ranks_reached_per_token
+
+    assert ranks_reached_per_token(64, 1, 8) == pytest.approx(1.0)
+    assert ranks_reached_per_token(8, 8, 8) == pytest.approx(8.0)
+    # 8 experts on 8 ranks, top-2 without repeats: always two different ranks
+    assert ranks_reached_per_token(8, 2, 8) == pytest.approx(2.0)
+    # 16 experts on 8 ranks (2 a rank), top-2: the second pick shares the first's rank 1 time in 15
+    assert ranks_reached_per_token(16, 2, 8) == pytest.approx(2 - 1 / 15)
+    assert ranks_reached_per_token(128, 8, 1) == 1.0
+    for experts, k, ranks in ((128, 8, 8), (256, 8, 64), (32, 4, 2), (64, 6, 16)):
+        assert 1.0 <= ranks_reached_per_token(experts, k, ranks) <= min(k, ranks)
 
 
 def test_group_limited_routing_caps_the_nodes_a_token_reaches():

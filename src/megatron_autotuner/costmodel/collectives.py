@@ -116,22 +116,38 @@ def dispatch_time_s(
 ) -> float:
     """One MoE dispatch (or combine) of `routed_bytes` (the rank's top-k copies of its tokens) over `ep` ranks.
 
-    The alltoall dispatcher sends every copy: `collective_time_s("all_to_all")`. A deduplicating one (the flex
-    dispatcher over DeepEP or HybridEP: "removes redundant tokens during cross-node communication, fuses intra/
-    inter-node communication into a single kernel", megatron/core/transformer/moe/README.md @ Megatron-LM d98e8a6;
-    DeepEP's normal kernels forward from the RDMA domain to NVLink, deepseek-ai/DeepEP README) sends a token to each
-    other node once (`remote_nodes_per_token` of the k copies) and fans it out over NVLink there: per token
-    k (g - 1) / n copies to this node's other GPUs plus k (N - 1) / N x (g - 1) / g forwarded on arrival, g GPUs of
-    the group per node, N nodes, n = ep. Inside one node both move the same bytes."""
+    The alltoall dispatcher sends every copy: `collective_time_s("all_to_all")`. The flex dispatcher over DeepEP or
+    HybridEP sends a token to a rank once, however many of its experts sit there (DeepEP's dispatch layout is a
+    `is_token_in_rank` [tokens, ranks] map, deepseek-ai/DeepEP deep_ep/buffer.py `get_dispatch_layout`; HybridEP sizes
+    a rank's receive buffer at one copy of each token of every rank, DeepEP hybrid-ep branch
+    docs/Hybrid-EP_Implementation.md "4.2 Buffer Allocation"), and a token to each other node once ("removes
+    redundant tokens during cross-node communication", megatron/core/transformer/moe/README.md @ Megatron-LM
+    d98e8a6; DeepEP's normal kernels forward from the RDMA domain to NVLink): D = `ranks_reached_per_token` ranks
+    get it. Inside one node that is an all-to-all of D / k of the copies; across N nodes the token crosses to
+    `remote_nodes_per_token` nodes over scale-out and to D (g - 1) / g ranks over NVLink (all but the one GPU of
+    each node it lands on or starts from), g GPUs of the group per node, n = ep."""
     link = _link(cluster, ep, stride)
-    if not dedup or link == "nvlink" or ep <= 1 or routed_bytes <= 0:
+    if not dedup or ep <= 1 or routed_bytes <= 0:
         return collective_time_s("all_to_all", ep, routed_bytes, cluster, stride)
+    per_token = routed_bytes / topk
+    reached = ranks_reached_per_token(num_experts, topk, ep, groups, group_topk)
+    if link == "nvlink":
+        return collective_time_s("all_to_all", ep, per_token * reached, cluster, stride)
     per_node = _group_ranks_per_node(cluster, ep, stride)
     nodes = max(1, ep // per_node)
-    inter = routed_bytes * remote_nodes_per_token(num_experts, topk, nodes, groups, group_topk) / topk
-    intra = routed_bytes * ((per_node - 1) / ep + (nodes - 1) / nodes * (per_node - 1) / per_node)
+    inter = per_token * remote_nodes_per_token(num_experts, topk, nodes, groups, group_topk)
+    intra = per_token * reached * (per_node - 1) / per_node
     alpha = d.COLLECTIVE_BASE_LATENCY_S + (ep - 1) * d.HOP_LATENCY_S["scale_out"]  # as the all_to_all's
     return alpha + _two_level_s(inter, intra, cluster)
+
+
+def ranks_reached_per_token(num_experts: int, topk: int, ranks: int, groups: int = 0, group_topk: int = 0) -> float:
+    """Expected ranks (its own included) holding at least one of a token's top-k experts, experts spread evenly over
+    `ranks`: the other ranks as `remote_nodes_per_token` counts other nodes, plus the chance its own holds one
+    (every rank alike: R / (R - 1) of the other ranks). At most min(k, R)."""
+    if ranks <= 1:
+        return 1.0
+    return remote_nodes_per_token(num_experts, topk, ranks, groups, group_topk) * ranks / (ranks - 1)
 
 
 def p2p_time_s(message_bytes: float, cluster: ClusterSpec, stride: int) -> float:
