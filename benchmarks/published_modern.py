@@ -61,17 +61,34 @@ GPU_PRESET_NAMES = {"H100": "H100-SXM", "B200": "B200", "GB200": "GB200"}
 GPU_GROUPS = ("H100", "B200", "GB200")
 # dgxc's NeMo-1 Grok-1 proxy (the tables of grok1/README_314b.md, tags v24.11.1 to v25.04.02) runs
 # grok1/grok1_314b.yaml through configure.sh, which the rows' columns do not carry: moe_grouped_gemm false (one GEMM per
-# expert), no moe_permute_fusion, moe_pad_expert_input_to_capacity true with moe_expert_capacity_factor 1.0, hidden
-# and attention dropout 0.0;
-# configure.sh sets model.ub_tp_comm_overlap=true (NVIDIA/dgxc-benchmarking@v24.11.1 and @v25.02, grok1/). From v25.05
-# the tables (grok1/README.md) come from NeMo 2's scripts/performance/llm/pretrain_grok1_314b, not this yaml.
+# expert), no moe_permute_fusion, moe_pad_expert_input_to_capacity true with moe_expert_capacity_factor 1.0 (its
+# dropout: `source_dropout`); configure.sh sets model.ub_tp_comm_overlap=true (NVIDIA/dgxc-benchmarking@v24.11.1 and
+# @v25.02, grok1/). From v25.05 the tables (grok1/README.md) come from NeMo 2's
+# scripts/performance/llm/pretrain_grok1_314b, not this yaml.
 DGXC_NEMO1_GROK_TABLES = "grok1/README_314b.md"
 DGXC_NEMO1_GROK_FLAGS = (
     "--moe-expert-capacity-factor 1.0",
     "--moe-pad-expert-input-to-capacity",
-    "--hidden-dropout 0.0",
-    "--attention-dropout 0.0",
 )
+
+# The rows' model configs set hidden and attention dropout, which the CSV columns do not carry (Megatron-LM's default,
+# 0.1 each, is not what these runs had): 0.0 in every source but NeMo 1's GPT-3 175B yaml. Megatron-Bridge: the model
+# providers / bridges (llama_provider.py LlamaModelProvider, deepseek_provider.py, gpt_oss_provider.py,
+# qwen_provider.py Qwen3MoEModelProvider, mamba_provider.py / hybrid_provider.py; from v0.4.0 AutoBridge copies the HF
+# config's attention_dropout, 0.0, and each bridge sets hidden_dropout 0.0: model_bridge.py CONFIG_MAPPING,
+# llama_bridge.py, qwen3_moe_bridge.py, gpt_oss_bridge.py, deepseek_v3_bridge.py @ r0.1.0 .. v0.6.0); NeMo 2
+# (nemo/collections/llm/gpt/model llama.py LlamaConfig / Llama3Config, mixtral.py, nemotron.py, base.py
+# GPTConfig175B, deepseek.py, ssm.py @ v2.2.0 .. v2.4.0, and the commits dgxc v25.04 / v25.05 pin); NeMo 1 yaml
+# (NeMo-Framework-Launcher 24.07 .. 24.12 conf/training llama3_1_*, nemotron_*, mixtral_8x7b, grok1_proxy; dgxc
+# v24.11.1 / v25.02 llama3.1/*.yaml, nemotron/*.yaml, grok1/grok1_314b.yaml). GPT-3 175B's NeMo 1 yaml keeps 0.1
+# (dgxc nemo_megatron/gpt3_175b_hydra.yaml, Launcher conf/training/gpt3/175b.yaml).
+DROPOUT_0_1_TABLES = ("nemo_megatron/README_175b.md",)
+
+
+def source_dropout(row: dict[str, str]) -> float:
+    """Hidden and attention dropout of the row's run (`DROPOUT_0_1_TABLES` and the sources above)."""
+    return 0.1 if any(table in row["source"] for table in DROPOUT_0_1_TABLES) else 0.0
+
 
 # Architecture traits by `hf_config_family` (first match wins); the CSV columns do not hold them.
 _LLAMA_LIKE = {"norm": "RMSNorm", "bias": False, "tied": False, "pos": "rope", "qk_norm": False}
@@ -341,6 +358,8 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
     nemo2 = bool(re.search(r"NeMo (2\.0|25\.)", row["source"] + " " + row["notes"]))
     if is_bridge(row) or (nemo2 and recipe is not None):
         flags.append("--grad-reduce-in-bf16")
+    dropout = source_dropout(row)
+    flags += [f"--hidden-dropout {dropout:g}", f"--attention-dropout {dropout:g}"]
 
     # MoE execution
     if moe:
@@ -359,8 +378,8 @@ def row_launch(row: dict[str, str]) -> tuple[str, list[str], str | None]:
         if DGXC_NEMO1_GROK_TABLES in row["source"]:
             flags += list(DGXC_NEMO1_GROK_FLAGS)  # nor moe_permute_fusion (megatron-core's default: off)
             assumptions.append(
-                "grok1_314b.yaml as dgxc ran it (padded to capacity 1.0, one GEMM per expert, no permute fusion, "
-                "dropout 0); megatron-core 0.9 / 0.10's padded permute priced as today's unfused one"
+                "grok1_314b.yaml as dgxc ran it (padded to capacity 1.0, one GEMM per expert, no permute fusion); "
+                "megatron-core 0.9 / 0.10's padded permute priced as today's unfused one"
             )
         else:
             flags += ["--moe-grouped-gemm", "--moe-permute-fusion"]

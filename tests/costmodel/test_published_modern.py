@@ -133,14 +133,13 @@ def test_summary_is_computed_from_the_records(committed):
 
 def test_moe_rows_signed_median_per_gpu_group(committed):
     """#40's bar on the MoE rows, per GPU group of 5+ expressible rows: the signed median error within +-5%. Met on
-    B200 (+2.2%); not met on GB200 (-6.8%: -1.8% before the NeMo Mixtral-8x7B row, read with the tool's preset, became
-    its median) nor H100 (-5.1%). Its eight dgxc Grok-1 rows (tp 4 = etp 4) are now read
-    as dgxc's NeMo-1 recipe ran them (grok1_314b.yaml through configure.sh: padded to capacity 1.0, one GEMM per
-    expert, no permute fusion, dropout 0; `DGXC_NEMO1_GROK_FLAGS`), where the rows' columns had left them dropless,
-    grouped, fused and with Megatron-LM's 0.1 dropout (+10..+15%). They came 4-29% under: the unfused padded block's
-    host floor, measured on today's megatron-core, paces them (fused, they would be 15-27% over), so the old stack's
-    permute is the unknown; each carries a not-modelled flag (one GEMM per expert). The other bar, median |error|
-    <= 10% over the MoE rows, is not met (15.9%, `summary.by_kind.moe`)."""
+    H100 (-4.3%) and GB200 (-2.9%) since every row is priced with its source's dropout (0: `source_dropout`), where
+    Megatron-LM's 0.1 had made them -5.1% and -6.8%; not met on B200 (+7.5%, was +2.2%). Its eight dgxc Grok-1 rows
+    (tp 4 = etp 4) are read as dgxc's NeMo-1 recipe ran them (grok1_314b.yaml through configure.sh: padded to capacity
+    1.0, one GEMM per expert, no permute fusion; `DGXC_NEMO1_GROK_FLAGS`). They came 4-29% under: the unfused padded
+    block's host floor, measured on today's megatron-core, paces them (fused, they would be 15-27% over), so the old
+    stack's permute is the unknown; each carries a not-modelled flag (one GEMM per expert). The other bar, median
+    |error| <= 10% over the MoE rows, is not met (19.2%, `summary.by_kind.moe`)."""
     records, summary = committed["records"], committed["summary"]
     for gpu, got in summary["moe_by_gpu"].items():
         errors = [r["error"] for r in records if r["kind"] == "moe" and r["gpu"] == gpu and r["expressible"]]
@@ -148,16 +147,28 @@ def test_moe_rows_signed_median_per_gpu_group(committed):
         assert _close(got["median_error"], statistics.median(errors)), gpu
         assert _close(got["median_abs_error"], statistics.median(abs(e) for e in errors)), gpu
         if gpu == "B200":
-            assert abs(got["median_error"]) <= 0.05, gpu
+            assert 0.05 < got["median_error"] < 0.10, gpu
         else:
-            assert -0.07 < got["median_error"] < -0.05, gpu
+            assert abs(got["median_error"]) <= 0.05, gpu
     grok_h100 = [r for r in records if r["model"].startswith("Grok 1") and r["gpu"] == "H100"]
     assert len(grok_h100) == 8 and all(-0.30 < r["error"] < -0.04 for r in grok_h100)
     for r in grok_h100:
         flags = r["flags"]
-        assert "--moe-pad-expert-input-to-capacity" in flags and "--hidden-dropout 0.0" in flags
+        assert "--moe-pad-expert-input-to-capacity" in flags and "--hidden-dropout 0 " in flags
         assert "--moe-grouped-gemm" not in flags and "--moe-permute-fusion" not in flags
         assert r["not_modelled"] == ["--moe-grouped-gemm off: one GEMM per expert (predicted as grouped GEMMs)"]
+
+
+def test_rows_carry_their_sources_dropout(committed):
+    """The rows' configs set dropout, which the CSV does not carry: 0 in every Megatron-Bridge, NeMo 2 and NeMo 1
+    model config the rows ran, but NeMo 1's GPT-3 175B yaml (0.1; `source_dropout`). Megatron-LM's default (0.1)
+    would price a cuDNN attention 2.6x slower forward: the importer's note that it was assumed never appears."""
+    done = [r for r in committed["records"] if r["expressible"]]
+    for r in done:
+        want = "0.1" if "nemo_megatron/README_175b.md" in r["source"] else "0"
+        assert f"--hidden-dropout {want} \\" in r["flags"] and f"--attention-dropout {want} \\" in r["flags"]
+        assert not any("dropout" in note for note in r["importer_notes"]), r["index"]
+    assert sum("--attention-dropout 0.1" in r["flags"] for r in done) == 6
 
 
 def test_script_cli_writes_the_report(tmp_path, script, capsys):
