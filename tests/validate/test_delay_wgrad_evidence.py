@@ -5,14 +5,12 @@ Mixtral L2 ep 2, against the process-to-process pace noise found on hosts P and 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import delay_wgrad  # noqa: E402
+from tests.benchmark_scripts import load_script
+
+delay_wgrad = load_script("delay_wgrad")
 
 
 @pytest.fixture(scope="module")

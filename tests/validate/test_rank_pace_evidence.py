@@ -6,14 +6,12 @@ socket far from its GPU."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import rank_pace  # noqa: E402
+from tests.benchmark_scripts import load_script
+
+rank_pace = load_script("rank_pace")
 
 
 @pytest.fixture(scope="module")
