@@ -76,6 +76,33 @@ def test_the_spreads_left_out_could_not_win_on_any_host(small_plan):
     assert sum(c.host_pace is None for c in result.candidates) > len(result.candidates) / 2
 
 
+@pytest.mark.parametrize(
+    "case",
+    [("Qwen3-0.6B", 4, 4096, 16), ("Qwen3-30B-A3B", 8, 4096, 64), ("Mixtral-8x7B", 16, 4096, 32)],
+    ids=lambda c: c[0],
+)
+def test_a_step_no_host_time_sets_keeps_on_a_faster_host(case):
+    """The bound `pace_spreads` prunes with: where `host_sets_pace` finds no host time in a step at the default pace,
+    the step on the fastest host measured is the same; where it finds one, the fastest host takes some off (small
+    models' short launches) or none (a tie)."""
+    from megatron_autotuner.costmodel.estimate import host_sets_pace
+
+    name, gpus, seq, gbs = case
+    candidates = plan(load_model_spec(name), H100, gpus, seq, gbs).candidates[::7][:60]
+    paced = 0
+    for c in candidates:
+        e = c.estimate
+        fast, slow = host_pace_steps(e.model, e.parallel, e.workload, e.gpu, CostOptions())
+        if not host_sets_pace(e.time):
+            assert fast == pytest.approx(e.step_time_s, rel=1e-12)
+        else:
+            paced += 1
+            assert fast <= e.step_time_s * (1 + 1e-12)
+    # both sides are seen: the small model's launches mostly host-paced, some of Mixtral's (16 GPUs) GPU-bound
+    assert name != "Qwen3-0.6B" or len(candidates) > paced > len(candidates) / 2
+    assert name != "Mixtral-8x7B" or 0 < paced < len(candidates)
+
+
 def test_a_measured_host_has_one_pace_and_the_ranking_is_by_step():
     floor = DenseHostFloor(fwd_s=3e-3, bwd_s=2e-3)
     cal = Calibration(gpu=H100.name, dense_host_floors=(floor,), moe_host_floors=(MoeHostFloor(),))

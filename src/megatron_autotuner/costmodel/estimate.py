@@ -1108,6 +1108,20 @@ def paced(options: CostOptions, gpu: GPUSpec, factor: float) -> Calibration:
     return replace(base, dense_host_floors=(scaled,), moe_host_floors=moe_scaled)
 
 
+def host_sets_pace(time: TimeResult) -> bool:
+    """Whether a host time sets any part of this step: a "host" part of a rank's micro-batch (its issue time over its
+    GPU time, or an eager MoE block's floor over the block's GPU time), a first micro-batch's ramp
+    (`host_issue_ramp_s`), or a rank's host path (m x issue time + step work) reaching the step. Every host time
+    enters the step through a maximum with GPU time (`stage_time`, `time_model`), so where none sets it a faster host
+    leaves the step as it is."""
+    for s in time.stages:
+        if s.fwd.get("host", 0.0) > 0.0 or s.bwd.get("host", 0.0) > 0.0 or s.step_extra.get("host_ramp", 0.0) > 0.0:
+            return True
+        if time.num_microbatches * s.host_issue_s + s.host_step_s >= time.step_time_s:
+            return True
+    return False
+
+
 def host_pace_steps(
     model: ModelSpec,
     parallel: ParallelConfig,

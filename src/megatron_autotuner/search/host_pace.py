@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..costmodel import defaults as d
-from ..costmodel.estimate import CostOptions, Estimate, host_pace_steps, padded_vocab
+from ..costmodel.estimate import CostOptions, Estimate, host_pace_steps, host_sets_pace, padded_vocab
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,9 @@ def pace_spreads(ranked: list[Estimate], options: CostOptions) -> dict[int, Pace
     (one pace). A step never falls as the host slows, and a host `lo` times the default's pace takes a step down to
     `lo` times at most (every term of it is a GPU time or a host time, combined by sums and maxima): a layout whose
     default step is above the best step yet found on the slowest host, and whose `lo` x default step is above the best
-    yet on the fastest, cannot win on either, and its spread is not computed."""
+    yet on the fastest, cannot win on either, and its spread is not computed. Where no host time sets any part of a
+    layout's step at the default pace, a faster host leaves it as it is (`host_sets_pace`): its bound on the fastest
+    host is its default step."""
     if not ranked:
         return {}
     first = _ends(ranked[0], options)
@@ -62,7 +64,8 @@ def pace_spreads(ranked: list[Estimate], options: CostOptions) -> dict[int, Pace
     steps: dict[int, tuple[float, float, float]] = {}
     fastest, slowest = first  # the best steps found so far on the fastest and the slowest host
     for i, e in enumerate(ranked):
-        contender = e.step_time_s < slowest or lo * e.step_time_s < fastest
+        fastest_bound_s = lo * e.step_time_s if host_sets_pace(e.time) else e.step_time_s
+        contender = e.step_time_s < slowest or fastest_bound_s < fastest
         if i < SPREAD_SHOWN or contender:
             ends = first if i == 0 else _ends(e, options)
             steps[id(e)] = (ends[0], e.step_time_s, ends[1])
