@@ -103,6 +103,7 @@ class Layout:
         "moe_token_dispatcher",
         "cuda_device_max_connections",
         "cpu_affinity",
+        "manual_gc",
     )
     # fields that never enter `layout_id`: the label, and how DDP's stream was built (the historical runs that
     # `from_record` marks with it keep their ids)
@@ -208,6 +209,11 @@ class Layout:
     # does outside fine-grained offloading (which binds as "gpu_numa" does); "gpu_numa" binds each rank to its GPU's
     # NUMA node (megatron-core's set_ideal_affinity_for_current_gpu), as NUMA-binding launchers do
     cpu_affinity: str = "inherit"
+    # Megatron-LM's --manual-gc: the interpreter's automatic garbage collector off for the steps (gc.disable() after
+    # one gc.collect(), megatron/training/training.py @ Megatron-LM d98e8a6), as Megatron-Bridge's performance runs
+    # set it (scripts/performance/utils/overrides.py `_set_common_perf_overrides` @ 067f987df: manual_gc True,
+    # interval 100); off: Python's collector runs whenever its allocation thresholds trip, as Megatron-LM's default
+    manual_gc: bool = False
     # DDP built on a CUDA stream of its own, as Megatron-LM's get_model builds it (`CostOptions.ddp_side_stream`);
     # the runner did so from commit 5f4b146 (2026-11-24T02:52Z), before it on the default stream (`from_record`)
     ddp_side_stream: bool = True
@@ -537,6 +543,8 @@ class Layout:
             parts.append(f"cdmc{self.cuda_device_max_connections}")
         if self.cpu_affinity != "inherit":
             parts.append("numa-bound")
+        if self.manual_gc:
+            parts.append("manual-gc")
         if self.moe_expert_capacity_factor is not None:
             parts.append(
                 f"cap{self.moe_expert_capacity_factor:g}" + ("-pad" if self.moe_pad_expert_input_to_capacity else "")

@@ -768,6 +768,11 @@ def fine_grained_offloaded() -> dict[str, Any]:
     }
 
 
+def _gc_collections() -> int:
+    """Collections Python's garbage collector has run so far, all generations."""
+    return sum(generation["collections"] for generation in gc.get_stats())
+
+
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -980,6 +985,10 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             from .host_timing import LayerHostTimer, decoder_layers
 
             host_timer = LayerHostTimer(decoder_layers(model))
+        if layout.manual_gc:
+            gc.collect()
+            gc.disable()  # as Megatron-LM's --manual-gc before its training loop; enabled again in `finally`
+        collections_before = _gc_collections()
         for step in range(layout.warmup_steps + layout.steps):
             if fault and step == min(1, layout.warmup_steps + layout.steps - 1):
                 _raise_fault(fault)
@@ -994,7 +1003,9 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
                 times.append(time.perf_counter() - t)
             if device == "cuda":
                 reserved_by_step.append(torch.cuda.max_memory_reserved() / GIB)
-        measured.update(step_times_s=times, loss=loss, **_memory(device))
+        # the interpreter's garbage collections over the steps (none with manual_gc)
+        measured.update(step_times_s=times, loss=loss, gc_collections=_gc_collections() - collections_before)
+        measured.update(_memory(device))
         if host_timer is not None:
             measured["host_timing"] = host_timer.summary()
         if (why := host_timing_missing(layout, measured.get("host_timing"))) is not None:
@@ -1042,6 +1053,7 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
                 if hasattr(config, hook):
                     setattr(config, hook, None)
         model = optimizer = config = graphs = host_timer = None
+        gc.enable()
         gc.collect()
         if device == "cuda":
             torch.cuda.synchronize()
