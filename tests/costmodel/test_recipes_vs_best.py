@@ -39,21 +39,27 @@ def test_recipes_against_the_best_layout(launch, base):
         # makes the recipe's TP 8 dearer again: 17.1%.
         assert row["best_over_recipe_speedup"] < 1.18
     else:  # the MoE recipes (docs/recipes.md)
-        # The eager MoE block's host floor (measured with the fused permute the recipes run, one H200 lease:
-        # defaults.FUSED_MOE_HOST_FLOOR_*) holds the small, host-bound layouts the tool used to pick: Qwen3-235B's
-        # recipe is within 10% of the best now (32% before). DeepSeek-V3's node-limited routing (8 groups, 4 per token)
-        # caps the nodes its HybridEP dispatch reaches at 3.5 of 7 on average (4.6 unlimited): 10.1% (39% before),
-        # against a best of TP 1 + CP 4 beside the all-to-all overlap. That pairing runs with 8 hardware queues, where
-        # CP's ring exchange is held exposed (estimate.cp_ring_hides: the upper bound of what 2x H200 measured,
-        # benchmarks/results/connections_h200_x2): 8.4%, against TP 4 + the overlap; what is left mostly the
-        # recipe's slowest stage's GEMMs and TP 2 collectives against the best's GEMMs and TP 4 collectives
+        # DeepSeek-V3's node-limited routing (8 groups, 4 per token) caps the nodes its HybridEP dispatch reaches at
+        # 3.5 of 7 on average (4.6 unlimited). With the all-to-all overlap held to what the host leaves it
+        # (moe_overlap.a2a_overlap_saving_s), the best found is TP 1 + EP 8 (one node's all-to-all) with full
+        # recompute, 7.3% faster: the gap is the recipe's exposed EP 64 all-to-all (was 8.4%, against TP 4 + the
+        # overlap, its TP collectives)
         gap = row["recipe_step_time_s"] - row["best_step_time_s"]
         ep_gap = (
             row["recipe_time_breakdown_s"]["exposed_comm"]["ep"] - row["best_time_breakdown_s"]["exposed_comm"]["ep"]
         )
         if "qwen3" in launch:
-            assert row["best_over_recipe_speedup"] < 1.10 and ep_gap > gap
+            # The recipe is predicted as NVIDIA published it: 1611-1712 tokens/s/GPU at GBS 8192 on 256 H100
+            # (Megatron-Bridge docs/performance-summary-archive.md, 26.02.01 .. 26.04.01; the fixture's header), a
+            # step of 76.6-81.4 s. Its all-to-all overlap hides no more than its MoE blocks' GPU time over their host
+            # floors (moe_overlap.a2a_overlap_saving_s): the same thread issues both passes of a combined step, so
+            # the host holds the rest (it was priced as hidden, 62.3 s). The best layout found, 39% faster, amortises
+            # that host time over micro-batch 2 at EP 8; it has not run on 256 GPUs, so the gap stands as the
+            # model's claim, and it is the host's time
+            tokens = 8192 * 4096
+            published_s = (tokens / (1712 * 256), tokens / (1611 * 256))
+            assert 0.95 * published_s[0] < row["recipe_step_time_s"] < 1.05 * published_s[1]
+            host_gap = row["recipe_time_breakdown_s"]["host_bound"] - row["best_time_breakdown_s"]["host_bound"]
+            assert host_gap > 0.8 * gap
         else:
-            recipe, best = row["recipe_time_breakdown_s"], row["best_time_breakdown_s"]
-            tp_gap = recipe["compute"]["gemm"] + recipe["exposed_comm"]["tp"] - best["compute"]["gemm"]
-            assert row["best_over_recipe_speedup"] < 1.10 and tp_gap > ep_gap
+            assert row["best_over_recipe_speedup"] < 1.10 and ep_gap > gap

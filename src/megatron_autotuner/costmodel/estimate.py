@@ -565,6 +565,12 @@ def moe_forward_waits_for_device(model: ModelSpec, workload: Workload, options: 
     return not workload.moe_routing.drop_and_pad or experts_activation_syncs_host(model, options.fused_bias_activation)
 
 
+def _add_host(parts: dict[str, float], seconds: float) -> None:
+    """Add `seconds` the host paces to a pass's parts (a "host" part, only when there are some)."""
+    if seconds > 0.0:
+        parts["host"] = parts.get("host", 0.0) + seconds
+
+
 def stage_time(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -632,6 +638,9 @@ def stage_time(
     # (+ recompute) parts
     kind_cost: dict[tuple[bool, bool, bool], tuple[dict[str, float], dict[str, float]]] = {}
     kind_host: dict[tuple[bool, bool, bool], tuple[float, float]] = {}
+    # an eager synchronised MoE block's GPU time over its host floor, forward + backward: what an EP all-to-all
+    # overlap can take off it at most (`moe_overlap.a2a_overlap_saving_s`)
+    kind_host_slack: dict[tuple[bool, bool, bool], float] = {}
     for kinds in per_chunk_kinds:
         for _moe, full, _n, i in kinds:
             key = (*model.layer_kind(i), full)
@@ -643,6 +652,11 @@ def stage_time(
                 lc = lc.scaled(scale)
             kind_cost[key] = lc.pass_parts()
             kind_host[key] = (lc.host_fwd_s, lc.host_bwd_s)
+            if _moe and ctx.moe_host_bound and training:
+                block_host_fwd_s, block_host_bwd_s = moe_block_host_s(model, lctx)
+                kind_host_slack[key] = max(0.0, scale * lc.moe_gpu_fwd_s - block_host_fwd_s) + max(
+                    0.0, scale * lc.moe_gpu_bwd_s - block_host_bwd_s
+                )
     fwd: dict[str, float] = {}
     bwd: dict[str, float] = {}
     chunk_s = [0.0] * v  # one micro-batch of each model chunk, forward + backward
@@ -668,14 +682,17 @@ def stage_time(
                 moe_bwd_host_s += count * moe_block_bwd_host_s
 
     if parallel.moe_a2a_overlap and training:
-        saved = a2a_overlap_saving_s(
-            model, parallel, stage, num_microbatches(parallel, workload), ctx, scale, kind_cost, per_chunk_kinds
-        )
+        saved, held_by_host = a2a_overlap_saving_s(
+            model, parallel, stage, num_microbatches(parallel, workload), ctx, scale, kind_cost, per_chunk_kinds,
+            kind_host_slack,
+        )  # fmt: skip
         # what the combined steps hide is EP time (they never overlap two computations): taken off the exposed ep,
-        # the backward's first
-        from_bwd = min(sum(saved), bwd.get("ep", 0.0))
+        # the backward's first; what the host's issue holds instead is the host's
+        hidden = sum(saved) + sum(held_by_host)
+        from_bwd = min(hidden, bwd.get("ep", 0.0))
         merge_parts(bwd, {"ep": -from_bwd})
-        merge_parts(fwd, {"ep": from_bwd - sum(saved)})
+        merge_parts(fwd, {"ep": from_bwd - hidden})
+        _add_host(fwd, sum(held_by_host))
         chunk_s = [t - s for t, s in zip(chunk_s, saved, strict=True)]
 
     h = model.hidden_size

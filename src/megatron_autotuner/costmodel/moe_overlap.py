@@ -114,8 +114,10 @@ def a2a_overlap_saving_s(
     scale: float,
     kind_cost: dict,
     per_chunk_kinds: list,
-) -> list[float]:
-    """Seconds the overlap takes off one micro-batch of each model chunk of rank `stage`, on average over the step:
+    host_slack: dict | None = None,
+) -> tuple[list[float], list[float]]:
+    """(Seconds the overlap takes off one micro-batch of each model chunk of rank `stage`, on average over the step;
+    of the all-to-all time it would hide, the seconds the host holds instead): the saving is
     per MoE layer the serial forward + backward less the combined step, on the share of micro-batch chunks that run
     combined, less the computation the hidden all-to-alls slow down
     (`collectives.hidden_collective_cost_s`). `kind_cost`: (forward, backward) parts per layer kind, as
@@ -124,11 +126,15 @@ def a2a_overlap_saving_s(
     A layer whose eager MoE block paces either pass (its "host" part) gains nothing: the combined step issues the
     same work from the same thread, and on two H200s it ran slower than the serial schedule there
     (benchmarks/results/moe_ep_overlap_h200_x2_r3: gpt-oss-20b at ep 2, 16 local experts, 624 ms against 537 ms,
-    the same 7294 kernels issued; `docs/accuracy.md`, "The EP all-to-all overlap on two GPUs")."""
+    the same 7294 kernels issued; `docs/accuracy.md`, "The EP all-to-all overlap on two GPUs"). For the same reason
+    a layer whose block the GPU paces gains at most its block's GPU time over its host floor, forward and backward
+    (`host_slack` by layer kind, for eager blocks that wait on the host): the host issues both passes of the
+    combined step, so hiding more than that leaves it host-paced: the rest is the host's time."""
     v = len(per_chunk_kinds)
     total = num_microbatches * v
     share = steady_pairs(total, warmup_chunks(parallel.pp, v, stage)) / total
     saved = [0.0] * v
+    held_by_host = [0.0] * v
     for c, kinds in enumerate(per_chunk_kinds):
         for moe, full, count, layer in kinds:
             f, b = kind_cost[(*model.layer_kind(layer), full)]
@@ -137,5 +143,9 @@ def a2a_overlap_saving_s(
             pieces = layer_pieces(model, layer, ctx, f, b, scale)
             hidden = pieces.serial_s - overlapped_pair_s(pieces, parallel.delay_wgrad_compute)
             lost = hidden_collective_cost_s("all_to_all", parallel.ep, ctx.cluster, parallel.etp, hidden)
-            saved[c] += count * share * max(0.0, hidden - lost)
-    return saved
+            gain = max(0.0, hidden - lost)
+            if host_slack is not None and (kind := (*model.layer_kind(layer), full)) in host_slack:
+                held_by_host[c] += count * share * max(0.0, gain - host_slack[kind])
+                gain = min(gain, host_slack[kind])
+            saved[c] += count * share * gain
+    return saved, held_by_host
