@@ -642,7 +642,7 @@ def stage_time(
     # overlap can take off it at most (`moe_overlap.a2a_overlap_saving_s`)
     kind_host_slack: dict[tuple[bool, bool, bool], float] = {}
     for kinds in per_chunk_kinds:
-        for _moe, full, _n, i in kinds:
+        for is_moe, full, _n, i in kinds:
             key = (*model.layer_kind(i), full)
             if key in kind_cost:
                 continue
@@ -652,7 +652,7 @@ def stage_time(
                 lc = lc.scaled(scale)
             kind_cost[key] = lc.pass_parts()
             kind_host[key] = (lc.host_fwd_s, lc.host_bwd_s)
-            if _moe and ctx.moe_host_bound and training:
+            if is_moe and ctx.moe_host_bound and training:
                 block_host_fwd_s, block_host_bwd_s = moe_block_host_s(model, lctx)
                 kind_host_slack[key] = max(0.0, scale * lc.moe_gpu_fwd_s - block_host_fwd_s) + max(
                     0.0, scale * lc.moe_gpu_bwd_s - block_host_bwd_s
