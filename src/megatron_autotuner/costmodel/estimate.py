@@ -565,12 +565,6 @@ def moe_forward_waits_for_device(model: ModelSpec, workload: Workload, options: 
     return not workload.moe_routing.drop_and_pad or experts_activation_syncs_host(model, options.fused_bias_activation)
 
 
-def _add_host(parts: dict[str, float], seconds: float) -> None:
-    """Add `seconds` the host paces to a pass's parts (a "host" part, only when there are some)."""
-    if seconds > 0.0:
-        parts["host"] = parts.get("host", 0.0) + seconds
-
-
 def stage_time(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -692,7 +686,8 @@ def stage_time(
         from_bwd = min(hidden, bwd.get("ep", 0.0))
         merge_parts(bwd, {"ep": -from_bwd})
         merge_parts(fwd, {"ep": from_bwd - hidden})
-        _add_host(fwd, sum(held_by_host))
+        if held := sum(held_by_host):
+            merge_parts(fwd, {"host": held})
         chunk_s = [t - s for t, s in zip(chunk_s, saved, strict=True)]
 
     h = model.hidden_size

@@ -137,14 +137,15 @@ def a2a_overlap_saving_s(
     held_by_host = [0.0] * v
     for c, kinds in enumerate(per_chunk_kinds):
         for moe, full, count, layer in kinds:
-            f, b = kind_cost[(*model.layer_kind(layer), full)]
+            kind = (*model.layer_kind(layer), full)
+            f, b = kind_cost[kind]
             if not moe or "host" in f or "host" in b or not f.get("ep"):
                 continue
             pieces = layer_pieces(model, layer, ctx, f, b, scale)
             hidden = pieces.serial_s - overlapped_pair_s(pieces, parallel.delay_wgrad_compute)
             lost = hidden_collective_cost_s("all_to_all", parallel.ep, ctx.cluster, parallel.etp, hidden)
             gain = max(0.0, hidden - lost)
-            if host_slack is not None and (kind := (*model.layer_kind(layer), full)) in host_slack:
+            if host_slack is not None and kind in host_slack:
                 held_by_host[c] += count * share * max(0.0, gain - host_slack[kind])
                 gain = min(gain, host_slack[kind])
             saved[c] += count * share * gain

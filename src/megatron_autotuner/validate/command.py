@@ -361,7 +361,7 @@ def _launch_layout(args: argparse.Namespace, out: Path):
         profile=bool(args.profile), use_te=args.use_te, cross_entropy_fusion=options["fused_cross_entropy"],
         moe_permute_fusion=options.get("moe_permute_fusion", False),
         cross_entropy_fusion_impl=options.get("cross_entropy_fusion_impl", "native"),
-        cuda_device_max_connections=connections, manual_gc=bool(imported.launch.value("manual_gc")),
+        cuda_device_max_connections=connections, manual_gc=bool(launch.value("manual_gc")),
     )  # fmt: skip
 
 

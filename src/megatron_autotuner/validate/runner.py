@@ -1004,8 +1004,8 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
             if device == "cuda":
                 reserved_by_step.append(torch.cuda.max_memory_reserved() / GIB)
         # the interpreter's garbage collections over the steps (none with manual_gc)
-        measured.update(step_times_s=times, loss=loss, gc_collections=_gc_collections() - collections_before)
-        measured.update(_memory(device))
+        collections = _gc_collections() - collections_before
+        measured.update(step_times_s=times, loss=loss, gc_collections=collections, **_memory(device))
         if host_timer is not None:
             measured["host_timing"] = host_timer.summary()
         if (why := host_timing_missing(layout, measured.get("host_timing"))) is not None:
