@@ -66,3 +66,13 @@ def test_a_launch_with_manual_gc_is_run_with_it(tmp_path, capsys):
         (layout,) = json.loads(capsys.readouterr().out)["layouts"]
         steps[layout["layout"]["manual_gc"]] = layout["predicted"]["step_time_s"]
     assert set(steps) == {False, True} and steps[False] == steps[True]
+
+
+def test_a_layouts_file_that_misspells_the_flag_gets_one_line(tmp_path, capsys):
+    from megatron_autotuner.cli import main
+
+    bad = tmp_path / "layouts.json"
+    bad.write_text(json.dumps({"gpu": "H200", "layouts": [{"model": "Qwen3-0.6B", "seq_length": 4096,
+                                                           "manual_gc": "yes"}]}))  # fmt: skip
+    assert main(["validate", "--layouts", str(bad), "--dry-run", "--output-dir", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == "mat: error: manual_gc: must be true or false, got 'yes'"
