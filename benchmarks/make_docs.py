@@ -638,6 +638,42 @@ def moe_memory(root: Path) -> str:
     return out + table(["layout", "allocated by", "GiB held at peak", "blocks"], rows)
 
 
+def moe_launches(root: Path) -> str:
+    """Padded MoE steps on one H200: peaks and the frees awaiting at the peak, predicted before the run with the MoE
+    layer's launch count and with a dense layer's; launches a layer pass, measured and counted."""
+    rel = "moe_launches_h200"
+    out = source(f"{rel}/report.json", f"{rel}/predicted.json", f"{rel}/predicted_dense_launches.json")
+    doc = load(root, f"{rel}/report.json")
+
+    def gib(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    rows = [
+        [
+            r["label"],
+            f"{r['step_s']:.3f}",
+            pct(r["pred_step_s"] / r["step_s"] - 1),
+            f"{r['peak_gib']:.1f}",
+            pct(r["pred_peak_gib"] / r["peak_gib"] - 1),
+            pct(r["pred_peak_dense_launches_gib"] / r["peak_gib"] - 1),
+            gib(r["awaiting_at_peak_gib"]),
+            f"{r['pred_awaiting_gib']:.1f}",
+            f"{r['pred_awaiting_dense_launches_gib']:.1f}",
+            gib(r["reserved_unallocated_at_peak_gib"]),
+        ]  # fmt: skip
+        for r in doc["layouts"]
+    ]
+    head = ["layout (1x H200, padded to capacity)", "meas step s", "step err", "meas peak GiB", "peak err",
+            "peak err, dense count", "awaiting at peak GiB", "model GiB", "model GiB, dense count",
+            "free in the cache at peak GiB"]  # fmt: skip
+    out += table(head, rows)
+    launches = [[r["label"], str(r["layer_passes"]), f"{r['forward_per_pass']:.0f}", f"{r['backward_per_pass']:.0f}",
+                 f"{r['measured_per_pass']:.0f}", f"{r['model_per_pass']:.0f}"] for r in doc["launches"]]  # fmt: skip
+    out += "\n" + table(["profiled step", "layer passes", "forward a pass", "backward a pass", "launches a pass",
+                          "model"], launches)  # fmt: skip
+    return out
+
+
 def reserved_memory(root: Path) -> str:
     """Frees awaiting the GPU at the peak (allocator histories of Qwen3-32B on 4x H200) beside today's model."""
     from megatron_autotuner.validate.layout import Layout
@@ -1403,6 +1439,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_permute": moe_permute,
     "moe_memory": moe_memory,
     "reserved_memory": reserved_memory,
+    "moe_launches": moe_launches,
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,

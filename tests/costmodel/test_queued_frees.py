@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from megatron_autotuner.costmodel import defaults as d
-from megatron_autotuner.costmodel.queued_frees import QueuedFreeInputs, host_lead_s, queued_free_bytes
+from megatron_autotuner.costmodel.queued_frees import QueuedFreeInputs, host_lead_s, queued_free_bytes, rank_launches
 from megatron_autotuner.validate.layout import Layout
 from megatron_autotuner.validate.predict import predict
 from tests.evidence import runs_with_prediction_before
@@ -88,8 +88,7 @@ BASE = QueuedFreeInputs(
     fwd_gpu_s=0.29,
     bwd_gpu_s=0.575,
     host_issue_s=0.1,
-    layers=16,
-    tp_gt1=False,
+    launches=rank_launches(16, 0, tp_gt1=False),
     wgrad_bytes=17.4 * GIB,
     p2p_tensor_bytes=80 * 2**20,
     chunks=1,
@@ -105,12 +104,14 @@ def test_nothing_awaits_where_the_queue_never_fills():
 
 
 def test_awaiting_memory_grows_with_the_lead_and_spans_the_backwards_within_it():
-    shorter_queue = queued_free_bytes(replace(BASE, layers=32))  # twice the operations per micro-batch
+    shorter_queue = queued_free_bytes(
+        replace(BASE, launches=rank_launches(32, 0, tp_gt1=False))
+    )  # twice the operations per micro-batch
     assert 0 < shorter_queue < queued_free_bytes(BASE) <= BASE.wgrad_bytes
     # 4 layers: a micro-batch is 326 of the queue's 1000 operations. With an idle host the lead is the 3 micro-batches
     # issued before the peak (2.595 s of GPU time, under the full queue's 2.657): behind the forward (0.29 s) it
     # reaches through 3 backwards, 0.29 + 0.575 + 2 x 0.865 = 2.595 exactly
-    idle_host = replace(BASE, layers=4, host_issue_s=0.0, num_microbatches=4)
+    idle_host = replace(BASE, launches=rank_launches(4, 0, tp_gt1=False), host_issue_s=0.0, num_microbatches=4)
     assert host_lead_s(idle_host) == pytest.approx(3 * 0.865)
     assert queued_free_bytes(idle_host) == pytest.approx(3 * BASE.wgrad_bytes)
     # two micro-batches: one backward before the peak, however long the queue
@@ -145,7 +146,14 @@ def test_two_micro_batches_of_weight_gradients_awaited_at_a_short_models_peak():
 
 
 def test_interleaved_pipelines_keep_their_buffers_waiting_without_weight_gradients():
-    inter = replace(BASE, interleaved=True, chunks=8, layers=8, num_microbatches=8, wgrad_bytes=0.0)
+    inter = replace(
+        BASE,
+        interleaved=True,
+        chunks=8,
+        launches=rank_launches(8, 0, tp_gt1=False),
+        num_microbatches=8,
+        wgrad_bytes=0.0,
+    )
     assert queued_free_bytes(inter) > 0
 
 
@@ -174,7 +182,14 @@ def test_a_host_paced_moe_backward_holds_little_back():
     assert 0.0 < predicted["queued_frees"] < 0.2 * predicted["weights"]
 
 
-MOE = replace(BASE, moe_synced_forward=True, fwd_gpu_s=0.040, bwd_gpu_s=0.080, layers=2, num_microbatches=4)
+MOE = replace(
+    BASE,
+    moe_synced_forward=True,
+    fwd_gpu_s=0.040,
+    bwd_gpu_s=0.080,
+    launches=rank_launches(0, 2, tp_gt1=False, local_experts=8),
+    num_microbatches=4,
+)
 
 
 def test_a_dropless_moe_backward_holds_the_gradients_freed_within_its_lead():
@@ -186,7 +201,10 @@ def test_a_dropless_moe_backward_holds_the_gradients_freed_within_its_lead():
     assert queued_free_bytes(moe) == pytest.approx(MOE.wgrad_bytes * 50 / 80)
     assert queued_free_bytes(replace(MOE, bwd_host_s=0.0)) == pytest.approx(MOE.wgrad_bytes)
     assert queued_free_bytes(replace(MOE, bwd_host_s=0.090)) == 0.0  # a host-paced backward
-    assert queued_free_bytes(replace(MOE, layers=64)) < MOE.wgrad_bytes  # the launch queue caps the lead
+    # the launch queue caps the lead
+    assert (
+        queued_free_bytes(replace(MOE, launches=rank_launches(0, 64, tp_gt1=False, local_experts=8))) < MOE.wgrad_bytes
+    )
 
 
 def test_blind_shapes_peak_within_5pct_as_predicted_before_the_lease():

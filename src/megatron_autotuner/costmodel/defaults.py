@@ -363,6 +363,23 @@ LAUNCH_QUEUE_OPS = 1000
 # over them, in the same two profiled steps: tp1 dp4 939 forward / 1668 backward over 32 layer passes (29.3 / 52.1),
 # tp2 pp2 vpp8 1994 / 3224 over 64 (31.2 / 50.4). Keyed by TP > 1.
 LAUNCHES_PER_LAYER = {False: (29.3, 52.1), True: (31.2, 50.4)}
+# A MoE layer launches more: TE's GroupedLinear issues one GEMM per local expert for each of fc1 and fc2 forward and
+# for each one's dgrad and wgrad backward (2 + 4 per local expert), and without gradient-accumulation fusion DDP's
+# hook adds each expert parameter's gradient into main_grad (`CUDAFunctor_add`, one per weight, one per bias). The
+# rest of the layer (attention, router, dispatcher, the work around the layers spread over them) counted in the
+# profiled eager step of Qwen3-30B-A3B-E32 (4 layers, 16 local experts, ep 2, TE's fused permute, 4 micro-batches,
+# forward on the main thread, backward on autograd's; benchmarks/results/moe_graphs_h200_x2/profile/raw_traces/
+# *.a6b9b446a9.rank_0.json.gz: 1728 / 2650 operations over 16 layer passes, 256 of each GEMM kind, 636 adds) less
+# those: 108 - 2 x 16 = 76 forward, 166 - 6 x 16 = 70 backward. Held against a MoE block alone (Grok-1's tp4 ep2
+# rank, 4 local experts, unfused permute, no DDP; moe_r7_h200_x2/grok/traces: 46 forward, 53 backward a block: 38 / 37
+# less the GEMMs, which leaves 38 / 33 for attention and the rest) and four more steps (Qwen3-30B-A3B at 16 / 64 / 128
+# local experts, unfused, 1 micro-batch of 4 layers: 64-72 forward and 32-51 backward over the count a pass, the
+# embedding, loss and optimizer-side work of a 4-pass step). Experts with biases (gpt-oss) launch more per expert:
+# the bias gradient's own epilogue and reduction kernels, memsets and elementwise ops; the slope between gpt-oss-20b's
+# 16- and 32-local-expert steps (moe_timeline_h200/raw, 4 layers x 4 micro-batches each: 145 / 220 forward, 322.5 /
+# 534.5 backward a pass) is 4.7 forward and 13.25 backward per local expert, of which 4 adds and 4 GEMMs.
+MOE_LAUNCHES_PER_LAYER = (76.0, 70.0)
+MOE_LAUNCHES_PER_LOCAL_EXPERT = {False: (2.0, 4.0), True: (4.7, 9.25)}  # by expert bias -> (forward, backward)
 # Tensors an interleaved pipeline chunk pass frees while NCCL still holds them (ProcessGroupNCCL records its
 # stream on p2p buffers): the forward's received and sent activations, the backward's received and sent gradients.
 # In the allocator history of the tp2 pp2 vpp8 layout 47 activation-sized blocks (80 MiB) were awaiting their

@@ -106,7 +106,7 @@ from .layer import (
 )
 from .moe_overlap import a2a_overlap_saving_s
 from .nccl_protocols import architecture
-from .queued_frees import QueuedFreeInputs, queued_free_bytes
+from .queued_frees import QueuedFreeInputs, queued_free_bytes, rank_launches
 from .vision import vision_cost
 
 COMPUTE_CLASSES = ("gemm", "attention", "memory_bound", "recompute")
@@ -1288,18 +1288,24 @@ def queued_free_inputs(
         layers = layout.rank_layers(st.stage)
         # dropless MoE layers, and padded ones whose experts' activation waits, synchronise the host in every forward,
         # never in the backward (`queued_frees`)
-        moe_synced = any(model.is_moe_layer(i) for i in layers) and moe_forward_waits_for_device(
-            model, workload, options
-        )
+        moe_layers = sum(1 for i in layers if model.is_moe_layer(i))
+        moe_synced = moe_layers > 0 and moe_forward_waits_for_device(model, workload, options)
         if st.stage not in memory or (moe_synced and interleaved) or (synced and st.stage > 0 and not moe_synced):
             continue
         params = memory[st.stage].parameters.total
+        launches = rank_launches(
+            len(layers) - moe_layers,
+            moe_layers,
+            parallel.tp > 1,
+            local_experts=model.num_moe_experts // parallel.ep if moe_layers else 0,
+            expert_bias=model.add_bias_linear,
+            gradient_accumulation_fusion=options.gradient_accumulation_fusion,
+        )
         out[st.stage] = QueuedFreeInputs(
             fwd_gpu_s=sum(v for k, v in st.fwd.items() if k != "host"),
             bwd_gpu_s=sum(v for k, v in st.bwd.items() if k != "host"),  # only host-bound MoE blocks have any
             host_issue_s=st.host_issue_s,
-            layers=len(layers),
-            tp_gt1=parallel.tp > 1,
+            launches=launches,
             wgrad_bytes=0.0 if options.gradient_accumulation_fusion else E_BF16 * params,
             p2p_tensor_bytes=p2p_tensor_bytes,
             chunks=layout.vpp,

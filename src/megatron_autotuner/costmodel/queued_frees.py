@@ -49,7 +49,8 @@ class QueuedFreeInputs:
     """One pipeline rank's view of a training micro-batch (all its model chunks), derived by the cost model.
 
     `fwd_gpu_s` / `bwd_gpu_s`: GPU time of the micro-batch's forward and backward (no host wait, no exposed p2p);
-    `host_issue_s`: the host's issue time of the micro-batch; `layers`: decoder layers on the rank;
+    `host_issue_s`: the host's issue time of the micro-batch; `launches`: GPU operations the rank launches per
+    micro-batch, forward and backward (`rank_launches`);
     `wgrad_bytes`: the weight gradients one backward materialises outside main_grad (bf16 parameters x 2 bytes;
     0 with gradient-accumulation fusion); `p2p_tensor_bytes`: one activation tensor a pipeline chunk sends;
     `chunks`: model chunks (virtual stages) on the rank; `num_microbatches`: micro-batches per step;
@@ -59,8 +60,7 @@ class QueuedFreeInputs:
     fwd_gpu_s: float
     bwd_gpu_s: float
     host_issue_s: float
-    layers: int
-    tp_gt1: bool
+    launches: float
     wgrad_bytes: float
     p2p_tensor_bytes: float
     chunks: int
@@ -73,16 +73,34 @@ class QueuedFreeInputs:
     bwd_host_s: float = 0.0
 
 
+def rank_launches(
+    dense_layers: int,
+    moe_layers: int,
+    tp_gt1: bool,
+    local_experts: int = 0,
+    expert_bias: bool = False,
+    gradient_accumulation_fusion: bool = True,
+) -> float:
+    """GPU operations a rank launches per micro-batch, forward and backward: `defaults.LAUNCHES_PER_LAYER` per dense
+    layer; per MoE layer `defaults.MOE_LAUNCHES_PER_LAYER` plus, per local expert, its GEMMs
+    (`MOE_LAUNCHES_PER_LOCAL_EXPERT`) and, without gradient-accumulation fusion, one add per expert parameter (a
+    weight each for fc1 and fc2, and a bias each with `expert_bias`)."""
+    dense = sum(d.LAUNCHES_PER_LAYER[tp_gt1])
+    per_expert = sum(d.MOE_LAUNCHES_PER_LOCAL_EXPERT[expert_bias])
+    if not gradient_accumulation_fusion:
+        per_expert += 4 if expert_bias else 2
+    moe = sum(d.MOE_LAUNCHES_PER_LAYER) + per_expert * local_experts
+    return dense_layers * dense + moe_layers * moe
+
+
 def host_lead_s(inputs: QueuedFreeInputs) -> float:
     """GPU seconds the host is ahead at the peak: what it gained on the GPU by then, (GPU - host) per micro-batch
     since the step's start, up to a full launch queue (`LAUNCH_QUEUE_OPS` at the micro-batch's GPU time per
     operation)."""
     gpu_s = inputs.fwd_gpu_s + inputs.bwd_gpu_s
-    if gpu_s <= 0 or inputs.layers <= 0:
+    if gpu_s <= 0 or inputs.launches <= 0:
         return 0.0
-    fwd_ops, bwd_ops = d.LAUNCHES_PER_LAYER[inputs.tp_gt1]
-    ops = inputs.layers * (fwd_ops + bwd_ops)
-    full_queue_s = d.LAUNCH_QUEUE_OPS / ops * gpu_s
+    full_queue_s = d.LAUNCH_QUEUE_OPS / inputs.launches * gpu_s
     if inputs.moe_synced_forward:
         # the lead restarts at every forward's synchronisation and builds over one backward
         return min(full_queue_s, max(0.0, inputs.bwd_gpu_s - inputs.bwd_host_s))
