@@ -112,7 +112,7 @@ def training_steps(lease: Path = STEPS, predicted: str = "predicted_default.json
     """A batch of 2-layer training steps: measured step and peak beside the predictions made before the run
     (`predicted`), by the run itself, and by the cost model now."""
     from megatron_autotuner.validate.layout import Layout
-    from megatron_autotuner.validate.predict import predict
+    from megatron_autotuner.validate.predict import estimate_layout, predict
 
     before = {r["layout_id"]: r["predicted"] for r in json.loads((lease / predicted).read_text())["layouts"]}
     rows = []
@@ -121,11 +121,17 @@ def training_steps(lease: Path = STEPS, predicted: str = "predicted_default.json
         if run.get("status") != "ok":
             continue
         measured = run["measured"]
-        now = predict(Layout.from_dict(run["layout"]), GPU, None, gradient_accumulation_fusion=False)
+        layout = Layout.from_dict(run["layout"])
+        now = predict(layout, GPU, None, gradient_accumulation_fusion=False)
+        time = estimate_layout(layout, GPU, None, gradient_accumulation_fusion=False).time
+        # the step the model gives less the GPU's wait on the (default) host: its GPU time
+        now_gpu_s = time.step_time_s - time.breakdown["host_bound"]
         row = {
             "label": run["label"],
             "measured_step_s": measured["step_time_s"],
             "measured_peak_gib": measured["peak_gib"],
+            "now_gpu_step_s": now_gpu_s,
+            "now_gpu_step_error": now_gpu_s / measured["step_time_s"] - 1,
         }
         for name, pred in (("before", before[run["layout_id"]]), ("at_run", run["predicted"]), ("now", now)):
             row[f"{name}_step_s"] = pred["step_time_s"]

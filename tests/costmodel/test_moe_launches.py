@@ -3,12 +3,14 @@ predicted before they ran (benchmarks/results/moe_launches_h200, `python benchma
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from megatron_autotuner.costmodel import defaults as d
 from megatron_autotuner.costmodel.queued_frees import rank_launches
 from tests.benchmark_scripts import load_script
-from tests.evidence import runs_with_prediction_before
+from tests.evidence import RESULTS, runs_with_prediction_before
 
 FOLDER = "moe_launches_h200"
 
@@ -56,3 +58,8 @@ def test_launches_grow_with_local_experts_and_their_biases():
     assert rank_launches(0, 1, False, 8, gradient_accumulation_fusion=True) == pytest.approx(
         rank_launches(0, 1, False, 8, gradient_accumulation_fusion=False) - 2 * 8
     )
+
+
+def test_the_committed_report_is_what_the_evidence_gives(report):
+    committed = json.loads((RESULTS / FOLDER / "report.json").read_text())
+    assert committed == json.loads(json.dumps(report))
