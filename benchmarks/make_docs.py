@@ -674,6 +674,39 @@ def moe_launches(root: Path) -> str:
     return out
 
 
+def padded_floor(root: Path) -> str:
+    """Padded MoE steps on one H200 with the default floors (predicted before) and the host's MoE floor (at run)."""
+    rel = "padded_floor_h200"
+    out = source(f"{rel}/report.json", f"{rel}/predicted_default.json", f"{rel}/results.jsonl")
+    doc = load(root, f"{rel}/report.json")
+    from megatron_autotuner.costmodel import defaults as d
+
+    f = doc["host_moe_floor_ms"]
+    out += (
+        f"This host's fused MoE floor: forward {f['fwd']:.2f} ms + {f['fwd_per_local_expert'] * 1e3:.0f} us per local "
+        f"expert, backward {f['bwd']:.2f} ms + {f['bwd_per_local_expert'] * 1e3:.0f} us (the default: "
+        f"{d.FUSED_MOE_HOST_FLOOR_FWD_S * 1e3:.2f} + {d.FUSED_MOE_HOST_FLOOR_FWD_PER_LOCAL_EXPERT_S * 1e6:.0f}, "
+        f"{d.FUSED_MOE_HOST_FLOOR_BWD_S * 1e3:.2f} + {d.FUSED_MOE_HOST_FLOOR_BWD_PER_LOCAL_EXPERT_S * 1e6:.0f}).\n\n"
+    )
+    rows = [
+        [
+            r["label"].removesuffix(" host-timed"),
+            f"{r['step_s']:.3f}",
+            pct(r["default_step_error"]),
+            pct(r["at_run_step_error"]),
+            f"{r['peak_gib']:.1f}",
+            pct(r["at_run_peak_error"]),
+            f"{sum(r['layer_host_ms']):.1f}",
+            f"{sum(r['model_layer_issue_ms_default']):.1f}",
+            f"{sum(r['model_layer_issue_ms_host']):.1f}",
+        ]  # fmt: skip
+        for r in doc["rows"]
+    ]
+    head = ["layout (1x H200, padded)", "meas step s", "err, default floors", "err, host's floor", "meas peak GiB",
+            "peak err", "layer host ms (fwd+bwd)", "model issue ms, default", "model issue ms, host's"]  # fmt: skip
+    return out + table(head, rows)
+
+
 def reserved_memory(root: Path) -> str:
     """Frees awaiting the GPU at the peak (allocator histories of Qwen3-32B on 4x H200) beside today's model."""
     from megatron_autotuner.validate.layout import Layout
@@ -1440,6 +1473,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "moe_memory": moe_memory,
     "reserved_memory": reserved_memory,
     "moe_launches": moe_launches,
+    "padded_floor": padded_floor,
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,
