@@ -80,7 +80,7 @@ def test_flagship_models_plan_with_uneven_pipelines_in_seconds(name, gpus, seq, 
     """126, 61 and 94 layers: no even split fits these GPU counts, uneven layouts do (benchmarks/search_speed.py)."""
     start = time.process_time()
     r = plan(load_model_spec(name), H100, gpus, seq, gbs, precision=precision)
-    # #39's target is 10 s; benchmarks/search_speed.py measured 2.2 / 6.3 / 4.7 s in fresh processes on the 2-core
+    # #39's target is 10 s; benchmarks/search_speed.py measured 2.0 / 9.5 / 7.4 s in fresh processes on the 2-core
     # CI machine (run to run it varies by up to a third there). The bound catches a regression. It is this process's
     # CPU time: the tests run two at a time, and a plan beside a CPU torchrun job took 20.9 s of wall time where alone
     # it took 15

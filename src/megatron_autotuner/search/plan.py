@@ -50,7 +50,7 @@ from ..specs.parallel import (
     cp_comm_type_for,
     validate_layout,
 )
-from ..theory.memory import GIB, ActivationOptions, memory_per_stage
+from ..theory.memory import GIB, ActivationOptions, memory_parallel, memory_per_stage
 from .host_pace import PaceSpread, rank_with_host_pace
 from .progress import QUIET, Progress
 from .space import (
@@ -370,7 +370,7 @@ def plan(
 
     def fits(parallel: ParallelConfig, workload: Workload) -> tuple[bool, float, list]:
         """(fits, peak bytes, stages); each configuration computed once (screening and the full search share)."""
-        key = (parallel, workload)
+        key = (memory_parallel(parallel), workload)
         if key not in memory:
             padded = padded_vocab(model, parallel.tp)
             stages = memory_per_stage(model, parallel, workload, act_options, allowance, padded)

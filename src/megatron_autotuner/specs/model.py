@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -361,7 +362,14 @@ class ModelSpec:
 
     def layer_kind(self, layer_index: int) -> tuple[bool, bool, str | None, bool]:
         """(MoE layer?, sliding-window layer?, token mixer, has an MLP?): what a decoder layer's time and memory
-        depend on besides the run."""
+        depend on besides the run (every layer's, derived once per model: the search asks for each layer of every
+        layout)."""
+        kinds = _layer_kinds(self)
+        if 0 <= layer_index < len(kinds):
+            return kinds[layer_index]
+        return self._derive_layer_kind(layer_index)
+
+    def _derive_layer_kind(self, layer_index: int) -> tuple[bool, bool, str | None, bool]:
         return (
             self.is_moe_layer(layer_index),
             self.is_window_layer(layer_index),
@@ -546,3 +554,9 @@ class ModelSpec:
 
     def save_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+@lru_cache(maxsize=256)
+def _layer_kinds(model: ModelSpec) -> tuple[tuple[bool, bool, str | None, bool], ...]:
+    """`ModelSpec.layer_kind` of each decoder layer of `model`."""
+    return tuple(model._derive_layer_kind(i) for i in range(model.num_layers))

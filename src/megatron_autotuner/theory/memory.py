@@ -942,7 +942,9 @@ def _stage_static(
     options: ActivationOptions,
     padded_vocab_size: int | None,
     device_bytes: float | None = None,
+    kind_bytes: dict[tuple, float] | None = None,
 ) -> _StageStatic:
+    """`kind_bytes`: a whole layer's activations per `ModelSpec.layer_kind`, shared by the stages of one layout."""
     counts = stage_parameters(model, parallel, stage, padded_vocab_size)
     model_state = _model_state_bytes(counts, parallel, workload)
     step = optimizer_step_bytes(counts, parallel, workload.is_training)
@@ -999,12 +1001,14 @@ def _stage_static(
     layout = pipeline_layout_of(model, parallel)
     rc = workload.recompute
     per_chunk_kinds = chunk_layer_kinds(model, parallel, stage, rc)
-    by_kind: dict[tuple, float] = {}  # a whole layer's activations, per `ModelSpec.layer_kind`
+    by_kind: dict[tuple, float] = {}  # a whole layer's activations, per `ModelSpec.layer_kind` of this stage's layers
+    shared = {} if kind_bytes is None else kind_bytes
     for kinds in per_chunk_kinds:
         for _moe, _full, _n, layer in kinds:
             kind = model.layer_kind(layer)
-            if kind not in by_kind:
-                by_kind[kind] = layer_activation_bytes(model, parallel, workload, layer, options)
+            if kind not in shared:
+                shared[kind] = layer_activation_bytes(model, parallel, workload, layer, options)
+            by_kind[kind] = shared[kind]
     layer_in = layer_input_bytes(model, parallel, workload, e)
     # uniform: groups of rc.num_layers keep one input each; block: every recomputed layer keeps its input
     checkpoint = layer_in / rc.num_layers if rc.method == "uniform" else layer_in
@@ -1254,6 +1258,15 @@ def _signature(model: ModelSpec, layout, stage: int) -> tuple:
     )
 
 
+def memory_parallel(parallel: ParallelConfig) -> ParallelConfig:
+    """`parallel` less what this memory model does not read: the EP all-to-all overlap and delayed wgrad schedule
+    the same tensors (the overlap's second stream's reserve is not modelled). Layouts that differ only there have
+    the same `memory_per_stage`, so the search keys its memo on this."""
+    if not (parallel.moe_a2a_overlap or parallel.delay_wgrad_compute):
+        return parallel
+    return replace(parallel, moe_a2a_overlap=False, delay_wgrad_compute=False)
+
+
 def memory_per_stage(
     model: ModelSpec,
     parallel: ParallelConfig,
@@ -1266,12 +1279,13 @@ def memory_per_stage(
     `stage_signature` share their in-flight-independent part (the signature keeps each layer's position in its
     chunk, which is all that block recompute looks at)."""
     statics: dict[tuple, _StageStatic] = {}
+    kind_bytes: dict[tuple, float] = {}
     out = []
     for s in range(parallel.pp):
         key = stage_signature(model, parallel, s)
         if key not in statics:
             statics[key] = _stage_static(
-                model, parallel, workload, s, options, padded_vocab_size, allowance.device_bytes
+                model, parallel, workload, s, options, padded_vocab_size, allowance.device_bytes, kind_bytes
             )
         out.append(stage_memory(model, parallel, workload, s, options, allowance, padded_vocab_size, statics[key]))
     return out
