@@ -169,6 +169,7 @@ def test_a_training_plan_tries_the_ep_overlap_without_delayed_wgrad_first():
     model = load_model_spec("Mixtral-8x7B")
     assert a2a_overlap_choices(model, 2, 1, None, SearchSpace()) == ((False, False), (True, False), (True, True))
     assert a2a_overlap_choices(model, 1, 1, None, SearchSpace()) == ((False, False),)
+    assert a2a_overlap_choices(model, 2, 1, None, SearchSpace(), training=False) == ((False, False),)
     space = SearchSpace(tp=(1,), pp=(1,), cp=(1,), ep=(2,), recompute=("none",))
     result = plan(model.replace(num_layers=2), H100, 2, 4096, 8, space=space)
     overlapped = [c for c in result.candidates if c.parallel.moe_a2a_overlap]

@@ -348,8 +348,7 @@ def plan(
             layouts_by_pp[pp] = layout_choices(model, pp, space, seq_length)
         for vpp, pipeline_layout in layouts_by_pp[pp]:
             for sp in sps:
-                # the overlap pairs a forward with a backward micro-batch: a forward-only pass has nothing to pair
-                for a2a in ((False, False),) if forward else a2a_overlap_choices(model, ep, pp, vpp, space):
+                for a2a in a2a_overlap_choices(model, ep, pp, vpp, space, training=not forward):
                     structures.append((tp, pp, cp, ep, etp, vpp, pipeline_layout, sp, a2a, mbs_list))
 
     def config(

@@ -76,15 +76,17 @@ def cuda_graph_choices(model: ModelSpec) -> tuple[CudaGraphConfig, ...]:
 
 
 def a2a_overlap_choices(
-    model: ModelSpec, ep: int, pp: int, vpp: int | None, space: SearchSpace
+    model: ModelSpec, ep: int, pp: int, vpp: int | None, space: SearchSpace, training: bool = True
 ) -> tuple[tuple[bool, bool], ...]:
-    """(EP all-to-all overlap, delayed expert wgrad) pairs to try: none, and on a MoE layout with expert parallelism
-    and, with a pipeline, virtual stages (`specs.ParallelConfig`) the overlap without and with delayed wgrad, unless
-    `space.moe_a2a_overlap` is off; which one is faster is the cost model's `costmodel.moe_overlap`. NVIDIA's MoE
-    recipes pair the two, but delayed wgrad made Mixtral L2 ep 2's overlap 8.2-8.6% slower in three fresh-process
-    pairs on 2x H200 (+12-13% in two earlier single runs; benchmarks/results/delay_wgrad_h200_x2), which the model
-    does not price: the overlap without it comes first, so that it is kept where the model sees no gain in delaying."""
-    if space.moe_a2a_overlap and model.is_moe and ep > 1 and (pp == 1 or vpp):
+    """(EP all-to-all overlap, delayed expert wgrad) pairs to try: none, and in training (the overlap pairs a
+    forward with a backward micro-batch: a forward-only pass has nothing to pair) on a MoE layout with expert
+    parallelism and, with a pipeline, virtual stages (`specs.ParallelConfig`) the overlap without and with delayed
+    wgrad, unless `space.moe_a2a_overlap` is off; which one is faster is the cost model's `costmodel.moe_overlap`.
+    NVIDIA's MoE recipes pair the two, but delayed wgrad made Mixtral L2 ep 2's overlap 8.2-8.6% slower in three
+    fresh-process pairs on 2x H200 (+12-13% in two earlier single runs; benchmarks/results/delay_wgrad_h200_x2), which
+    the model does not price: the overlap without it comes first, so that it is kept where the model sees no gain in
+    delaying."""
+    if training and space.moe_a2a_overlap and model.is_moe and ep > 1 and (pp == 1 or vpp):
         return ((False, False), (True, False), (True, True))
     return ((False, False),)
 
