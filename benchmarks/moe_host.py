@@ -112,7 +112,7 @@ def training_steps(lease: Path = STEPS, predicted: str = "predicted_default.json
     """A batch of 2-layer training steps: measured step and peak beside the predictions made before the run
     (`predicted`), by the run itself, and by the cost model now."""
     from megatron_autotuner.validate.layout import Layout
-    from megatron_autotuner.validate.predict import estimate_layout, predict
+    from megatron_autotuner.validate.predict import estimate_layout
 
     before = {r["layout_id"]: r["predicted"] for r in json.loads((lease / predicted).read_text())["layouts"]}
     rows = []
@@ -122,10 +122,10 @@ def training_steps(lease: Path = STEPS, predicted: str = "predicted_default.json
             continue
         measured = run["measured"]
         layout = Layout.from_dict(run["layout"])
-        now = predict(layout, GPU, None, gradient_accumulation_fusion=False)
-        time = estimate_layout(layout, GPU, None, gradient_accumulation_fusion=False).time
+        est = estimate_layout(layout, GPU, None, gradient_accumulation_fusion=False)
+        now = {"step_time_s": est.step_time_s, "peak_memory_gib": est.peak_memory_gib}
         # the step the model gives less the GPU's wait on the (default) host: its GPU time
-        now_gpu_s = time.step_time_s - time.breakdown["host_bound"]
+        now_gpu_s = est.step_time_s - est.time.breakdown["host_bound"]
         row = {
             "label": run["label"],
             "measured_step_s": measured["step_time_s"],

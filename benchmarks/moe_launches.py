@@ -102,13 +102,15 @@ def launch_rows() -> list[dict]:
         lay = Layout.from_record(runs[lid])
         model = lay.model_spec()
         passes = model.num_layers * runs[lid]["predicted"]["num_microbatches"]
+        moe_layers = sum(1 for i in range(model.num_layers) if model.is_moe_layer(i))
         modelled = rank_launches(
-            0,
-            model.num_layers,
-            tp_gt1=False,
+            model.num_layers - moe_layers,
+            moe_layers,
+            tp_gt1=lay.tp > 1,
             local_experts=model.num_moe_experts // lay.ep,
             expert_bias=model.add_bias_linear,
-            gradient_accumulation_fusion=False,  # the runner's default for TE's grouped experts, as predicted
+            # as the run predicted itself
+            gradient_accumulation_fusion=runs[lid]["predicted"]["assumed"]["gradient_accumulation_fusion"],
         )
         rows.append(
             {

@@ -23,15 +23,15 @@ GPU = "H200"
 
 def _layer_issue_ms(layout, calibration) -> tuple[float, float]:
     """The model's host issue of one decoder layer, forward and backward (ms): the stage's per-micro-batch issue less
-    the work around the layers (`DENSE_HOST_MICROBATCH_PER_LAYER_FWD` dense forwards), over the layers."""
-    from megatron_autotuner.costmodel import defaults as d
+    the work around the layers (the dense floor's `outside_layers_s`, as the stage charges it), over the layers."""
+    from megatron_autotuner.costmodel.calibration import DEFAULT_DENSE_HOST_FLOOR
     from megatron_autotuner.validate.predict import estimate_layout
 
     est = estimate_layout(layout, GPU, calibration)
     stage = est.time.stages[0]
     layers = layout.model_spec().num_layers
-    floor = calibration.dense_host_floor("bf16", None, 1) if calibration is not None else None
-    outside_s = d.DENSE_HOST_MICROBATCH_PER_LAYER_FWD * (floor.fwd_s if floor else d.DENSE_HOST_FLOOR_FWD_S)
+    floor = calibration.dense_host_floor(layout.precision, layout.fp8_recipe, layout.tp) if calibration else None
+    outside_s, _ = (floor or DEFAULT_DENSE_HOST_FLOOR).outside_layers_s()
     bwd_s = stage.bwd_host_s / layers
     fwd_s = (stage.host_issue_s - stage.bwd_host_s - outside_s) / layers
     return fwd_s * 1e3, bwd_s * 1e3

@@ -18,10 +18,10 @@ def report():
     return load_script("padded_floor").build_report()
 
 
-def test_predicted_before_the_run_and_the_report_is_todays():
+def test_predicted_before_the_run_and_the_report_is_todays(report):
     assert len(runs_with_prediction_before(FOLDER)) == 5
     committed = json.loads((RESULTS / FOLDER / "report.json").read_text())
-    assert committed == json.loads(json.dumps(load_script("padded_floor").build_report()))
+    assert committed == json.loads(json.dumps(report))
 
 
 def test_the_hosts_floor_closes_what_the_default_one_missed(report):

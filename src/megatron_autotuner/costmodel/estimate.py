@@ -1297,7 +1297,7 @@ def queued_free_inputs(
             len(layers) - moe_layers,
             moe_layers,
             parallel.tp > 1,
-            local_experts=model.num_moe_experts // parallel.ep if moe_layers else 0,
+            local_experts=model.num_moe_experts // parallel.ep,
             expert_bias=model.add_bias_linear,
             gradient_accumulation_fusion=options.gradient_accumulation_fusion,
         )
