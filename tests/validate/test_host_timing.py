@@ -67,7 +67,8 @@ def test_cli_flag_sets_it_on_every_layout(tmp_path, capsys):
 
 
 def test_a_layout_that_timed_nothing_says_why():
-    """Under CUDA graphs or the all-to-all overlap no layer forward runs to be timed: the record's note says so."""
+    """Under CUDA graphs no layer forward runs to be timed, nor under the all-to-all overlap if no combined layer
+    step ran: the record's note says so."""
     from megatron_autotuner.validate.runner import host_timing_missing
 
     base = Layout(model="Mixtral-8x7B", num_layers=2, num_gpus=2, ep=2, seq_length=4096, host_timing=True)
@@ -76,3 +77,43 @@ def test_a_layout_that_timed_nothing_says_why():
     assert "all-to-all overlap" in host_timing_missing(base.replace(moe_a2a_overlap=True), None)
     assert host_timing_missing(base, {"fwd_ms": 1.0}) is None
     assert host_timing_missing(base.replace(host_timing=False), None) is None
+
+
+class _FakePlan:
+    """Stands in for megatron-core's TransformerLayerSchedulePlan: `run` blocks `sync_ms` in a synchronize."""
+
+    clock = None
+
+    @staticmethod
+    def run(f_layer, b_layer, f_input=None, b_grad=None, is_last_layer_in_bwd=False):
+        import time
+
+        _FakePlan.clock.blocked_s += f_layer or 0.0  # the stand-in's "blocked" seconds
+        time.sleep(0.001)
+        return f_input, b_grad
+
+
+def test_combined_timer_times_each_kind_and_restores_the_class():
+    """The all-to-all overlap's combined layer step is timed per kind (both passes, forward or backward alone),
+    with the seconds blocked in syncs within each call; nothing before `start()`; the class is restored."""
+    from megatron_autotuner.validate.host_timing import CombinedLayerHostTimer, SyncClock
+
+    original = _FakePlan.__dict__["run"]
+    clock = SyncClock()
+    _FakePlan.clock = clock
+    timer = CombinedLayerHostTimer(_FakePlan, clock)
+    assert timer.summary() is None
+    _FakePlan.run(0.5, "b")  # before start: not recorded
+    timer.start()
+    for _ in range(3):
+        _FakePlan.run(0.002, "b", f_input=1)
+    _FakePlan.run(0.004, None)
+    _FakePlan.run(None, "b", b_grad=2)
+    out = timer.summary()
+    timer.remove()
+    assert _FakePlan.__dict__["run"] is original
+    assert (out["pair_calls"], out["fwd_calls"], out["bwd_calls"]) == (3, 1, 1)
+    assert out["pair_blocked_ms"] == pytest.approx(2.0) and out["fwd_blocked_ms"] == pytest.approx(4.0)
+    assert out["bwd_blocked_ms"] == 0.0
+    assert out["pair_ms"] >= 1.0 and out["bwd_ms"] >= 1.0
+    assert _FakePlan.run(None, "b", b_grad=3) == (None, 3)

@@ -728,14 +728,14 @@ class CudaGraphs:
 
 def host_timing_missing(layout: Layout, summary: dict[str, Any] | None) -> str | None:
     """Why a layout that asked for `host_timing` recorded nothing (None when it recorded, or did not ask): a CUDA
-    graph's replay runs no layer's forward hooks, and the all-to-all overlap's combined step runs each layer's pieces,
-    never the layer's forward."""
+    graph's replay runs no layer's forward hooks; under the all-to-all overlap the combined layer steps are timed
+    (`host_timing.CombinedLayerHostTimer`), so nothing means none ran."""
     if not layout.host_timing or summary is not None:
         return None
     if layout.cuda_graph_impl != "none":
         return "host timing: not recorded under CUDA graphs (a replay runs no layer's hooks)"
     if layout.moe_a2a_overlap:
-        return "host timing: not recorded under the all-to-all overlap (its combined step runs no layer's forward)"
+        return "host timing: the all-to-all overlap's combined step ran no timed layer step"
     return "host timing: no layer forward was timed"
 
 
@@ -982,9 +982,9 @@ def run_layout(layout: Layout, device: str, out_dir: Path, rank: int, timeout_s:
         fault = injected_fault(layout, rank)
         times, loss, reserved_by_step = [], None, []
         if layout.host_timing and layout.cuda_graph_impl == "none":
-            from .host_timing import LayerHostTimer, decoder_layers
+            from .host_timing import layer_host_timer
 
-            host_timer = LayerHostTimer(decoder_layers(model))
+            host_timer = layer_host_timer(model, combined=layout.moe_a2a_overlap)
         if layout.manual_gc:
             gc.collect()
             gc.disable()  # as Megatron-LM's --manual-gc before its training loop; enabled again in `finally`

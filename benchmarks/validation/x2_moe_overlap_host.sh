@@ -1,0 +1,29 @@
+#!/bin/bash
+# #40 on 2 GPUs: where the host's time goes under Megatron's all-to-all overlap. On four 2-GPU hosts gpt-oss-20b's
+# eager (host-paced) ep 2 step ran 9-16% slower with `--overlap-moe-expert-parallel-comm` than without, the same
+# kernels issued (moe_ep_overlap_h200_x2*, moe_r5_h200_x2), and `--delay-wgrad-compute` slower again; the model gives
+# the overlap no gain there and prices no loss. PART=run measures this host's three-process MoE floors
+# (`--measure-host-floor`), then runs gpt-oss-20b (4 layers) and Mixtral-8x7B (2 layers) at ep 2 serial, overlapped
+# and overlapped with delayed wgrad, every layer's host time recorded: serial per layer pass, overlapped per combined
+# layer step (`host_timing.CombinedLayerHostTimer`), each with the time blocked in event syncs. PART=profile
+# (CAL=run's calibration) profiles gpt-oss-20b's serial and overlapped steps and keeps both ranks' raw traces.
+# The predictions with the default floors were written first (`mat validate --layouts
+# benchmarks/validation/x2_moe_overlap_{host,profile}_layouts.json --dry-run --json` >
+# benchmarks/results/moe_overlap_host_h200_x2/predicted_default[_profile].json); run's with this host's floors are in
+# its results.jsonl, made after the floors and before the steps.
+# From the repository root on a 2-GPU host after ../shared/gpu's install (~6 min, ~4 min):
+#     PART=run bash benchmarks/validation/x2_moe_overlap_host.sh
+#     PART=profile CAL=outputs/x2_moe_overlap_host_run/run/host_floor/host_floor.calibration.json bash ...
+# Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/moe_overlap_host_h200_x2/PART.
+PART="${PART:-run}"
+OUT="${OUT:-$PWD/outputs/x2_moe_overlap_host_$PART}"
+source "$(dirname "$0")/common.sh"
+record_gpus
+case "$PART" in
+  run) validate_part x2_moe_overlap_host_layouts.json ;;
+  profile)
+    validate_part x2_moe_overlap_profile_layouts.json
+    copy_rank_traces run "$OUT/raw"
+    ;;
+  *) echo "PART must be run or profile" >&2; exit 2 ;;
+esac
