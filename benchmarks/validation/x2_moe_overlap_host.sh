@@ -7,13 +7,17 @@
 # and overlapped with delayed wgrad, every layer's host time recorded: serial per layer pass, overlapped per combined
 # layer step (`host_timing.CombinedLayerHostTimer`), each with the time blocked in event syncs. PART=profile
 # (CAL=run's calibration) profiles gpt-oss-20b's serial and overlapped steps and keeps both ranks' raw traces.
+# PART=blind, after the model learnt the output layer's drain from those (`moe_overlap.head_drain_s`): three shapes
+# no run had, serial and overlapped (gpt-oss-20b at 8192 tokens and at 8 layers, Qwen3-30B-A3B at 4 layers), the
+# default-floor predictions committed first (predicted_default_blind.json), this host's floors measured first.
 # The predictions with the default floors were written first (`mat validate --layouts
-# benchmarks/validation/x2_moe_overlap_{host,profile}_layouts.json --dry-run --json` >
-# benchmarks/results/moe_overlap_host_h200_x2/predicted_default[_profile].json); run's with this host's floors are in
-# its results.jsonl, made after the floors and before the steps.
+# benchmarks/validation/x2_moe_overlap_{host,profile,blind}_layouts.json --dry-run --json` >
+# benchmarks/results/moe_overlap_host_h200_x2/predicted_default[_profile|_blind].json); those with this host's floors
+# are in each results.jsonl, made after the floors and before the steps.
 # From the repository root on a 2-GPU host after ../shared/gpu's install (~6 min, ~4 min):
 #     PART=run bash benchmarks/validation/x2_moe_overlap_host.sh
 #     PART=profile CAL=outputs/x2_moe_overlap_host_run/run/host_floor/host_floor.calibration.json bash ...
+#     PART=blind bash benchmarks/validation/x2_moe_overlap_host.sh
 # Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/moe_overlap_host_h200_x2/PART.
 PART="${PART:-run}"
 OUT="${OUT:-$PWD/outputs/x2_moe_overlap_host_$PART}"
@@ -25,5 +29,6 @@ case "$PART" in
     validate_part x2_moe_overlap_profile_layouts.json
     copy_rank_traces run "$OUT/raw"
     ;;
-  *) echo "PART must be run or profile" >&2; exit 2 ;;
+  blind) validate_part x2_moe_overlap_blind_layouts.json ;;
+  *) echo "PART must be run, profile or blind" >&2; exit 2 ;;
 esac

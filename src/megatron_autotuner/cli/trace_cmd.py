@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 
 from .. import SCHEMA_VERSION, __version__
-from ..argspec.argtypes import non_empty_path, non_negative_int, positive_int, rank_offset
+from ..argspec.argtypes import non_empty_path, non_negative_float, non_negative_int, positive_int, rank_offset
 from ..errors import ConfigError
 from .output import console, make_table, print_json
 
 # the shipped traces the help's examples read (paths from the repository root)
 TRACES = "tests/fixtures/traces/"
+# gpt-oss-20b at ep 2 on two H200s under the all-to-all overlap (#40): its host waits drain the output layer
+OVERLAP_TRACE = (
+    "benchmarks/results/moe_overlap_host_h200_x2/profile_r2/raw/"
+    "gpt-oss-20b.L4.g2.tp1.pp1.cp1.ep2.s4096.b1.none.train.9ec4ab9cb1.rank_0.json.gz"
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -119,6 +124,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_offset_argument(w)
     w.add_argument("--json", action="store_true", help="print JSON instead of a table")
     w.set_defaults(func=run_waits)
+
+    y = sub.add_parser(
+        "syncs",
+        help="the host's blocking waits on the GPU, and what the GPU ran during each",
+        description=(
+            "List every cudaStreamSynchronize / cudaEventSynchronize (and driver equivalents) of at least --min-ms on "
+            "a host thread, the CPU op around it (aten::item, aten::copy_, none for an event's synchronize) and the "
+            "kernels that ran while the host waited. A host-paced step loses each such wait."
+        ),
+        epilog="examples:\n"
+        f"  mat trace syncs {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz --min-ms 0\n"
+        f"  mat trace syncs {OVERLAP_TRACE} --min-ms 5 --json",
+    )
+    y.add_argument("trace", metavar="TRACE", help="one torch-profiler trace (.json or .json.gz)")
+    y.add_argument(
+        "--min-ms", type=non_negative_float, default=1.0, help="list waits at least this long (ms, default 1)"
+    )
+    y.add_argument("--top", type=positive_int, default=3, help="kernels to name per wait (default 3)")
+    y.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    y.set_defaults(func=run_syncs)
 
     h = sub.add_parser(
         "memory",
@@ -324,6 +349,23 @@ def run_waits(args: argparse.Namespace) -> int:
     ]
     ranks = [f"rank {i} wait ms (max)" for i in range(len(traces))]
     console().print(make_table("Collective waits", ["collective", "calls", "transfer us", "transfer ms", *ranks], rows))
+    return 0
+
+
+def run_syncs(args: argparse.Namespace) -> int:
+    from ..trace import host_waits, load_trace
+
+    waits = host_waits(load_trace(args.trace), min_ms=args.min_ms, top=args.top)
+    if args.json:
+        print_json(_envelope(waits.to_dict()))
+        return 0
+    rows = [
+        [f"{w.start_ms:.1f}", w.call, f"{w.duration_ms:.2f}", w.inside or "-",
+         "\n".join(f"{ms:.2f} {name[:40]}" for name, ms in w.gpu_during_ms) or "-"]
+        for w in waits.waits
+    ]  # fmt: skip
+    title = f"Host waits >= {waits.min_ms:g} ms ({waits.calls} blocking calls, {waits.total_ms:.1f} ms in all)"
+    console().print(make_table(title, ["at ms", "call", "ms", "inside", "GPU ran (ms)"], rows))
     return 0
 
 

@@ -104,7 +104,7 @@ from .layer import (
     merge_parts,
     moe_block_host_s,
 )
-from .moe_overlap import a2a_overlap_saving_s
+from .moe_overlap import a2a_overlap_saving_s, combined_share, head_drain_s
 from .nccl_protocols import architecture
 from .queued_frees import QueuedFreeInputs, queued_free_bytes, rank_launches
 from .vision import vision_cost
@@ -805,6 +805,13 @@ def stage_time(
         if workload.cuda_graph.impl != "full_iteration":
             host_outside_s = microbatch_s
         host_step_s = step_s if training else 0.0
+    if parallel.moe_a2a_overlap and training and stage == pp - 1 and options.host_floor:
+        drain_s = _overlap_head_drain_s(
+            model, parallel, layout, stage, num_microbatches(parallel, workload), head_s,
+            host_outside_s + moe_block_bwd_host_s, kind_cost, kind_host, per_chunk_kinds,
+        )  # fmt: skip
+        merge_parts(fwd, {"host": drain_s})
+        chunk_s[v - 1] += drain_s
     gpu_s = sum(fwd.values()) + sum(bwd.values())
     host_issue_s = host_fwd_issue_s + host_bwd_issue_s + host_outside_s
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)
@@ -867,6 +874,43 @@ def stage_time(
     bwd_host_s = host_bwd_issue_s + moe_bwd_host_s
     chunks = tuple(chunk_s)
     return StageTime(stage, fwd, bwd, p2p_mb, p2p_fill, extra, chunks, host_issue_s, host_step_s, bwd_host_s), note
+
+
+def _overlap_head_drain_s(
+    model: ModelSpec,
+    parallel: ParallelConfig,
+    layout,
+    stage: int,
+    microbatches: int,
+    head_gpu_s: float,
+    host_between_s: float,
+    kind_cost: dict,
+    kind_host: dict,
+    per_chunk_kinds: list,
+) -> float:
+    """Seconds per micro-batch the all-to-all overlap's combined steps add to the last pipeline rank by draining the
+    output layer's GPU work at the first MoE layer's host wait (`moe_overlap.head_drain_s`), where that layer's
+    eager block paces the host (a "host" part: otherwise the GPU is the pace and the wait costs nothing), averaged
+    over the rank's micro-batches (the warm-up and cool-down ones run alone). `host_between_s`: the host's work issued
+    between the output layer and that wait besides any dense layers before it: the work outside the layers and the
+    paired backward's MoE block (its experts' backward is issued before the forward's dispatch waits), each at its
+    floor."""
+    v = len(per_chunk_kinds)
+    # the last chunk's layer kinds by layer kind (a kind recomputed in part and in full: either, the host is alike)
+    key_of = {tuple(model.layer_kind(i)): (*model.layer_kind(i), full) for _m, full, _n, i in per_chunk_kinds[-1]}
+    host_before_s = 0.0
+    for layer in layout.chunk_layers(stage, v - 1):
+        key = key_of[tuple(model.layer_kind(layer))]
+        if model.is_moe_layer(layer):
+            f, b = kind_cost[key]
+            if "host" not in f and "host" not in b:
+                return 0.0
+            break
+        host_before_s += sum(kind_host[key])
+    else:
+        return 0.0  # no MoE layer in the chunk: no host wait drains the output layer
+    share = combined_share(parallel, stage, microbatches, v)
+    return share * head_drain_s(head_gpu_s, host_between_s + host_before_s)
 
 
 def _chained_gathers_s(

@@ -79,6 +79,29 @@ def warmup_chunks(pp: int, vpp: int, stage: int) -> int:
     return (pp - stage - 1) * 2 + (vpp - 1) * pp + 1
 
 
+def combined_share(parallel: ParallelConfig, stage: int, num_microbatches: int, chunks: int) -> float:
+    """The share of rank `stage`'s micro-batch chunks that run in a combined forward-backward step."""
+    total = num_microbatches * chunks
+    return steady_pairs(total, warmup_chunks(parallel.pp, chunks, stage)) / total
+
+
+def head_drain_s(head_gpu_s: float, host_between_s: float) -> float:
+    """Seconds a host-paced last pipeline rank waits, per combined micro-batch, for the output layer's GPU work.
+
+    The combined step issues the finished forward's output layer and loss (`forward_postprocess`) and the next
+    backward's (`post_process.backward`) back to back, with no wait between, then the forward of the first MoE layer,
+    whose dispatcher waits on the host for its token counts (`_maybe_dtoh_and_synchronize`): that wait drains the
+    computation stream, output layer included (`TransformerModelChunkSchedulePlan.run`, megatron-core 0.16 and 0.19).
+    Without the overlap the backward never waits, so the host issues the layers' backward while the GPU runs the
+    output layer. The wait is the output layer's forward + backward GPU time less the host's own work between
+    (`host_between_s`: the work outside the layers and any dense layers before the first MoE layer).
+
+    Seen on two H200s (benchmarks/results/moe_overlap_host_h200_x2/profile): gpt-oss-20b at ep 2, each combined
+    micro-batch's first dispatcher wait took 9.8-20.0 ms while the GPU ran the 201k-vocabulary logits GEMMs (5.8 ms
+    each); without the overlap the waits there took under 1 ms."""
+    return max(0.0, head_gpu_s - host_between_s)
+
+
 def layer_pieces(
     model: ModelSpec, layer_index: int, ctx: LayerContext, fwd: dict[str, float], bwd: dict[str, float], scale: float
 ) -> MoeLayerPieces:
@@ -131,8 +154,7 @@ def a2a_overlap_saving_s(
     (`host_slack` by layer kind, for eager blocks that wait on the host): the host issues both passes of the
     combined step, so hiding more than that leaves it host-paced: the rest is the host's time."""
     v = len(per_chunk_kinds)
-    total = num_microbatches * v
-    share = steady_pairs(total, warmup_chunks(parallel.pp, v, stage)) / total
+    share = combined_share(parallel, stage, num_microbatches, v)
     saved = [0.0] * v
     held_by_host = [0.0] * v
     for c, kinds in enumerate(per_chunk_kinds):

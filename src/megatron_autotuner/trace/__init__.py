@@ -1,4 +1,5 @@
-"""Kineto / Chrome trace analysis: load, classify GPU work, interval math, overlap, ranges, merge, rank waits.
+"""Kineto / Chrome trace analysis: load, classify GPU work, interval math, overlap, ranges, merge, rank waits,
+the host's waits on the GPU.
 
 Pure Python (standard library only); no torch. Typical use::
 
@@ -39,10 +40,15 @@ from .errors import TraceError
 from .intervals import busy_time, clip, difference, idle_time, intersection, length, overlap_length, span, union
 from .loader import load_trace
 from .merge import MergedRank, MergeResult, merge_traces
-from .model import CpuRange, GpuEvent, GpuRange, Launch, Trace, TraceMetadata
+from .model import CpuRange, GpuEvent, GpuRange, HostSync, Launch, Trace, TraceMetadata
+from .syncs import HostWait, HostWaits, host_waits
 from .waits import CollectiveWaits, collective_waits
 
 __all__ = [
+    "HostSync",
+    "HostWait",
+    "HostWaits",
+    "host_waits",
     "CATEGORIES",
     "COMM_CATEGORIES",
     "COMPUTE_CATEGORIES",

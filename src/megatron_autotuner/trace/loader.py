@@ -10,10 +10,12 @@ from .model import (
     CPU_RANGE_KINDS,
     GPU_EVENT_KINDS,
     GPU_RANGE_KIND,
+    HOST_SYNC_CALLS,
     LAUNCH_KINDS,
     CpuRange,
     GpuEvent,
     GpuRange,
+    HostSync,
     Launch,
     Trace,
     metadata_from_top_level,
@@ -41,7 +43,8 @@ def load_trace(path: str | PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS
     Keeps GPU events (`cat` kernel, gpu_memcpy, gpu_memset), CPU ranges (`cpu_op`,
     `user_annotation`), `gpu_user_annotation` ranges, and the CPU side of each correlation id
     (from `cuda_runtime` / `cuda_driver` events carrying `args.correlation`, else from the start
-    of the `ac2g` flow with that id). Raises `TraceError` naming the file for broken input.
+    of the `ac2g` flow with that id), and the runtime / driver calls that block the host (`HOST_SYNC_CALLS`).
+    Raises `TraceError` naming the file for broken input.
     """
     names: dict[str, str] = {}
     intern = names.setdefault
@@ -49,6 +52,7 @@ def load_trace(path: str | PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS
     cpu_ranges: list[CpuRange] = []
     gpu_ranges: list[GpuRange] = []
     launches: dict[int, Launch] = {}
+    host_syncs: list[HostSync] = []
     flow_starts: dict[int, Launch] = {}
     counts: dict[str, int] = {}
     process_names: dict[Any, str] = {}
@@ -113,6 +117,13 @@ def load_trace(path: str | PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS
                     ts = _num(e.get("ts"))
                     if type(corr) is int and ts is not None:
                         launches[corr] = Launch(e.get("pid"), e.get("tid"), ts)
+                    name = e.get("name")
+                    if name in HOST_SYNC_CALLS:
+                        dur = _num(e.get("dur"))
+                        if ts is None or dur is None or dur < 0:
+                            skipped += 1
+                            continue
+                        host_syncs.append(HostSync(name, ts, dur, e.get("pid"), e.get("tid")))
                 elif cat == GPU_RANGE_KIND:
                     ts, dur = _num(e.get("ts")), _num(e.get("dur"))
                     if ts is None or dur is None or dur < 0:
@@ -158,4 +169,5 @@ def load_trace(path: str | PathLike[str], chunk_chars: int = DEFAULT_CHUNK_CHARS
         skipped_events=skipped,
         process_names=process_names,
         thread_names=thread_names,
+        host_syncs=tuple(sorted(host_syncs, key=lambda h: h.ts_us)),
     )

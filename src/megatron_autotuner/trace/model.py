@@ -65,6 +65,33 @@ class GpuRange(NamedTuple):
         return self.ts_us + self.dur_us
 
 
+# CUDA runtime / driver calls that block the calling host thread until the GPU reaches a point
+HOST_SYNC_CALLS = frozenset(
+    {
+        "cudaEventSynchronize",
+        "cudaStreamSynchronize",
+        "cudaDeviceSynchronize",
+        "cuEventSynchronize",
+        "cuStreamSynchronize",
+        "cuCtxSynchronize",
+    }
+)
+
+
+class HostSync(NamedTuple):
+    """A blocking synchronisation call on a host thread (`HOST_SYNC_CALLS`)."""
+
+    name: str
+    ts_us: float
+    dur_us: float
+    pid: int | str
+    tid: int | str
+
+    @property
+    def end_us(self) -> float:
+        return self.ts_us + self.dur_us
+
+
 class Launch(NamedTuple):
     """CPU side of a correlation id: the runtime/driver call (or ac2g flow start) that enqueued GPU work."""
 
@@ -189,7 +216,8 @@ def metadata_from_top_level(top: dict[str, Any]) -> TraceMetadata:
 
 @dataclass(frozen=True, eq=False)
 class Trace:
-    """A loaded trace. `gpu_events` are sorted by start time; `launches` maps correlation id -> CPU launch.
+    """A loaded trace. `gpu_events` are sorted by start time; `launches` maps correlation id -> CPU launch;
+    `host_syncs` are the host's blocking synchronisation calls, by start time.
 
     `event_counts` counts every event of the file by `cat` (or `ph:<ph>` when it has none);
     `skipped_events` counts events of a kept kind dropped for a missing/negative `ts` or `dur`.
@@ -205,6 +233,7 @@ class Trace:
     skipped_events: int = 0
     process_names: dict[Any, str] = field(default_factory=dict)
     thread_names: dict[tuple[Any, Any], str] = field(default_factory=dict)
+    host_syncs: tuple[HostSync, ...] = ()
 
     @property
     def rank(self) -> int | None:
