@@ -10,6 +10,8 @@
 # PART=blind, after the model learnt the output layer's drain from those (`moe_overlap.head_drain_s`): three shapes
 # no run had, serial and overlapped (gpt-oss-20b at 8192 tokens and at 8 layers, Qwen3-30B-A3B at 4 layers), the
 # default-floor predictions committed first (predicted_default_blind.json), this host's floors measured first.
+# PART=s8192 (CAL=blind's calibration) profiles the blind 8192-token pair, whose overlapped step ran 1% slower than
+# the serial one where the model said 24%, and keeps both ranks' raw traces as "$OUT"/raw.tar.
 # The predictions with the default floors were written first (`mat validate --layouts
 # benchmarks/validation/x2_moe_overlap_{host,profile,blind}_layouts.json --dry-run --json` >
 # benchmarks/results/moe_overlap_host_h200_x2/predicted_default[_profile|_blind].json); those with this host's floors
@@ -18,6 +20,7 @@
 #     PART=run bash benchmarks/validation/x2_moe_overlap_host.sh
 #     PART=profile CAL=outputs/x2_moe_overlap_host_run/run/host_floor/host_floor.calibration.json bash ...
 #     PART=blind bash benchmarks/validation/x2_moe_overlap_host.sh
+#     PART=s8192 CAL=outputs/x2_moe_overlap_host_blind/run/host_floor/host_floor.calibration.json bash ...
 # Unpack each part's "$OUT"/evidence.tgz in benchmarks/results/moe_overlap_host_h200_x2/PART.
 PART="${PART:-run}"
 OUT="${OUT:-$PWD/outputs/x2_moe_overlap_host_$PART}"
@@ -30,5 +33,10 @@ case "$PART" in
     copy_rank_traces run "$OUT/raw"
     ;;
   blind) validate_part x2_moe_overlap_blind_layouts.json ;;
-  *) echo "PART must be run, profile or blind" >&2; exit 2 ;;
+  s8192)
+    validate_part x2_moe_overlap_s8192_layouts.json
+    copy_rank_traces run "$OUT/raw"
+    tar cf "$OUT/raw.tar" -C "$OUT" raw && rm -rf "$OUT/raw" "$OUT/run" "$OUT/evidence"
+    ;;
+  *) echo "PART must be run, profile, blind or s8192" >&2; exit 2 ;;
 esac
