@@ -707,6 +707,29 @@ def padded_floor(root: Path) -> str:
     return out + table(head, rows)
 
 
+def moe_overlap_host(root: Path) -> str:
+    """The EP all-to-all overlap where the host paces (2x H200): steps before / at run / now, the overlapped step over
+    the serial one measured and modelled, and the host's long waits in the kept traces."""
+    rel = "moe_overlap_host_h200_x2"
+    predicted = sorted(p.name for p in (root / RESULTS / rel).glob("predicted_default*.json"))
+    out = source(f"{rel}/report.json", *(f"{rel}/{name}" for name in predicted))
+    doc = load(root, f"{rel}/report.json")
+    rows = [[r["part"], r["label"].removesuffix(" host-timed"), f"{r['step_s'] * 1e3:.0f}", pct(r["step_error_before"]),
+             pct(r["step_error_at_run"]), pct(r["step_error_now"]), pct(r["peak_error_now"])]
+            for r in doc["rows"]]  # fmt: skip
+    out += table(["part", "layout (2x H200, ep 2)", "meas step ms", "err before (default floors)",
+                  "err at run (host's floors)", "err now", "peak err now"], rows)  # fmt: skip
+    ratios = [[r["part"], r["label"].removesuffix(" host-timed"), f"{r['measured']:.3f}", f"{r['model_now']:.3f}"]
+              for r in doc["overlap_over_serial"]]  # fmt: skip
+    out += "\n" + table(["part", "overlapped layout", "over serial, measured", "over serial, model now"], ratios)
+    drains = [[d["part"], "overlapped" if d["overlap"] else "serial", d["trace"].split(".rank_")[1].split(".")[0],
+               f"{d['blocked_ms']:.1f}", ", ".join(f"{w['duration_ms']:.1f}" for w in d["waits"]) or "-"]
+              for d in doc["drains"]]  # fmt: skip
+    out += "\n" + table(["profiled part", "step", "rank", "host blocked ms", "waits >= 5 ms (outside the step end)"],
+                        drains)  # fmt: skip
+    return out
+
+
 def reserved_memory(root: Path) -> str:
     """Frees awaiting the GPU at the peak (allocator histories of Qwen3-32B on 4x H200) beside today's model."""
     from megatron_autotuner.validate.layout import Layout
@@ -1474,6 +1497,7 @@ GENERATORS: dict[str, Callable[[Path], str]] = {
     "reserved_memory": reserved_memory,
     "moe_launches": moe_launches,
     "padded_floor": padded_floor,
+    "moe_overlap_host": moe_overlap_host,
     "moe_fragmentation": moe_fragmentation,
     "moe_tp_host": moe_tp_host,
     "rank_wait": rank_wait,

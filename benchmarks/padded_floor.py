@@ -69,8 +69,7 @@ def build_report() -> dict:
         "gpu": (RESULTS / "gpus.txt").read_text().strip(),
         "date": json.loads((RESULTS / "summary.json").read_text())["date"],
         "predicted_at": json.loads((RESULTS / "predicted_default.json").read_text())["predicted_at"],
-        "host_moe_floor_ms": {"fwd": floor.fwd_s * 1e3, "fwd_per_local_expert": floor.fwd_per_local_expert_s * 1e3,
-                              "bwd": floor.bwd_s * 1e3, "bwd_per_local_expert": floor.bwd_per_local_expert_s * 1e3},
+        "host_moe_floor_ms": floor.line_ms(),
         "rows": rows,
         "median_abs_step_error": {
             "default": statistics.median(abs(r["default_step_error"]) for r in rows),

@@ -66,15 +66,17 @@ def test_the_faster_ep_size_is_the_predicted_one(report):
             assert ep2["measured_step_s"] < ep1["measured_step_s"], (model, rnd)
 
 
-def test_the_overlap_gains_nothing_where_the_eager_moe_block_paces_the_layer(report):
+def test_the_overlap_loses_where_the_eager_moe_block_paces_the_layer(report):
     """gpt-oss-20b's MoE blocks are host-paced at ep 2: the combined step ran 9-16% slower than the serial schedule
-    (hosts A and C), and the model claims no gain for it; Mixtral's, which the model holds GPU-paced, ran 1-4% faster
-    with it (the model: 1%)."""
+    (hosts A and C); the model gives it no gain and now prices the loss, the output layer drained at each combined
+    micro-batch's first token-count wait (15%: `moe_overlap.head_drain_s`, benchmarks/results/moe_overlap_host_h200_x2).
+    Mixtral's blocks, which the model holds GPU-paced, ran 1-4% faster with it (the model: 1%)."""
     for serial_round, overlap_round in (("r2", "r3"), ("r4", "r4")):
         serial = next(r for r in _ok(report, "oss20b L4 ep2 dp2") if r["round"] == serial_round)
         overlap = next(r for r in _ok(report, "oss20b L4 ep2 dp2 a2a-overlap") if r["round"] == overlap_round)
-        assert overlap["measured_step_s"] > 1.08 * serial["measured_step_s"]
-        assert overlap["predicted_now_step_s"] == pytest.approx(serial["predicted_now_step_s"])
+        measured = overlap["measured_step_s"] / serial["measured_step_s"]
+        model = overlap["predicted_now_step_s"] / serial["predicted_now_step_s"]
+        assert measured > 1.08 and 1.0 < model < measured + 0.08
     for rnd in ("r1", "r2", "r4 mixtral"):
         serial, overlap = (next(r["measured_step_s"] for r in _ok(report, label) if r["round"] == rnd)
                            for label in ("mixtral L2 ep2 dp2", "mixtral L2 ep2 dp2 a2a-overlap"))  # fmt: skip

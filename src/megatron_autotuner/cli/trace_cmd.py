@@ -22,9 +22,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "trace",
         help="analyse torch-profiler (Kineto) traces and CUDA allocator histories: summary, overlap, merge, waits, "
-        "memory",
+        "syncs, memory",
         description="Analyse torch-profiler (Kineto) traces (.json or .json.gz) without torch: time per kernel "
-        "category, comm/compute overlap, rank merge for Perfetto, and CUDA allocator histories.",
+        "category, comm/compute overlap, rank merge for Perfetto, collective waits across ranks, the host's waits on "
+        "the GPU, and CUDA allocator histories.",
         epilog="examples:\n"
         f"  mat trace summary {TRACES}h200_te_layer_tp2_nccl_rank0.json.gz\n"
         f"  mat trace overlap {TRACES}h200_te_layer_tp2_userbuffers_rank0.json.gz --range _LayerNormLinear\n"

@@ -200,6 +200,16 @@ class MoeHostFloor:
     def backward_s(self, local_experts: int) -> float:
         return self.bwd_s + local_experts * self.bwd_per_local_expert_s
 
+    def line_ms(self) -> dict[str, float]:
+        """The two lines in milliseconds, as reports print them: {"fwd", "fwd_per_local_expert", "bwd",
+        "bwd_per_local_expert"}."""
+        return {
+            "fwd": self.fwd_s * 1e3,
+            "fwd_per_local_expert": self.fwd_per_local_expert_s * 1e3,
+            "bwd": self.bwd_s * 1e3,
+            "bwd_per_local_expert": self.bwd_per_local_expert_s * 1e3,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return precision_fields(self.precision, self.fp8_recipe) | {
             "fwd_s": self.fwd_s,

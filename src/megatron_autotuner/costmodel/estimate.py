@@ -64,6 +64,7 @@ from ..specs.parallel import (
     pipeline_layout_of,
     validate_layout,
 )
+from ..specs.pipeline import PipelineLayout
 from ..theory.comm import chained_expert_param_gathers, dp_step_volumes
 from ..theory.flops import chunk_layer_kinds, iteration_flops, model_flops_per_token
 from ..theory.memory import (
@@ -808,7 +809,7 @@ def stage_time(
     if parallel.moe_a2a_overlap and training and stage == pp - 1 and options.host_floor:
         drain_s = _overlap_head_drain_s(
             model, parallel, layout, stage, num_microbatches(parallel, workload), head_s,
-            host_outside_s + moe_block_bwd_host_s, kind_cost, kind_host, per_chunk_kinds,
+            host_outside_s + moe_block_bwd_host_s, kind_cost, kind_host, kind_host_slack, per_chunk_kinds,
         )  # fmt: skip
         merge_parts(fwd, {"host": drain_s})
         chunk_s[v - 1] += drain_s
@@ -879,38 +880,62 @@ def stage_time(
 def _overlap_head_drain_s(
     model: ModelSpec,
     parallel: ParallelConfig,
-    layout,
+    layout: PipelineLayout,
     stage: int,
     microbatches: int,
     head_gpu_s: float,
     host_between_s: float,
     kind_cost: dict,
     kind_host: dict,
+    kind_host_slack: dict,
     per_chunk_kinds: list,
 ) -> float:
     """Seconds per micro-batch the all-to-all overlap's combined steps add to the last pipeline rank by draining the
-    output layer's GPU work at the first MoE layer's host wait (`moe_overlap.head_drain_s`), where that layer's
-    eager block paces the host (a "host" part: otherwise the GPU is the pace and the wait costs nothing), averaged
-    over the rank's micro-batches (the warm-up and cool-down ones run alone). `host_between_s`: the host's work issued
-    between the output layer and that wait besides any dense layers before it: the work outside the layers and the
-    paired backward's MoE block (its experts' backward is issued before the forward's dispatch waits), each at its
-    floor."""
+    output layer's GPU work at the first MoE layer's host wait (`moe_overlap.head_drain_s`), averaged over the rank's
+    micro-batches (the warm-up and cool-down ones run alone). `host_between_s`: the host's work issued between the
+    output layer and that wait besides any dense layers before it: the work outside the layers and the paired
+    backward's MoE block (its experts' backward is issued before the forward's dispatch waits), each at its floor.
+
+    Only the host's time counts: nothing where the last chunk's first MoE layer is not host-bound (no "host" part),
+    and at most the drain plus the host's lead over the GPU in the rank's eager MoE blocks (`_moe_host_lead_s`):
+    a GPU with more work than the host runs the output layer during the wait."""
     v = len(per_chunk_kinds)
-    # the last chunk's layer kinds by layer kind (a kind recomputed in part and in full: either, the host is alike)
-    key_of = {tuple(model.layer_kind(i)): (*model.layer_kind(i), full) for _m, full, _n, i in per_chunk_kinds[-1]}
+    host_before_s = _host_before_first_moe_s(model, layout, stage, v, kind_cost, kind_host, per_chunk_kinds[-1])
+    if host_before_s is None:
+        return 0.0
+    drain_s = head_drain_s(head_gpu_s, host_between_s + host_before_s)
+    lead_s = _moe_host_lead_s(model, kind_cost, kind_host_slack, per_chunk_kinds)
+    return combined_share(parallel, stage, microbatches, v) * min(drain_s, max(0.0, drain_s + lead_s))
+
+
+def _host_before_first_moe_s(
+    model: ModelSpec, layout: PipelineLayout, stage: int, chunks: int, kind_cost: dict, kind_host: dict, kinds: tuple
+) -> float | None:
+    """The host's issue time of the dense layers (forward and backward) before the first MoE layer of rank `stage`'s
+    last chunk (`kinds`: that chunk's layer kinds); None where that chunk has no MoE layer or its first one is not
+    host-bound. A kind recomputed in part and in full is taken as either: their host is alike."""
+    key_of = {tuple(model.layer_kind(i)): (*model.layer_kind(i), full) for _moe, full, _n, i in kinds}
     host_before_s = 0.0
-    for layer in layout.chunk_layers(stage, v - 1):
+    for layer in layout.chunk_layers(stage, chunks - 1):
         key = key_of[tuple(model.layer_kind(layer))]
         if model.is_moe_layer(layer):
             f, b = kind_cost[key]
-            if "host" not in f and "host" not in b:
-                return 0.0
-            break
+            return host_before_s if ("host" in f or "host" in b) else None
         host_before_s += sum(kind_host[key])
-    else:
-        return 0.0  # no MoE layer in the chunk: no host wait drains the output layer
-    share = combined_share(parallel, stage, microbatches, v)
-    return share * head_drain_s(head_gpu_s, host_between_s + host_before_s)
+    return None
+
+
+def _moe_host_lead_s(model: ModelSpec, kind_cost: dict, kind_host_slack: dict, per_chunk_kinds: list) -> float:
+    """The host's lead over the GPU in a rank's eager MoE blocks, one micro-batch: where a block's pass is host-bound
+    the host's excess (its "host" part), less where the GPU's work exceeds the host's floor (`kind_host_slack`)."""
+    lead_s = 0.0
+    for kinds in per_chunk_kinds:
+        for moe, full, count, layer in kinds:
+            if moe:
+                key = (*model.layer_kind(layer), full)
+                f, b = kind_cost[key]
+                lead_s += count * (f.get("host", 0.0) + b.get("host", 0.0) - kind_host_slack.get(key, 0.0))
+    return lead_s
 
 
 def _chained_gathers_s(

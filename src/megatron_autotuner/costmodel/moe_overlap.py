@@ -149,7 +149,8 @@ def a2a_overlap_saving_s(
     A layer whose eager MoE block paces either pass (its "host" part) gains nothing: the combined step issues the
     same work from the same thread, and on two H200s it ran slower than the serial schedule there
     (benchmarks/results/moe_ep_overlap_h200_x2_r3: gpt-oss-20b at ep 2, 16 local experts, 624 ms against 537 ms,
-    the same 7294 kernels issued; `docs/accuracy.md`, "The EP all-to-all overlap on two GPUs"). For the same reason
+    the same 7294 kernels issued; `docs/accuracy.md`, "The EP all-to-all overlap on two GPUs"); what it loses there
+    is priced apart (`head_drain_s`). For the same reason
     a layer whose block the GPU paces gains at most its block's GPU time over its host floor, forward and backward
     (`host_slack` by layer kind, for eager blocks that wait on the host): the host issues both passes of the
     combined step, so hiding more than that leaves it host-paced: the rest is the host's time."""
