@@ -46,6 +46,7 @@ def _calibration(part: str):
 def _rows(part: str) -> list[dict]:
     from megatron_autotuner.validate.layout import Layout
     from megatron_autotuner.validate.predict import predict
+    from megatron_autotuner.validate.results import layer_host_timing_by_rank
 
     before = {r["layout_id"]: r["predicted"] for r in json.loads((RESULTS / PARTS[part]).read_text())["layouts"]}
     calibration = _calibration(part)
@@ -66,20 +67,9 @@ def _rows(part: str) -> list[dict]:
             "step_error_at_run": run["predicted"]["step_time_s"] / step - 1,
             "step_error_now": now["step_time_s"] / step - 1,
             "peak_gib": measured["peak_gib"], "peak_error_now": now["peak_memory_gib"] / measured["peak_gib"] - 1,
-            "host_timing_by_rank": _host_timing(part, run["layout_id"]),
+            "host_timing_by_rank": layer_host_timing_by_rank(RESULTS / part, run["layout_id"]),
         })  # fmt: skip
     return rows
-
-
-def _host_timing(part: str, layout_id: str) -> list[dict]:
-    out = []
-    for path in sorted((RESULTS / part / "runs").glob("rank_*.jsonl")):
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            timing = (rec.get("measured") or {}).get("host_timing")
-            if rec["layout_id"] == layout_id and timing:
-                out.append({"rank": rec["rank"], **{k: v for k, v in timing.items() if not k.endswith("_by_layer")}})
-    return out
 
 
 def _ratios(rows: list[dict]) -> list[dict]:
@@ -97,34 +87,32 @@ def _ratios(rows: list[dict]) -> list[dict]:
     return out
 
 
+def _layouts(part: str) -> dict:
+    """{layout id: Layout} of a part's runs."""
+    from megatron_autotuner.validate.layout import Layout
+
+    runs = (json.loads(line) for line in (RESULTS / part / "results.jsonl").read_text().splitlines())
+    return {run["layout_id"]: Layout.from_record(run) for run in runs}
+
+
 def _drains() -> list[dict]:
-    """The host waits of DRAIN_MIN_MS or more in the kept raw traces, less the optimizer's step-end read."""
+    """The host waits of DRAIN_MIN_MS or more in the kept raw traces (named LAYOUT_ID.rank_R.json.gz), less the
+    optimizer's step-end read."""
     from megatron_autotuner.trace import host_waits, load_trace
 
     out = []
-    for path in sorted(path for part in RAW for path in (RESULTS / part / "raw").glob("*.json.gz")):
-        waits = host_waits(load_trace(path), min_ms=DRAIN_MIN_MS)
-        kept = [w for w in waits.waits if w.inside != STEP_END_OP]
-        out.append({
-            "part": path.parent.parent.name, "trace": path.name, "overlap": _layout_of(path).moe_a2a_overlap,
-            "blocked_ms": waits.total_ms,
-            "waits": [{"duration_ms": w.duration_ms, "inside": w.inside, "gpu_during_ms": [list(g) for g in
-                                                                                          w.gpu_during_ms]}
-                      for w in kept],
-        })  # fmt: skip
+    for part in RAW:
+        layouts = _layouts(part)
+        for path in sorted((RESULTS / part / "raw").glob("*.json.gz")):
+            waits = host_waits(load_trace(path), min_ms=DRAIN_MIN_MS)
+            kept = [w for w in waits.waits if w.inside != STEP_END_OP]
+            out.append({
+                "part": part, "trace": path.name,
+                "overlap": layouts[path.name.split(".rank_")[0]].moe_a2a_overlap, "blocked_ms": waits.total_ms,
+                "waits": [{"duration_ms": w.duration_ms, "inside": w.inside,
+                           "gpu_during_ms": [list(g) for g in w.gpu_during_ms]} for w in kept],
+            })  # fmt: skip
     return out
-
-
-def _layout_of(trace: Path):
-    """The layout of a kept raw trace (its file name starts with the layout id)."""
-    from megatron_autotuner.validate.layout import Layout
-
-    layout_id = trace.name.split(".rank_")[0]
-    for line in (trace.parent.parent / "results.jsonl").read_text().splitlines():
-        run = json.loads(line)
-        if run["layout_id"] == layout_id:
-            return Layout.from_record(run)
-    raise KeyError(layout_id)
 
 
 def build_report() -> dict:

@@ -811,8 +811,9 @@ def stage_time(
             model, parallel, layout, stage, num_microbatches(parallel, workload), head_s,
             host_outside_s + moe_block_bwd_host_s, kind_cost, kind_host, kind_host_slack, per_chunk_kinds,
         )  # fmt: skip
-        merge_parts(fwd, {"host": drain_s})
-        chunk_s[v - 1] += drain_s
+        if drain_s:
+            merge_parts(fwd, {"host": drain_s})
+            chunk_s[v - 1] += drain_s
     gpu_s = sum(fwd.values()) + sum(bwd.values())
     host_issue_s = host_fwd_issue_s + host_bwd_issue_s + host_outside_s
     host_ramp_s = host_issue_ramp_s(host_fwd_issue_s, host_bwd_issue_s, layers_fwd_gpu_s, gpu_s)

@@ -94,11 +94,12 @@ def head_drain_s(head_gpu_s: float, host_between_s: float) -> float:
     computation stream, output layer included (`TransformerModelChunkSchedulePlan.run`, megatron-core 0.16 and 0.19).
     Without the overlap the backward never waits, so the host issues the layers' backward while the GPU runs the
     output layer. The wait is the output layer's forward + backward GPU time less the host's own work between
-    (`host_between_s`: the work outside the layers and any dense layers before the first MoE layer).
+    (`host_between_s`: the work outside the layers, the paired backward's MoE block and any dense layers before the
+    first MoE layer).
 
-    Seen on two H200s (benchmarks/results/moe_overlap_host_h200_x2/profile): gpt-oss-20b at ep 2, each combined
-    micro-batch's first dispatcher wait took 9.8-20.0 ms while the GPU ran the 201k-vocabulary logits GEMMs (5.8 ms
-    each); without the overlap the waits there took under 1 ms."""
+    Seen on two H200s (benchmarks/results/moe_overlap_host_h200_x2/profile_r2): gpt-oss-20b at ep 2, each combined
+    micro-batch's first dispatcher wait took 5.2-20.0 ms (9.7-13.9 on rank 0) while the GPU ran the 201k-vocabulary
+    logits GEMMs (5.8 ms each); without the overlap no wait of the step but the optimizer's took over 5.1 ms."""
     return max(0.0, head_gpu_s - host_between_s)
 
 

@@ -65,15 +65,24 @@ def _all_rank_records(out_dir: Path) -> list[dict[str, Any]]:
     return records
 
 
-def layer_host_ms_by_rank(out_dir: Path, layout_id: str) -> list[dict[str, Any]]:
-    """Per rank that timed its layers (`Layout.host_timing`): the median forward / backward host issue time of a
-    decoder layer (ms)."""
+def layer_host_timing_by_rank(out_dir: Path, layout_id: str) -> list[dict[str, Any]]:
+    """Per rank that timed its layers (`Layout.host_timing`): its summary (`host_timing.LayerHostTimer.summary`, or
+    `CombinedLayerHostTimer.summary` under the all-to-all overlap) less the per-layer lists, with its rank."""
     out = []
     for rec in _all_rank_records(out_dir):
         timing = (rec.get("measured") or {}).get("host_timing") if rec["layout_id"] == layout_id else None
         if timing:
-            out.append({"rank": rec["rank"], "fwd_ms": timing["fwd_ms"], "bwd_ms": timing["bwd_ms"]})
+            out.append({"rank": rec["rank"], **{k: v for k, v in timing.items() if not k.endswith("_by_layer")}})
     return out
+
+
+def layer_host_ms_by_rank(out_dir: Path, layout_id: str) -> list[dict[str, Any]]:
+    """Per rank that timed its layers (`Layout.host_timing`): the median forward / backward host issue time of a
+    decoder layer (ms)."""
+    return [
+        {"rank": t["rank"], "fwd_ms": t["fwd_ms"], "bwd_ms": t["bwd_ms"]}
+        for t in layer_host_timing_by_rank(out_dir, layout_id)
+    ]
 
 
 def _median(xs: list[float]) -> float | None:
