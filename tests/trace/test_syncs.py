@@ -8,7 +8,7 @@ import json
 import pytest
 
 from megatron_autotuner.cli import main
-from megatron_autotuner.trace import host_waits, load_trace
+from megatron_autotuner.trace import TraceError, host_waits, load_trace
 
 from .helpers import NCCL, cpu, kernel, write_trace
 
@@ -64,3 +64,13 @@ def test_cli_bad_input_is_one_line(capsys, tmp_path):
     assert main(["trace", "syncs", str(tmp_path / "missing.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mat: error: ")
+
+
+def test_a_trace_without_runtime_calls_measures_nothing(tmp_path, capsys):
+    """A trace recorded without CUDA activity has no sync calls to show: an error, not an empty answer."""
+    path = write_trace(tmp_path / "cpu_only.json", [cpu("aten::mm", 0, 10)])
+    with pytest.raises(TraceError, match="no CUDA runtime or driver calls"):
+        host_waits(load_trace(path))
+    assert main(["trace", "syncs", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA runtime or driver calls" in err[0]

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .model import Trace
+from .errors import TraceError
+from .model import LAUNCH_KINDS, Trace
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,12 @@ def _gpu_during(trace: Trace, start_us: float, end_us: float, top: int) -> tuple
 
 
 def host_waits(trace: Trace, min_ms: float = 1.0, top: int = 3) -> HostWaits:
-    """The host's blocking waits of `trace` of at least `min_ms`, each with the `top` kernels that ran during it."""
+    """The host's blocking waits of `trace` of at least `min_ms`, each with the `top` kernels that ran during it.
+    Raises `TraceError` for a trace with no CUDA runtime or driver call at all: it cannot show a wait."""
+    if not any(trace.event_counts.get(kind) for kind in LAUNCH_KINDS):
+        raise TraceError(
+            trace.path, "no CUDA runtime or driver calls: profile with ProfilerActivity.CUDA to see the host's waits"
+        )
     origin = trace.gpu_events[0].ts_us if trace.gpu_events else 0.0
     waits = tuple(
         HostWait(
